@@ -1,0 +1,306 @@
+/*
+ * pagedkv.h — a persistent, mmap-backed paged KV cache for LLM inference.
+ *
+ * The whole public API. Conventions:
+ *  - Handles are opaque. Every function that can fail returns 0 or a negative
+ *    PKV_E* code; pkv_strerror() explains a code and pkv_last_error() gives the
+ *    detailed message of the last failure on the calling thread.
+ *  - The caller owns every buffer it passes in; pagedkv never keeps a pointer to
+ *    one after the call returns.
+ *  - Token ids are uint32_t; sequence ids are caller-chosen uint64_t.
+ *  - A pkv_cache may be used from several threads at once: every call takes the
+ *    cache's internal lock, except pkv_kv() and pkv_info(), which read only
+ *    immutable geometry, and pkv_close(), which must not run concurrently with any
+ *    other call on the same handle. Writing K/V into appended slots needs no lock
+ *    (each slot belongs to exactly one sequence until it is committed).
+ *
+ * Arena layout (see docs/design.md): one file "arena" in the cache directory; a
+ * 4096-byte header page, then `capacity` block slots, each rounded up to the page
+ * size. Inside a slot the payload is laid out [layer][K|V][kv_head][token][head_dim],
+ * so the run of one (layer, kind, head) is block_size * head_dim contiguous elements.
+ */
+#ifndef PAGEDKV_H
+#define PAGEDKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PKV_VERSION_MAJOR 0
+#define PKV_VERSION_MINOR 1
+
+/* ---- Errors ------------------------------------------------------------- */
+
+enum {
+    PKV_OK        =   0,
+    PKV_EINVAL    =  -1, /* bad argument (NULL, zero or out-of-range value)      */
+    PKV_ENOMEM    =  -2, /* host memory allocation failed                         */
+    PKV_EFULL     =  -3, /* no free block and nothing evictable; cache unchanged  */
+    PKV_ENOSEQ    =  -4, /* unknown sequence id                                    */
+    PKV_EEXIST    =  -5, /* sequence id already in use                             */
+    PKV_ERANGE    =  -6, /* index out of range, or output buffer too small         */
+    PKV_ESTATE    =  -7, /* call not valid in the sequence's current state         */
+    PKV_EIO       =  -8, /* an operating-system I/O call failed                    */
+    PKV_ENOSPC    =  -9, /* no space left on the device                            */
+    PKV_EGEOMETRY = -10, /* on-disk geometry differs from the requested one        */
+    PKV_EMODEL    = -11, /* on-disk model identity differs from the requested one  */
+    PKV_ECORRUPT  = -12, /* a file or an in-memory invariant is corrupted          */
+    PKV_EBUSY     = -13, /* the cache directory is open elsewhere (LOCK is held)    */
+    PKV_EVERSION  = -14, /* on-disk format version not supported                   */
+    PKV_ENOTSUP   = -15, /* feature not supported by this build or this file       */
+    PKV_ERDONLY   = -16, /* mutating call on a cache opened read-only              */
+    PKV_EFAILED   = -17, /* the cache hit an I/O error and refuses changes; reopen */
+};
+
+/* Static description of an error code ("unknown error" for unknown codes). */
+const char *pkv_strerror(int err);
+
+/* Detailed message of the last failing call on this thread ("" if none). The
+ * string stays valid until the next pagedkv call on the same thread. */
+const char *pkv_last_error(void);
+
+/* ---- Opening and closing ------------------------------------------------ */
+
+typedef enum pkv_dtype {
+    PKV_F32  = 0,
+    PKV_F16  = 1,
+    PKV_BF16 = 2,
+} pkv_dtype;
+
+typedef enum pkv_kind { PKV_K = 0, PKV_V = 1 } pkv_kind;
+
+/* When a mutation becomes durable (survives a crash or power loss). */
+typedef enum pkv_durability {
+    PKV_DURABLE_GROUP  = 0, /* default: a background flusher makes every mutation
+                               durable within group_commit_us (one fdatasync per
+                               group) */
+    PKV_DURABLE_NONE   = 1, /* the log is handed to the OS within group_commit_us but
+                               never synced except by pkv_sync(): survives a process
+                               crash, not a power loss */
+    PKV_DURABLE_ALWAYS = 2, /* each mutating call returns once durable (concurrent
+                               callers still share fdatasyncs) */
+} pkv_durability;
+
+/* pkv_options.flags */
+#define PKV_OPEN_RDONLY        0x1u /* inspect only: no lock, no writes, no changes */
+#define PKV_OPEN_POINT_IN_TIME 0x2u /* on a corrupted log record followed by valid
+                                       ones, recover up to it instead of failing */
+
+struct pkv_io_ops; /* I/O backend for log and checkpoint files (testing) */
+
+#define PKV_MODEL_ID_MAX   255u  /* bytes, excluding the terminating NUL */
+#define PKV_BLOCK_SIZE_MAX 1024u /* tokens per block */
+
+typedef struct pkv_options {
+    uint32_t num_layers;   /* 1..4096 */
+    uint32_t num_kv_heads; /* 1..4096 */
+    uint32_t head_dim;     /* 1..65536 */
+    uint32_t block_size;   /* tokens per block, 1..PKV_BLOCK_SIZE_MAX */
+    pkv_dtype dtype;
+    uint64_t capacity;     /* blocks in the arena, > 0 (2^31 at most); on reopen 0
+                              means "as stored" */
+    const char *model_id;  /* model + tokenizer identity, 1..PKV_MODEL_ID_MAX bytes */
+    pkv_durability durability;
+    uint32_t group_commit_us;  /* bound on group-commit delay; 0 = 2000 (2 ms) */
+    uint64_t checkpoint_bytes; /* checkpoint when the log grows past this; 0 = 64 MiB */
+    uint32_t flags;            /* PKV_OPEN_* */
+    const struct pkv_io_ops *io; /* NULL = the default (io_uring) backend */
+} pkv_options;
+
+typedef struct pkv_cache pkv_cache;
+
+/* Fill `opt` with defaults (dtype f16, block_size 16); the caller
+ * must still set the geometry, capacity and model_id. */
+void pkv_options_init(pkv_options *opt);
+
+/* Create the cache directory `dir` (mode 0700) and its arena file (mode 0600) or
+ * open an existing one. On reopen the stored geometry and model identity must
+ * equal `opt`'s, else PKV_EGEOMETRY / PKV_EMODEL and nothing on disk changes.
+ * The arena is preallocated, so a full disk fails here with PKV_ENOSPC. A second
+ * open of the same directory, in this or another process, fails with PKV_EBUSY. */
+int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
+
+/* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine. */
+void pkv_close(pkv_cache *cache);
+
+/* ---- Geometry and payload addresses ------------------------------------- */
+
+typedef struct pkv_cache_info {
+    uint32_t num_layers, num_kv_heads, head_dim, block_size;
+    pkv_dtype dtype;
+    uint32_t elem_size;   /* bytes per element: 4, 2 or 2 */
+    uint64_t capacity;    /* blocks */
+    uint64_t block_bytes; /* payload bytes of one block (all layers, K and V) */
+    uint64_t slot_bytes;  /* block_bytes rounded up to the page size */
+    uint64_t run_bytes;   /* bytes of one (layer, kind, head) run: block_size*head_dim*elem */
+    char model_id[PKV_MODEL_ID_MAX + 1];
+} pkv_cache_info;
+
+int pkv_info(const pkv_cache *cache, pkv_cache_info *out);
+
+/* Address of the contiguous run [token][head_dim] of (block, layer, kind, head)
+ * inside the mapped arena, or NULL if an argument is out of range. Valid until
+ * pkv_close(). Its bytes are stable while the block is referenced; once a block is
+ * freed or evicted the slot may be reused for other K/V. Writing to a sealed block,
+ * or to a slot pkv_seq_append() did not hand out, is undefined. */
+void *pkv_kv(const pkv_cache *cache, uint32_t block, uint32_t layer, pkv_kind kind,
+             uint32_t head);
+
+/* ---- Sequences ---------------------------------------------------------- */
+
+/* Where one appended token's K/V goes: token `offset` of physical `block`. */
+typedef struct pkv_slot {
+    uint32_t block;
+    uint32_t offset;
+} pkv_slot;
+
+/* Create sequence `id` and attach the longest cached prefix of `prompt` made of
+ * full blocks, capped at the largest multiple of block_size <= n-1 so the last
+ * prompt token is always computed. `*n_cached` (may be NULL) receives the number
+ * of prompt tokens already cached; the new sequence holds exactly those tokens,
+ * committed. The caller then appends prompt[*n_cached..n). n may be 0 (an empty
+ * sequence; prompt may then be NULL). Sequences with different `salt` never share
+ * a block (salt 0 is the default trust domain). */
+int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
+                 size_t n, size_t *n_cached);
+
+/* Reserve room for n > 0 new tokens after the sequence's current end and write, for
+ * each, its slot to slots[0..n) (the caller's array). If the last block is shared it
+ * is first copied (copy-on-write). All-or-nothing: on PKV_EFULL nothing changed.
+ * Appends may be repeated before a commit; they accumulate as pending tokens. */
+int pkv_seq_append(pkv_cache *cache, uint64_t id, const uint32_t *tokens, size_t n,
+                   pkv_slot *slots);
+
+/* Declare the K/V of the next n > 0 pending tokens written. Each block that becomes
+ * full is sealed: immutable, hashed and entered in the prefix index; if an identical
+ * sealed block exists the sequence switches to it and frees its own copy (dedupe).
+ * PKV_ESTATE if n exceeds the pending tokens. */
+int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
+
+/* Create sequence `child` sharing every block of `parent`, the partial last block
+ * included, with the parent's salt. The parent must have no pending tokens
+ * (PKV_ESTATE otherwise). */
+int pkv_seq_fork(pkv_cache *cache, uint64_t parent, uint64_t child);
+
+/* Drop tokens from the end so the sequence holds new_len <= its length (pending
+ * tokens count). A shared or sealed block cut by new_len is copied, never changed in
+ * place, so this can fail with PKV_EFULL (and then changes nothing). */
+int pkv_seq_truncate(pkv_cache *cache, uint64_t id, size_t new_len);
+
+/* Release the sequence. Its sealed blocks whose refcount drops to 0 stay cached
+ * and become evictable; its other blocks return to the free list. */
+int pkv_seq_close(pkv_cache *cache, uint64_t id);
+
+typedef struct pkv_seq_info_t {
+    uint64_t len;       /* tokens, pending included */
+    uint64_t committed; /* tokens whose K/V is committed */
+    uint64_t n_blocks;  /* entries in the block table */
+    uint64_t salt;
+} pkv_seq_info_t;
+
+int pkv_seq_info(pkv_cache *cache, uint64_t id, pkv_seq_info_t *out);
+
+/* Copy the block table (cap entries at most) to out; *n (may be NULL) receives its
+ * length. PKV_ERANGE when cap is too small (the first cap entries are copied). */
+int pkv_seq_blocks(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, size_t *n);
+
+/* Same for the sequence's token ids (pending tokens included). */
+int pkv_seq_tokens(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, size_t *n);
+
+/* ---- Introspection ------------------------------------------------------ */
+
+typedef struct pkv_stats_t {
+    uint64_t capacity;
+    uint64_t blocks_free;   /* on the free list */
+    uint64_t blocks_cached; /* sealed, refcount 0: evictable in leaf order */
+    uint64_t blocks_used;   /* refcount > 0 */
+    uint64_t blocks_sealed; /* in the prefix index (cached + used sealed) */
+    uint64_t sequences;
+    uint64_t hit_tokens, miss_tokens; /* over all pkv_seq_open calls */
+    uint64_t hit_blocks, miss_blocks; /* full prompt blocks found / not found */
+    uint64_t evictions;
+    uint64_t cow_copies;  /* blocks copied by append or truncate */
+    uint64_t dedupes;     /* sealed blocks replaced by an identical cached one */
+    uint64_t seals;
+    uint64_t verify_failures; /* recovered blocks whose payload checksum failed */
+    /* write-ahead log */
+    uint64_t wal_records;     /* records appended since open */
+    uint64_t wal_frames;      /* group writes issued */
+    uint64_t wal_syncs;       /* fdatasync calls on the log */
+    uint64_t wal_bytes;       /* bytes written to the log since open */
+    uint64_t last_lsn;        /* last LSN assigned */
+    uint64_t durable_lsn;     /* every record up to this LSN is durable */
+    uint64_t checkpoints;     /* checkpoints written since open */
+    uint64_t checkpoint_lsn;  /* LSN covered by the newest checkpoint */
+} pkv_stats_t;
+
+int pkv_stats(pkv_cache *cache, pkv_stats_t *out);
+
+/* Verify every invariant (refcounts equal block-table references, free + cached +
+ * used = capacity, lists, prefix index, child counts, chained hashes, block tables).
+ * Returns 0, or PKV_ECORRUPT with the first broken invariant named in why[0..why_len)
+ * (why may be NULL). Rehashes every sealed block: O(capacity * block_size + total
+ * block-table length). */
+int pkv_check(pkv_cache *cache, char *why, size_t why_len);
+
+/* ---- Durability and recovery -------------------------------------------- */
+
+/* Barrier: returns once every mutation made before the call is durable (arena
+ * payload flushed, log records synced), in every durability mode. */
+int pkv_sync(pkv_cache *cache);
+
+/* Write a checkpoint now (LZ4-compressed snapshot of all metadata, atomically
+ * renamed into place) and recycle the log segments it covers. */
+int pkv_checkpoint(pkv_cache *cache);
+
+/* The ids of all open sequences, recovered ones included (cap entries at most);
+ * *n receives their number. PKV_ERANGE when cap is too small. */
+int pkv_seq_list(pkv_cache *cache, uint64_t *ids, size_t cap, size_t *n);
+
+/* What the last pkv_open recovered. */
+typedef struct pkv_recovery_t {
+    uint64_t checkpoint_lsn;     /* 0: no checkpoint */
+    uint64_t records_replayed;   /* log records applied after the checkpoint */
+    uint64_t last_lsn;           /* last valid LSN found */
+    uint64_t torn_bytes;         /* bytes of torn log tail cut off */
+    uint64_t corrupt_lsn;        /* point-in-time recovery stopped before this LSN */
+    uint64_t blocks_sealed;      /* sealed blocks recovered */
+    uint64_t sequences;          /* sequences recovered */
+    uint64_t blocks_dropped;     /* dropped: arena lost, replaced or short */
+    uint64_t sequences_dropped;
+    uint64_t seq_blocks_bad;     /* sealed blocks of sequences failing verification */
+    double ms_checkpoint, ms_replay, ms_rebuild, ms_verify; /* time split */
+    char note[256];              /* what happened, for humans ("" if nothing odd) */
+} pkv_recovery_t;
+
+int pkv_recovery(pkv_cache *cache, pkv_recovery_t *out);
+
+/* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
+
+/* Every log, checkpoint and arena-flush I/O goes through these calls. All return
+ * 0 (or a byte count / fd) on success and -errno on failure. */
+typedef struct pkv_io_ops {
+    void *ctx;
+    int (*open)(void *ctx, const char *path, int flags, int mode);
+    int (*close)(void *ctx, int fd);
+    long (*pread)(void *ctx, int fd, void *buf, size_t n, uint64_t off);
+    /* Write all n bytes at off; if sync, also make them durable (fdatasync),
+     * ordered after the write. */
+    int (*write)(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync);
+    int (*sync)(void *ctx, int fd); /* fdatasync */
+    int (*allocate)(void *ctx, int fd, uint64_t len);
+    int (*rename)(void *ctx, const char *from, const char *to);
+    int (*unlink)(void *ctx, const char *path);
+    int (*sync_dir)(void *ctx, const char *dir);
+} pkv_io_ops;
+
+/* The default backend (writes and syncs through io_uring, linked). */
+const pkv_io_ops *pkv_io_default(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PAGEDKV_H */

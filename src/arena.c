@@ -1,0 +1,338 @@
+/*
+ * arena.c — the arena file: one header page, then `capacity` page-aligned block
+ * slots, preallocated and mapped MAP_SHARED; plus the directory's LOCK file.
+ *
+ * Header page (little-endian, 4096 bytes; docs/format.md):
+ *     0  magic "PAGEDKV\0"        8   u32 version (1)     12  u32 header bytes (4096)
+ *    16  u32 num_layers          20  u32 num_kv_heads    24  u32 head_dim
+ *    28  u32 block_size          32  u32 dtype           36  u32 elem_size
+ *    40  u64 capacity            48  u64 block_bytes     56  u64 slot_bytes
+ *    64  u64 data_offset         72  u64 hash secret     80  u64 created (unix ns)
+ *    88  u32 model_id length     92  model_id, 256 bytes, NUL padded
+ *   348  zero ...              4088  u64 XXH3-64 of bytes [0, 4088)
+ *
+ * Invariants: the file is never shorter than data_offset + capacity*slot_bytes
+ * while mapped (it is created full size with posix_fallocate, so a full disk fails
+ * at creation, never as SIGBUS later), never truncated, and the header is written
+ * once, at creation, through a temporary file renamed into place. Opening never
+ * writes to an existing arena. The LOCK file is flock()ed for the handle's life.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define HDR_MAGIC "PAGEDKV"
+#define HDR_VERSION 1u
+#define HDR_SUM_OFF 4088u
+#define HDR_MODEL_OFF 92u
+#define HDR_MODEL_BYTES 256u
+
+static const char *dtype_name(uint32_t d) {
+    switch (d) {
+    case PKV_F32:  return "f32";
+    case PKV_F16:  return "f16";
+    case PKV_BF16: return "bf16";
+    default:       return "?";
+    }
+}
+
+int pkv_geometry_from_options(const pkv_options *opt, pkv_geometry *geo) {
+    if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
+    if (!opt->num_layers || !opt->num_kv_heads || !opt->head_dim)
+        return pkv_err(PKV_EINVAL, "num_layers, num_kv_heads and head_dim must be > 0");
+    if (opt->num_layers > 4096 || opt->num_kv_heads > 4096 || opt->head_dim > 65536)
+        return pkv_err(PKV_EINVAL, "num_layers/num_kv_heads/head_dim out of range");
+    if (opt->block_size == 0 || opt->block_size > PKV_BLOCK_SIZE_MAX)
+        return pkv_err(PKV_EINVAL, "block_size %u not in 1..%u", opt->block_size,
+                       PKV_BLOCK_SIZE_MAX);
+    uint32_t elem;
+    switch (opt->dtype) {
+    case PKV_F32:  elem = 4; break;
+    case PKV_F16:
+    case PKV_BF16: elem = 2; break;
+    default: return pkv_err(PKV_EINVAL, "unknown dtype %d", (int)opt->dtype);
+    }
+    if (opt->capacity > (1ull << 31))
+        return pkv_err(PKV_EINVAL, "capacity %llu blocks exceeds 2^31",
+                       (unsigned long long)opt->capacity);
+    geo->num_layers = opt->num_layers;
+    geo->num_kv_heads = opt->num_kv_heads;
+    geo->head_dim = opt->head_dim;
+    geo->block_size = opt->block_size;
+    geo->dtype = (uint32_t)opt->dtype;
+    geo->elem_size = elem;
+    geo->capacity = opt->capacity;
+    geo->run_bytes = (uint64_t)opt->block_size * opt->head_dim * elem;
+    geo->block_bytes = geo->run_bytes * 2 * opt->num_kv_heads * opt->num_layers;
+    geo->slot_bytes = (geo->block_bytes + PKV_PAGE - 1) / PKV_PAGE * PKV_PAGE;
+    if (geo->capacity && geo->slot_bytes > (UINT64_MAX / 2) / geo->capacity)
+        return pkv_err(PKV_EINVAL, "arena size overflows");
+    return 0;
+}
+
+static void header_encode(uint8_t *h, const pkv_arena *a, uint64_t created) {
+    const pkv_geometry *g = &a->geo;
+    memset(h, 0, PKV_PAGE);
+    memcpy(h, HDR_MAGIC, 8);
+    pkv_put_u32(h + 8, HDR_VERSION);
+    pkv_put_u32(h + 12, PKV_PAGE);
+    pkv_put_u32(h + 16, g->num_layers);
+    pkv_put_u32(h + 20, g->num_kv_heads);
+    pkv_put_u32(h + 24, g->head_dim);
+    pkv_put_u32(h + 28, g->block_size);
+    pkv_put_u32(h + 32, g->dtype);
+    pkv_put_u32(h + 36, g->elem_size);
+    pkv_put_u64(h + 40, g->capacity);
+    pkv_put_u64(h + 48, g->block_bytes);
+    pkv_put_u64(h + 56, g->slot_bytes);
+    pkv_put_u64(h + 64, a->data_offset);
+    pkv_put_u64(h + 72, a->secret);
+    pkv_put_u64(h + 80, created);
+    size_t mlen = strlen(a->model_id);
+    pkv_put_u32(h + 88, (uint32_t)mlen);
+    memcpy(h + HDR_MODEL_OFF, a->model_id, mlen);
+    pkv_put_u64(h + HDR_SUM_OFF, XXH3_64bits(h, HDR_SUM_OFF));
+}
+
+/* Decode and validate a header page read from disk into a->geo etc. */
+static int header_decode(const uint8_t *h, pkv_arena *a, const char *path) {
+    if (memcmp(h, HDR_MAGIC, 8) != 0)
+        return pkv_err(PKV_ECORRUPT, "%s: not a pagedkv arena (bad magic)", path);
+    uint32_t version = pkv_get_u32(h + 8);
+    if (version != HDR_VERSION)
+        return pkv_err(PKV_EVERSION, "%s: format version %u, this library reads %u",
+                       path, version, HDR_VERSION);
+    if (pkv_get_u64(h + HDR_SUM_OFF) != XXH3_64bits(h, HDR_SUM_OFF))
+        return pkv_err(PKV_ECORRUPT, "%s: header checksum mismatch", path);
+    pkv_options o;
+    memset(&o, 0, sizeof o);
+    o.num_layers = pkv_get_u32(h + 16);
+    o.num_kv_heads = pkv_get_u32(h + 20);
+    o.head_dim = pkv_get_u32(h + 24);
+    o.block_size = pkv_get_u32(h + 28);
+    o.dtype = (pkv_dtype)pkv_get_u32(h + 32);
+    o.capacity = pkv_get_u64(h + 40);
+    int rc = pkv_geometry_from_options(&o, &a->geo);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", pkv_last_error());
+        return pkv_err(PKV_ECORRUPT, "%s: invalid geometry in header: %s", path, why);
+    }
+    uint32_t mlen = pkv_get_u32(h + 88);
+    if (pkv_get_u32(h + 12) != PKV_PAGE || pkv_get_u64(h + 64) != PKV_PAGE ||
+        pkv_get_u32(h + 36) != a->geo.elem_size ||
+        pkv_get_u64(h + 48) != a->geo.block_bytes ||
+        pkv_get_u64(h + 56) != a->geo.slot_bytes || a->geo.capacity == 0 ||
+        mlen == 0 || mlen > PKV_MODEL_ID_MAX || memchr(h + HDR_MODEL_OFF, 0, mlen))
+        return pkv_err(PKV_ECORRUPT, "%s: inconsistent header fields", path);
+    a->data_offset = PKV_PAGE;
+    a->secret = pkv_get_u64(h + 72);
+    memcpy(a->model_id, h + HDR_MODEL_OFF, mlen);
+    a->model_id[mlen] = '\0';
+    return 0;
+}
+
+static int os_err(int e, const char *what, const char *path) {
+    int code = (e == ENOSPC || e == EDQUOT) ? PKV_ENOSPC : PKV_EIO;
+    return pkv_err(code, "%s %s: %s", what, path, strerror(e));
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return os_err(errno, "open directory", dir);
+    int rc = fsync(fd) ? os_err(errno, "fsync directory", dir) : 0;
+    close(fd);
+    return rc;
+}
+
+/* Write a new arena to dir/arena.tmp, preallocate it, then rename it into place. */
+static int arena_create(pkv_arena *a, const char *dir, const char *path) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s/arena.tmp", dir) >= (int)sizeof tmp)
+        return pkv_err(PKV_EINVAL, "directory path too long");
+    if (getrandom(&a->secret, sizeof a->secret, 0) != (ssize_t)sizeof a->secret)
+        return os_err(errno, "getrandom for", path);
+    a->data_offset = PKV_PAGE;
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return os_err(errno, "create", tmp);
+    uint8_t hdr[PKV_PAGE];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    header_encode(hdr, a, (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec);
+    uint64_t total = a->data_offset + a->geo.capacity * a->geo.slot_bytes;
+    int rc = 0, e;
+    ssize_t w = 0;
+    if ((e = posix_fallocate(fd, 0, (off_t)total)) != 0)
+        rc = os_err(e, "preallocate", tmp);
+    else if ((w = pwrite(fd, hdr, PKV_PAGE, 0)) != PKV_PAGE)
+        rc = os_err(w < 0 ? errno : EIO, "write header of", tmp);
+    else if (fsync(fd))
+        rc = os_err(errno, "fsync", tmp);
+    else if (rename(tmp, path))
+        rc = os_err(errno, "rename to", path);
+    else
+        rc = fsync_dir(dir);
+    if (rc) {
+        close(fd);
+        unlink(tmp);
+        return rc;
+    }
+    a->fd = fd;
+    return 0;
+}
+
+static int check_matches(const pkv_arena *a, const pkv_geometry *want,
+                         const pkv_options *opt) {
+    const pkv_geometry *g = &a->geo;
+#define SAME(f)                                                                 \
+    if (g->f != want->f)                                                        \
+        return pkv_err(PKV_EGEOMETRY, "cache has " #f " %llu, requested %llu",   \
+                       (unsigned long long)g->f, (unsigned long long)want->f);
+    SAME(num_layers) SAME(num_kv_heads) SAME(head_dim) SAME(block_size)
+#undef SAME
+    if (g->dtype != want->dtype)
+        return pkv_err(PKV_EGEOMETRY, "cache has dtype %s, requested %s",
+                       dtype_name(g->dtype), dtype_name(want->dtype));
+    if (want->capacity && g->capacity != want->capacity)
+        return pkv_err(PKV_EGEOMETRY, "cache has capacity %llu blocks, requested %llu",
+                       (unsigned long long)g->capacity,
+                       (unsigned long long)want->capacity);
+    if (strcmp(a->model_id, opt->model_id) != 0)
+        return pkv_err(PKV_EMODEL, "cache holds KV of model \"%s\", requested \"%s\"",
+                       a->model_id, opt->model_id);
+    return 0;
+}
+
+static int arena_open_existing(pkv_arena *a, int fd, const char *path,
+                               const pkv_geometry *want, const pkv_options *opt) {
+    /* The file may be shorter than the header says (lost or truncated): recovery
+     * drops the blocks whose slots are missing; a writer extends it again. */
+    struct stat st;
+    if (fstat(fd, &st)) return os_err(errno, "stat", path);
+    if (!S_ISREG(st.st_mode)) return pkv_err(PKV_ECORRUPT, "%s: not a regular file", path);
+    uint8_t hdr[PKV_PAGE];
+    if (st.st_size < (off_t)PKV_PAGE)
+        return pkv_err(PKV_ECORRUPT, "%s: %lld bytes, shorter than its header", path,
+                       (long long)st.st_size);
+    ssize_t r = pread(fd, hdr, PKV_PAGE, 0);
+    if (r != PKV_PAGE) return os_err(r < 0 ? errno : EIO, "read", path);
+    int rc = header_decode(hdr, a, path);
+    if (rc) return rc;
+    if ((rc = check_matches(a, want, opt))) return rc;
+    uint64_t need = a->data_offset + a->geo.capacity * a->geo.slot_bytes;
+    a->valid_blocks = a->geo.capacity;
+    if ((uint64_t)st.st_size < need) {
+        a->valid_blocks = ((uint64_t)st.st_size - a->data_offset) / a->geo.slot_bytes;
+        if (!a->rdonly) {
+            int e = posix_fallocate(fd, 0, (off_t)need);
+            if (e) return os_err(e, "extend short arena", path);
+        }
+    }
+    a->fd = fd;
+    return 0;
+}
+
+static int take_lock(pkv_arena *a, const char *dir) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path)
+        return pkv_err(PKV_EINVAL, "directory path too long");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return os_err(errno, "open", path);
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return pkv_err(PKV_EBUSY, "%s is open elsewhere (locked)", dir);
+        return os_err(e, "lock", path);
+    }
+    a->lock_fd = fd;
+    return 0;
+}
+
+int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool rdonly) {
+    memset(a, 0, sizeof *a);
+    a->fd = a->lock_fd = -1;
+    a->rdonly = rdonly;
+    pkv_geometry want;
+    int rc = pkv_geometry_from_options(opt, &want);
+    if (rc) return rc;
+    if (!opt->model_id || !opt->model_id[0] || strlen(opt->model_id) > PKV_MODEL_ID_MAX)
+        return pkv_err(PKV_EINVAL, "model_id must be 1..%u bytes", PKV_MODEL_ID_MAX);
+    if (!dir || !dir[0]) return pkv_err(PKV_EINVAL, "directory is NULL or empty");
+    if (!rdonly && mkdir(dir, 0700) && errno != EEXIST)
+        return os_err(errno, "create directory", dir);
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return pkv_err(rdonly ? PKV_EIO : PKV_EINVAL, "%s is not a directory", dir);
+    if (!rdonly && (rc = take_lock(a, dir))) return rc;
+
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/arena", dir) >= (int)sizeof path) {
+        rc = pkv_err(PKV_EINVAL, "directory path too long");
+        goto fail;
+    }
+    int fd = open(path, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+    if (fd >= 0) {
+        rc = arena_open_existing(a, fd, path, &want, opt);
+        if (rc) close(fd);
+    } else if (errno == ENOENT && rdonly) {
+        rc = pkv_err(PKV_EIO, "%s: no arena file (nothing to inspect)", path);
+    } else if (errno == ENOENT) {
+        if (!opt->capacity) {
+            rc = pkv_err(PKV_EINVAL, "capacity must be > 0 to create %s", path);
+            goto fail;
+        }
+        a->geo = want;
+        memcpy(a->model_id, opt->model_id, strlen(opt->model_id) + 1);
+        rc = arena_create(a, dir, path);
+        a->created = true;
+        a->valid_blocks = a->geo.capacity;
+    } else {
+        rc = os_err(errno, "open", path);
+    }
+    if (rc) goto fail;
+
+    a->map_len = a->data_offset +
+                 (rdonly ? a->valid_blocks : a->geo.capacity) * a->geo.slot_bytes;
+    void *m = mmap(NULL, a->map_len, rdonly ? PROT_READ : PROT_READ | PROT_WRITE,
+                   MAP_SHARED, a->fd, 0);
+    if (m == MAP_FAILED) {
+        rc = pkv_err(errno == ENOMEM ? PKV_ENOMEM : PKV_EIO, "mmap %s (%llu bytes): %s",
+                     path, (unsigned long long)a->map_len, strerror(errno));
+        close(a->fd);
+        a->fd = -1;
+        goto fail;
+    }
+    a->map = m;
+    return 0;
+fail:
+    if (a->lock_fd >= 0) close(a->lock_fd);
+    a->lock_fd = -1;
+    return rc;
+}
+
+void pkv_arena_close(pkv_arena *a) {
+    if (a->map) munmap(a->map, a->map_len);
+    if (a->fd >= 0) close(a->fd);
+    if (a->lock_fd >= 0) close(a->lock_fd); /* releases the flock */
+    a->map = NULL;
+    a->fd = a->lock_fd = -1;
+}
+
+void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint32_t n) {
+    const pkv_geometry *g = &a->geo;
+    size_t bytes = (size_t)n * g->head_dim * g->elem_size;
+    uint64_t runs = 2ull * g->num_layers * g->num_kv_heads;
+    uint8_t *d = pkv_arena_block(a, dst), *s = pkv_arena_block(a, src);
+    for (uint64_t r = 0; r < runs; r++)
+        memcpy(d + r * g->run_bytes, s + r * g->run_bytes, bytes);
+}

@@ -1,0 +1,156 @@
+/*
+ * blockpool.c — per-block metadata, token ids, the intrusive lists, and the
+ * refcount transitions of a block's life:
+ *
+ *     FREE --alloc--> OPEN (ref 1) --seal (seq.c)--> SEALED
+ *     OPEN, ref -> 0:   back to FREE (free list)
+ *     SEALED, ref -> 0: cached (eviction policy, evict.c) --evict--> FREE
+ *
+ * Invariants (docs/design.md, I1-I4): ref = number of block-table entries naming
+ * the block; a FREE block is on the free list or in limbo; on the LRU iff SEALED
+ * with ref 0; free + limbo + cached + used = capacity, where used counts ref > 0.
+ * Limbo (FIFO) holds open blocks freed while the log's durable state may still
+ * name them; the flusher moves them to the free list once the freeing record is
+ * safe (wal/log.c), so a crash can never find a recovered sequence's slot reused.
+ * Lists are doubly linked through pkv_block.prev/next (block indices), so every
+ * operation is O(1) and allocation-free.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <xxhash.h>
+
+int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
+    memset(p, 0, sizeof *p);
+    p->capacity = capacity;
+    p->block_size = block_size;
+    size_t meta_bytes = (size_t)capacity * sizeof(pkv_block);
+    p->b = aligned_alloc(64, (meta_bytes + 63) / 64 * 64);
+    p->tokens = calloc((size_t)capacity * block_size, sizeof(uint32_t));
+    if (!p->b || !p->tokens) {
+        pkv_pool_free(p);
+        return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
+    }
+    memset(p->b, 0, meta_bytes);
+    p->free.head = p->free.tail = PKV_NONE;
+    p->lru.head = p->lru.tail = PKV_NONE;
+    for (uint32_t i = 0; i < capacity; i++) {
+        p->b[i].parent = PKV_NONE;
+        p->b[i].state = BLK_FREE;
+        pkv_list_push_tail(p, &p->free, LIST_FREE, i);
+    }
+    return 0;
+}
+
+void pkv_pool_free(pkv_pool *p) {
+    free(p->b);
+    free(p->tokens);
+    p->b = NULL;
+    p->tokens = NULL;
+}
+
+void pkv_list_push_tail(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b) {
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->list == LIST_NONE);
+    x->list = which;
+    x->next = PKV_NONE;
+    x->prev = l->tail;
+    if (l->tail != PKV_NONE) p->b[l->tail].next = b;
+    else l->head = b;
+    l->tail = b;
+    l->count++;
+}
+
+void pkv_list_push_head(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b) {
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->list == LIST_NONE);
+    x->list = which;
+    x->prev = PKV_NONE;
+    x->next = l->head;
+    if (l->head != PKV_NONE) p->b[l->head].prev = b;
+    else l->tail = b;
+    l->head = b;
+    l->count++;
+}
+
+void pkv_list_remove(pkv_pool *p, pkv_list *l, uint32_t b) {
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->list != LIST_NONE && l->count > 0);
+    if (x->prev != PKV_NONE) p->b[x->prev].next = x->next;
+    else l->head = x->next;
+    if (x->next != PKV_NONE) p->b[x->next].prev = x->prev;
+    else l->tail = x->prev;
+    x->prev = x->next = PKV_NONE;
+    x->list = LIST_NONE;
+    l->count--;
+}
+
+uint32_t pkv_block_alloc(pkv_cache *c) {
+    pkv_pool *p = &c->pool;
+    uint32_t b = p->free.head;
+    if (b != PKV_NONE) pkv_list_remove(p, &p->free, b);
+    else b = pkv_evict_one(c);
+    pkv_assert(b != PKV_NONE); /* callers check pkv_available() first */
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->state == BLK_FREE && x->ref == 0 && x->nchild == 0);
+    x->state = BLK_OPEN;
+    x->ref = 1;
+    x->parent = PKV_NONE;
+    p->n_used++;
+    return b;
+}
+
+void pkv_block_acquire(pkv_cache *c, uint32_t b) {
+    pkv_block *x = &c->pool.b[b];
+    pkv_assert(x->state != BLK_FREE);
+    if (x->ref++ == 0) {
+        pkv_assert(x->state == BLK_SEALED);
+        pkv_evict_on_referenced(c, b);
+        c->pool.n_used++;
+    }
+}
+
+void pkv_block_release(pkv_cache *c, uint32_t b) {
+    pkv_pool *p = &c->pool;
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->ref > 0 && x->state != BLK_FREE);
+    if (--x->ref > 0) return;
+    p->n_used--;
+    if (x->state == BLK_SEALED) {
+        x->rel_lsn = c->wal.next_lsn; /* recency, for the LRU order at recovery */
+        pkv_evict_on_unreferenced(c, b);
+        return;
+    }
+    x->state = BLK_FREE;
+    x->flags = 0;
+    if (c->wal.running) {
+        /* The durable state may still name this block until the record of the
+         * call that freed it is safe: park it in limbo until then. */
+        x->rel_lsn = PKV_LSN_PENDING;
+        pkv_list_push_tail(p, &c->limbo, LIST_LIMBO, b);
+    } else {
+        pkv_list_push_tail(p, &p->free, LIST_FREE, b);
+    }
+}
+
+void pkv_limbo_stamp(pkv_cache *c) {
+    pkv_pool *p = &c->pool;
+    uint64_t lsn = c->wal.next_lsn - 1;
+    for (uint32_t b = c->limbo.tail; b != PKV_NONE && p->b[b].rel_lsn == PKV_LSN_PENDING;
+         b = p->b[b].prev)
+        p->b[b].rel_lsn = lsn;
+}
+
+bool pkv_block_verify(pkv_cache *c, uint32_t b) {
+    pkv_block *x = &c->pool.b[b];
+    if (x->flags & BLKF_BAD) return false;
+    if (!(x->flags & BLKF_UNVERIFIED)) return true;
+    uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
+    if (sum == x->payload_sum) {
+        x->flags &= (uint8_t)~BLKF_UNVERIFIED;
+        return true;
+    }
+    x->flags = BLKF_BAD;
+    c->ctr.verify_failures++;
+    return false;
+}

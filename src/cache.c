@@ -1,0 +1,192 @@
+/*
+ * cache.c — the cache handle: opening and closing, geometry, payload addresses,
+ * statistics.
+ *
+ * A handle owns the arena mapping, the block pool, the prefix index and the
+ * sequence map; one mutex serializes every call that reads or writes them
+ * (pkv_kv is pure arithmetic on immutable geometry and takes no lock).
+ * Opening recovers the metadata from the newest checkpoint and the log
+ * (wal/replay.c), then starts the log flusher (wal/log.c); closing flushes and
+ * syncs the log before it unmaps anything.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+void pkv_options_init(pkv_options *opt) {
+    if (!opt) return;
+    memset(opt, 0, sizeof *opt);
+    opt->dtype = PKV_F16;
+    opt->block_size = 16;
+}
+
+static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
+    pkv_wal *w = &c->wal;
+    w->io = opt->io ? opt->io : pkv_io_default();
+    w->dir = strdup(dir);
+    if (!w->dir) return pkv_err(PKV_ENOMEM, "directory name");
+    if ((unsigned)opt->durability > PKV_DURABLE_ALWAYS)
+        return pkv_err(PKV_EINVAL, "unknown durability mode %d", (int)opt->durability);
+    w->mode = opt->durability;
+    w->interval_us = opt->group_commit_us ? opt->group_commit_us : 2000;
+    if (w->interval_us > 10000000)
+        return pkv_err(PKV_EINVAL, "group_commit_us %u exceeds 10 s", w->interval_us);
+    w->ckpt_bytes = opt->checkpoint_bytes ? opt->checkpoint_bytes : 64ull << 20;
+    w->seg_size = SEG_SIZE_DEFAULT;
+    w->arena_secret = c->arena.secret;
+    w->arena_fd = c->arena.fd;
+    w->seg_fd = -1;
+    pthread_cond_init(&w->cv_work, NULL);
+    pthread_cond_init(&w->cv_done, NULL);
+    return 0;
+}
+
+int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
+    if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
+    *out = NULL;
+    pkv_err_clear();
+    if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
+    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME))
+        return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
+    pkv_cache *c = calloc(1, sizeof *c);
+    if (!c) return pkv_err(PKV_ENOMEM, "cache handle");
+    pthread_mutex_init(&c->lock, NULL);
+    c->rdonly = opt->flags & PKV_OPEN_RDONLY;
+    c->limbo.head = c->limbo.tail = PKV_NONE;
+    c->wal.seg_fd = -1;
+    int rc = pkv_arena_open(&c->arena, dir, opt, c->rdonly);
+    if (rc) {
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return rc;
+    }
+    const pkv_geometry *g = &c->arena.geo;
+    uint64_t next_lsn = 1, next_seg = 1;
+    if ((rc = pkv_pool_init(&c->pool, (uint32_t)g->capacity, g->block_size)) ||
+        (rc = pkv_index_init(&c->index, (uint32_t)g->capacity)) ||
+        (rc = pkv_seqmap_init(&c->seqs)) || (rc = wal_init(c, dir, opt)) ||
+        (rc = pkv_recover(c, dir, opt->flags, &next_lsn, &next_seg)))
+        goto fail;
+    if (!c->rdonly) {
+        if ((rc = pkv_wal_start(c, next_lsn, next_seg))) goto fail;
+        /* After cutting a damaged log, or dropping lost blocks, make the repaired
+         * state the new base at once so the damage is never read again. */
+        if (c->rec.torn_bytes || c->rec.corrupt_lsn || c->rec.blocks_dropped ||
+            c->rec.sequences_dropped || c->rec.seq_blocks_bad) {
+            pkv_lock(c);
+            rc = pkv_wal_checkpoint(c);
+            pkv_unlock(c);
+            if (rc) goto fail;
+        }
+    }
+    *out = c;
+    return 0;
+fail: {
+        char why[512];
+        snprintf(why, sizeof why, "%s", pkv_last_error());
+        pkv_close(c);
+        return pkv_err(rc, "%s", why);
+    }
+}
+
+void pkv_close(pkv_cache *c) {
+    if (!c) return;
+    pkv_wal_stop(c); /* flushes and syncs what is left */
+    pkv_wal_free(&c->wal);
+    pthread_cond_destroy(&c->wal.cv_work);
+    pthread_cond_destroy(&c->wal.cv_done);
+    pkv_seqmap_free(&c->seqs);
+    pkv_index_free(&c->index);
+    pkv_pool_free(&c->pool);
+    pkv_arena_close(&c->arena);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+int pkv_sync(pkv_cache *c) {
+    if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    pkv_lock(c);
+    int rc = pkv_wal_writable(c);
+    if (!rc) rc = pkv_wal_sync(c);
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_checkpoint(pkv_cache *c) {
+    if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    pkv_lock(c);
+    int rc = pkv_wal_writable(c);
+    if (!rc) rc = pkv_wal_checkpoint(c);
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_recovery(pkv_cache *c, pkv_recovery_t *out) {
+    if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    pkv_lock(c);
+    *out = c->rec;
+    pkv_unlock(c);
+    return 0;
+}
+
+int pkv_info(const pkv_cache *c, pkv_cache_info *out) {
+    if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    const pkv_geometry *g = &c->arena.geo;
+    memset(out, 0, sizeof *out);
+    out->num_layers = g->num_layers;
+    out->num_kv_heads = g->num_kv_heads;
+    out->head_dim = g->head_dim;
+    out->block_size = g->block_size;
+    out->dtype = (pkv_dtype)g->dtype;
+    out->elem_size = g->elem_size;
+    out->capacity = g->capacity;
+    out->block_bytes = g->block_bytes;
+    out->slot_bytes = g->slot_bytes;
+    out->run_bytes = g->run_bytes;
+    memcpy(out->model_id, c->arena.model_id, sizeof out->model_id);
+    return 0;
+}
+
+void *pkv_kv(const pkv_cache *c, uint32_t block, uint32_t layer, pkv_kind kind,
+             uint32_t head) {
+    if (!c) return NULL;
+    const pkv_geometry *g = &c->arena.geo;
+    uint64_t nblocks = c->arena.rdonly ? c->arena.valid_blocks : g->capacity;
+    if (block >= nblocks || layer >= g->num_layers || head >= g->num_kv_heads ||
+        (kind != PKV_K && kind != PKV_V))
+        return NULL;
+    return pkv_arena_run(&c->arena, block, layer, (uint32_t)kind, head);
+}
+
+int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
+    if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    pkv_lock(c);
+    const pkv_pool *p = &c->pool;
+    memset(out, 0, sizeof *out);
+    out->capacity = p->capacity;
+    out->blocks_free = p->free.count + c->limbo.count;
+    out->blocks_cached = p->lru.count;
+    out->blocks_used = p->n_used;
+    out->blocks_sealed = p->n_sealed;
+    out->sequences = c->seqs.count;
+    out->hit_tokens = c->ctr.hit_tokens;
+    out->miss_tokens = c->ctr.miss_tokens;
+    out->hit_blocks = c->ctr.hit_blocks;
+    out->miss_blocks = c->ctr.miss_blocks;
+    out->evictions = c->ctr.evictions;
+    out->cow_copies = c->ctr.cow_copies;
+    out->dedupes = c->ctr.dedupes;
+    out->seals = c->ctr.seals;
+    out->verify_failures = c->ctr.verify_failures;
+    const pkv_wal *w = &c->wal;
+    out->wal_records = w->records;
+    out->wal_frames = w->frames;
+    out->wal_syncs = w->syncs;
+    out->wal_bytes = w->bytes;
+    out->last_lsn = w->next_lsn ? w->next_lsn - 1 : 0;
+    out->durable_lsn = w->durable_lsn;
+    out->checkpoints = w->checkpoints;
+    out->checkpoint_lsn = w->ckpt_lsn;
+    pkv_unlock(c);
+    return 0;
+}

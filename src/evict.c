@@ -1,0 +1,48 @@
+/*
+ * evict.c — leaf-first LRU eviction of cached blocks (sealed, refcount 0).
+ *
+ * One intrusive list holds every cached block in the order its refcount last
+ * dropped to 0 (head = oldest). Sequences release their blocks tail-first
+ * (seq.c), and a block can only be referenced together with its parent, so a
+ * block's cached children always sit before it in this list (invariant I7 of
+ * docs/design.md). Hence the head is always a leaf: it has no cached children,
+ * and evicting it is exactly "the least recently used unreferenced leaf", in
+ * O(1), without ever stranding an extension behind an evicted prefix.
+ *
+ * Evicting a block logs an EVICT record (callers reserve log room for one per
+ * block they may allocate), removes it from the prefix index and decrements its
+ * parent's child count; the parent stays where it is in the list and becomes a leaf when
+ * its last cached child is gone.
+ */
+#include "internal.h"
+
+void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b) {
+    pkv_list_push_tail(&c->pool, &c->pool.lru, LIST_LRU, b);
+}
+
+void pkv_evict_on_referenced(pkv_cache *c, uint32_t b) {
+    pkv_list_remove(&c->pool, &c->pool.lru, b);
+}
+
+uint32_t pkv_evict_one(pkv_cache *c) {
+    pkv_pool *p = &c->pool;
+    uint32_t b = p->lru.head;
+    if (b == PKV_NONE) return PKV_NONE;
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->state == BLK_SEALED && x->ref == 0 && x->nchild == 0);
+    pkv_list_remove(p, &p->lru, b);
+    pkv_index_remove(&c->index, x->hash.lo, b);
+    if (x->parent != PKV_NONE) {
+        pkv_assert(p->b[x->parent].nchild > 0);
+        p->b[x->parent].nchild--;
+    }
+    x->state = BLK_FREE;
+    x->parent = PKV_NONE;
+    x->flags = 0;
+    p->n_sealed--;
+    /* Reused at once: a crash before this record is durable finds the block
+     * still sealed, and its payload checksum turns the stale slot into a miss. */
+    if (c->wal.running) pkv_log_evict(c, b);
+    c->ctr.evictions++;
+    return b;
+}

@@ -1,0 +1,303 @@
+/*
+ * internal.h — the engine's private data structures and the functions the layers
+ * (arena, block pool, prefix index, eviction, sequences) offer each other.
+ *
+ * Layering, bottom up:
+ *   error.c        thread-local detailed error messages
+ *   arena.c        the arena file: header page, preallocation, mapping, lock file
+ *   hash.c         chained XXH3-128 block hashes
+ *   blockpool.c    per-block metadata (struct-of-records, one cache line each),
+ *                  token ids, intrusive free list, refcount transitions
+ *   evict.c        the leaf-first LRU of cached blocks
+ *   prefix_index.c open-addressing multimap hash -> sealed block
+ *   seqmap.c       open-addressing map sequence id -> struct pkv_seq
+ *   seq.c          the public sequence calls (open, append, commit, fork, ...)
+ *   cache.c        pkv_open/pkv_close, info, stats, payload addresses
+ *   check.c        pkv_check: every invariant of docs/design.md, verified
+ *
+ * Blocks are named by their index (uint32_t) everywhere; PKV_NONE is "no block".
+ * Indices, not pointers, so metadata can later be persisted as is.
+ */
+#ifndef PKV_INTERNAL_H
+#define PKV_INTERNAL_H
+
+#include "pagedkv.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- Internal assertions (mimalloc's mi_assert_internal) ----------------- */
+
+#if PKV_INTERNAL_CHECKS
+#define pkv_assert(expr)                                                        \
+    ((expr) ? (void)0 : pkv_assert_fail(#expr, __FILE__, __LINE__, __func__))
+#else
+#define pkv_assert(expr) ((void)0)
+#endif
+_Noreturn void pkv_assert_fail(const char *expr, const char *file, int line,
+                               const char *func);
+
+#define PKV_NONE UINT32_MAX
+#define PKV_PAGE 4096u
+
+#if defined(__GNUC__)
+#define pkv_likely(x)   __builtin_expect(!!(x), 1)
+#define pkv_unlikely(x) __builtin_expect(!!(x), 0)
+#define pkv_prefetch(p) __builtin_prefetch(p)
+#else
+#define pkv_likely(x)   (x)
+#define pkv_unlikely(x) (x)
+#define pkv_prefetch(p) ((void)(p))
+#endif
+
+/* ---- Errors (error.c) ---------------------------------------------------- */
+
+/* Record a detailed message for pkv_last_error() and return `code`. */
+int pkv_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void pkv_err_clear(void);
+
+/* ---- Little-endian encoding for on-disk structures ---------------------- */
+
+static inline void pkv_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void pkv_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t pkv_get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t pkv_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- Arena (arena.c) ----------------------------------------------------- */
+
+typedef struct pkv_geometry {
+    uint32_t num_layers, num_kv_heads, head_dim, block_size;
+    uint32_t dtype, elem_size;
+    uint64_t capacity;
+    uint64_t run_bytes;   /* block_size * head_dim * elem_size */
+    uint64_t block_bytes; /* num_layers * 2 * num_kv_heads * run_bytes */
+    uint64_t slot_bytes;  /* block_bytes rounded up to PKV_PAGE */
+} pkv_geometry;
+
+typedef struct pkv_arena {
+    int fd;           /* the arena file */
+    int lock_fd;      /* the LOCK file, flock()ed exclusively while open */
+    uint8_t *map;     /* MAP_SHARED mapping of the whole file */
+    uint64_t map_len;
+    uint64_t data_offset; /* == PKV_PAGE: first block slot */
+    uint64_t secret;      /* per-cache random hash seed */
+    pkv_geometry geo;
+    char model_id[PKV_MODEL_ID_MAX + 1];
+    bool rdonly;          /* opened read-only: no lock, PROT_READ mapping */
+    bool created;         /* this open created the arena file */
+    bool foreign_log;     /* recovery met log files written for another arena */
+    uint64_t valid_blocks; /* slots the file held before any repair (recovery
+                              drops blocks at or beyond it) */
+} pkv_arena;
+
+/* Validate options and derive the geometry. */
+int pkv_geometry_from_options(const pkv_options *opt, pkv_geometry *geo);
+/* Create or open `dir`/arena, lock the directory (unless read-only), map the file.
+ * A file shorter than its header says is extended (read-only: mapped as it is)
+ * and valid_blocks tells recovery which slots were lost. */
+int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool rdonly);
+void pkv_arena_close(pkv_arena *a);
+
+static inline uint8_t *pkv_arena_block(const pkv_arena *a, uint32_t b) {
+    return a->map + a->data_offset + (uint64_t)b * a->geo.slot_bytes;
+}
+static inline uint8_t *pkv_arena_run(const pkv_arena *a, uint32_t b, uint32_t layer,
+                                     uint32_t kind, uint32_t head) {
+    const pkv_geometry *g = &a->geo;
+    uint64_t run = ((uint64_t)layer * 2 + kind) * g->num_kv_heads + head;
+    return pkv_arena_block(a, b) + run * g->run_bytes;
+}
+/* Copy the K/V of the first n tokens of block src to block dst (all runs). */
+void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint32_t n);
+
+/* ---- Hashing (hash.c) ---------------------------------------------------- */
+
+typedef struct pkv_h128 {
+    uint64_t lo, hi;
+} pkv_h128;
+
+static inline bool pkv_h128_eq(pkv_h128 a, pkv_h128 b) {
+    return a.lo == b.lo && a.hi == b.hi;
+}
+/* Hash standing in for the parent of a sequence's first block. */
+pkv_h128 pkv_hash_root(uint64_t secret, uint64_t salt);
+/* Chained hash of a block: H(secret; parent hash || token ids). */
+pkv_h128 pkv_hash_block(uint64_t secret, pkv_h128 parent, const uint32_t *tokens,
+                        uint32_t block_size);
+
+/* ---- Block pool (blockpool.c) ------------------------------------------- */
+
+enum { BLK_FREE = 0, BLK_OPEN = 1, BLK_SEALED = 2 };
+enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3 };
+enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its sum */
+       BLKF_BAD = 2 };      /* payload failed its checksum: never served again */
+#define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
+
+/* Metadata of one block; exactly one cache line. */
+typedef struct pkv_block {
+    pkv_h128 hash;     /* sealed only */
+    uint64_t salt;     /* sealed only: the trust domain of its chain */
+    uint32_t parent;   /* sealed only: previous block of the chain, or PKV_NONE */
+    uint32_t ref;      /* number of block-table entries naming this block */
+    uint32_t nchild;   /* sealed blocks whose parent is this one */
+    uint32_t prev, next; /* links of the list named by `list` */
+    uint8_t state;     /* BLK_* */
+    uint8_t list;      /* LIST_* */
+    uint8_t flags;     /* BLKF_* */
+    uint8_t pad;
+    uint64_t payload_sum; /* sealed only: XXH3-64 of the block's K/V payload */
+    uint64_t rel_lsn;  /* cached: LSN of the release that left ref 0 (LRU order at
+                          recovery); limbo: LSN that must be safe before reuse */
+} pkv_block;
+_Static_assert(sizeof(pkv_block) == 64, "pkv_block is one cache line");
+
+typedef struct pkv_list {
+    uint32_t head, tail; /* head = oldest */
+    uint64_t count;
+} pkv_list;
+
+typedef struct pkv_pool {
+    uint32_t capacity;
+    uint32_t block_size;
+    pkv_block *b;      /* capacity entries, 64-byte aligned */
+    uint32_t *tokens;  /* capacity * block_size token ids */
+    pkv_list free;     /* BLK_FREE blocks */
+    pkv_list lru;      /* sealed blocks with ref 0, oldest release first */
+    uint64_t n_used;   /* blocks with ref > 0 */
+    uint64_t n_sealed; /* blocks in BLK_SEALED state */
+} pkv_pool;
+
+int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size);
+void pkv_pool_free(pkv_pool *p);
+
+static inline uint32_t *pkv_pool_tokens(const pkv_pool *p, uint32_t b) {
+    return p->tokens + (uint64_t)b * p->block_size;
+}
+
+void pkv_list_push_tail(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b);
+void pkv_list_push_head(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b);
+void pkv_list_remove(pkv_pool *p, pkv_list *l, uint32_t b);
+
+/* ---- Prefix index (prefix_index.c) -------------------------------------- */
+
+typedef struct pkv_index_slot {
+    uint64_t key;   /* hash.lo of the block */
+    uint32_t block; /* PKV_NONE: empty */
+    uint32_t pad;
+} pkv_index_slot;
+
+typedef struct pkv_index {
+    pkv_index_slot *slots;
+    uint64_t mask;  /* number of slots - 1 (power of two, >= 2 * capacity) */
+    uint64_t count;
+} pkv_index;
+
+int pkv_index_init(pkv_index *ix, uint32_t capacity);
+void pkv_index_free(pkv_index *ix);
+static inline uint64_t pkv_index_home(const pkv_index *ix, uint64_t key) {
+    /* Fibonacci scrambling keeps truncated (test) hashes from clustering less
+     * than they must; real XXH3 output is already uniform. */
+    return (key * 0x9E3779B97F4A7C15ull >> 20) & ix->mask;
+}
+static inline void pkv_index_prefetch(const pkv_index *ix, uint64_t key) {
+    pkv_prefetch(&ix->slots[pkv_index_home(ix, key)]);
+}
+/* The sealed, not BAD block with this hash, parent, salt and tokens, or
+ * PKV_NONE. The match is exact: hash equality alone never suffices. */
+uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
+                        uint32_t parent, uint64_t salt, const uint32_t *tokens);
+void pkv_index_insert(pkv_index *ix, uint64_t key, uint32_t block);
+void pkv_index_remove(pkv_index *ix, uint64_t key, uint32_t block);
+
+/* ---- Sequences (seqmap.c, seq.c) ----------------------------------------- */
+
+typedef struct pkv_seq {
+    uint64_t id;
+    uint64_t salt;
+    uint64_t len;       /* tokens, pending included */
+    uint64_t committed; /* tokens whose K/V is committed */
+    uint32_t *blocks;   /* block table: ceil(len / block_size) entries */
+    uint32_t nblocks, cap;
+} pkv_seq;
+
+typedef struct pkv_seqmap {
+    pkv_seq **slots; /* NULL: empty */
+    uint64_t mask;
+    uint64_t count;
+} pkv_seqmap;
+
+int pkv_seqmap_init(pkv_seqmap *m);
+void pkv_seqmap_free(pkv_seqmap *m); /* frees the sequences too */
+pkv_seq *pkv_seqmap_get(const pkv_seqmap *m, uint64_t id);
+/* Make room for one more entry, so the following insert cannot fail. */
+int pkv_seqmap_reserve(pkv_seqmap *m);
+void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s);
+void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id);
+
+/* ---- The cache (cache.c) ------------------------------------------------- */
+
+#include "wal/wal.h"
+
+typedef struct pkv_counters {
+    uint64_t hit_tokens, miss_tokens, hit_blocks, miss_blocks;
+    uint64_t evictions, cow_copies, dedupes, seals;
+    uint64_t verify_failures;
+} pkv_counters;
+
+struct pkv_cache {
+    pthread_mutex_t lock;
+    pkv_arena arena;
+    pkv_pool pool;
+    pkv_index index;
+    pkv_seqmap seqs;
+    pkv_counters ctr;
+    pkv_wal wal;
+    pkv_recovery_t rec;
+    bool rdonly;
+    pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
+};
+
+static inline void pkv_lock(pkv_cache *c) { pthread_mutex_lock(&c->lock); }
+static inline void pkv_unlock(pkv_cache *c) { pthread_mutex_unlock(&c->lock); }
+
+/* ---- Block life cycle (blockpool.c, evict.c) ----------------------------- */
+
+/* Blocks obtainable without failing: free + evictable. */
+static inline uint64_t pkv_available(const pkv_cache *c) {
+    return c->pool.free.count + c->pool.lru.count;
+}
+/* Take a free block (evicting the LRU leaf if none is free) as BLK_OPEN, ref 1.
+ * The caller has checked pkv_available() > 0. */
+uint32_t pkv_block_alloc(pkv_cache *c);
+/* One more reference to a block (a cached one leaves the LRU). */
+void pkv_block_acquire(pkv_cache *c, uint32_t b);
+/* One reference less; at zero a sealed block becomes cached, an open one free. */
+void pkv_block_release(pkv_cache *c, uint32_t b);
+/* Check a recovered sealed block's payload against its checksum once; false (and
+ * the block marked BAD, never served again) on a mismatch. */
+bool pkv_block_verify(pkv_cache *c, uint32_t b);
+/* Stamp blocks freed by the current call with the LSN of its last record. */
+void pkv_limbo_stamp(pkv_cache *c);
+/* Evict the least recently released cached leaf; returns it, now BLK_FREE and off
+ * every list, or PKV_NONE if nothing is evictable. */
+uint32_t pkv_evict_one(pkv_cache *c);
+/* The eviction policy's view of ref transitions of sealed blocks. */
+void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b);
+void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);
+
+#endif /* PKV_INTERNAL_H */

@@ -1,0 +1,456 @@
+/*
+ * seq.c — sequences: the public calls that create, grow, seal, share, cut and
+ * release block tables.
+ *
+ * A sequence holds `len` tokens in ceil(len / B) blocks (B = block_size), of which
+ * the first `committed` have their K/V written. Invariants (docs/design.md, I8-I10):
+ *  - blocks [0, committed / B) are sealed, each the chain child of the one before;
+ *  - every other block is open (unsealed); when the sequence has pending tokens
+ *    (len > committed) the blocks from index committed / B on are owned by it alone
+ *    (ref 1); a sequence without pending tokens may share its partial last block
+ *    (after a fork);
+ *  - a block appears at most once in a table.
+ * Writes never touch a shared or sealed block: append copies a shared partial last
+ * block first, truncate copies a shared or sealed block it cuts (copy-on-write).
+ *
+ * Every call validates and reserves everything it may need (blocks, table room,
+ * map room, log room) before its first mutation, so a failing call changes nothing.
+ * Blocks are released tail-first, which keeps the leaf-first LRU order (evict.c).
+ *
+ * Logging (wal/): every change to the committed part of a table is logged with
+ * absolute values — SEQ_SET (open, fork), SEAL + COMMIT (commit), SEQ_BLOCK (a
+ * copy-on-write of a committed partial block at append), TRUNC (cutting committed
+ * tokens), SEQ_CLOSE — plus EVICT for each eviction. Pending (appended, not yet
+ * committed) tokens are never logged. Truncating below the committed length
+ * always copies the cut block, so bytes the durable state still names are never
+ * overwritten; freed open blocks wait in limbo until the freeing record is safe.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <xxhash.h>
+
+#define LOCKED_ENTRY(c)                                                         \
+    do {                                                                        \
+        if (!(c)) return pkv_err(PKV_EINVAL, "cache is NULL");                  \
+        pkv_lock(c);                                                            \
+    } while (0)
+
+/* Mutating calls: also refuse a read-only or failed cache. */
+#define MUTATING_ENTRY(c)                                                       \
+    do {                                                                        \
+        LOCKED_ENTRY(c);                                                        \
+        int wrc_ = pkv_wal_writable(c);                                         \
+        if (wrc_) {                                                             \
+            pkv_unlock(c);                                                      \
+            return wrc_;                                                        \
+        }                                                                       \
+    } while (0)
+
+/* End of a mutating call that changed something: stamp freed blocks with the
+ * call's last LSN, then wait for durability if the mode says so. */
+static int finish(pkv_cache *c) {
+    pkv_limbo_stamp(c);
+    return pkv_wal_commit_point(c);
+}
+
+/* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
+ * freeing record not yet safe) come next, after waiting for the log, since using
+ * them is better than evicting cached blocks; eviction last. 0: go ahead; 1: the
+ * caller waited (the lock was released) and must retry; PKV_EFULL: never. */
+static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
+    if (need <= c->pool.free.count) return 0;
+    if (c->limbo.count > 0) {
+        int rc = pkv_wal_wait(c, c->wal.next_lsn - 1);
+        if (rc) return rc;
+        pkv_wal_drain_limbo(c);
+        return 1;
+    }
+    if (need <= pkv_available(c)) return 0;
+    return pkv_err(PKV_EFULL, "%s needs %llu blocks, %llu obtainable", what,
+                   (unsigned long long)need, (unsigned long long)pkv_available(c));
+}
+
+/* Find the longest chain of cached blocks matching prompt[0 .. maxb*B). Hashes are
+ * computed a window ahead and their index slots prefetched, so the probes of one
+ * window overlap their memory latency. A block recovered from disk is verified
+ * against its payload checksum before it is first served. Returns the number
+ * matched. */
+static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt,
+                             uint64_t maxb, uint32_t *out) {
+    enum { W = 16 };
+    const uint32_t bs = c->pool.block_size;
+    const uint64_t secret = c->arena.secret;
+    pkv_h128 h = pkv_hash_root(secret, salt), hs[W];
+    uint32_t parent = PKV_NONE;
+    for (uint64_t base = 0; base < maxb; base += W) {
+        uint64_t m = maxb - base < W ? maxb - base : W;
+        for (uint64_t k = 0; k < m; k++) {
+            h = pkv_hash_block(secret, h, prompt + (base + k) * bs, bs);
+            hs[k] = h;
+            pkv_index_prefetch(&c->index, h.lo);
+        }
+        for (uint64_t k = 0; k < m; k++) {
+            uint32_t b = pkv_index_find(&c->index, &c->pool, hs[k], parent, salt,
+                                        prompt + (base + k) * bs);
+            if (b == PKV_NONE || !pkv_block_verify(c, b)) return (uint32_t)(base + k);
+            out[base + k] = parent = b;
+        }
+    }
+    return (uint32_t)maxb;
+}
+
+int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
+                 size_t n, size_t *n_cached) {
+    if (n && !prompt) return pkv_err(PKV_EINVAL, "prompt is NULL with n = %zu", n);
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    const uint32_t bs = c->pool.block_size;
+    uint64_t maxb = n ? (n - 1) / bs : 0;
+    if (maxb > c->pool.capacity) maxb = c->pool.capacity; /* more cannot be cached */
+    pkv_seq *s = NULL;
+    if (pkv_seqmap_get(&c->seqs, id)) {
+        rc = pkv_err(PKV_EEXIST, "sequence %llu already exists", (unsigned long long)id);
+        goto out;
+    }
+    if ((rc = pkv_seqmap_reserve(&c->seqs)) ||
+        (rc = pkv_wal_reserve(c, pkv_log_seq_set_size(maxb, bs))))
+        goto out;
+    if (!(s = seq_alloc(id, salt, maxb))) {
+        rc = pkv_err(PKV_ENOMEM, "sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    uint32_t hit = prefix_match(c, salt, prompt, maxb, s->blocks);
+    for (uint32_t i = 0; i < hit; i++) pkv_block_acquire(c, s->blocks[i]);
+    s->nblocks = hit;
+    s->len = s->committed = (uint64_t)hit * bs;
+    pkv_seqmap_insert(&c->seqs, s);
+    c->ctr.hit_blocks += hit;
+    c->ctr.miss_blocks += maxb - hit;
+    c->ctr.hit_tokens += s->len;
+    c->ctr.miss_tokens += n - s->len;
+    if (n_cached) *n_cached = s->len;
+    pkv_log_seq_set(c, s);
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+/* Give a sequence whose last block `i` is shared a private copy of its first
+ * `fill` tokens (K/V and ids). The caller has checked pkv_available(). */
+static void cow_last(pkv_cache *c, pkv_seq *s, uint32_t i, uint32_t fill) {
+    uint32_t old = s->blocks[i];
+    uint32_t nb = pkv_block_alloc(c);
+    pkv_arena_copy_tokens(&c->arena, nb, old, fill);
+    memcpy(pkv_pool_tokens(&c->pool, nb), pkv_pool_tokens(&c->pool, old),
+           (size_t)fill * sizeof(uint32_t));
+    s->blocks[i] = nb;
+    pkv_block_release(c, old);
+    c->ctr.cow_copies++;
+    c->wal.arena_dirty = true;
+}
+
+int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
+                   pkv_slot *slots) {
+    if (!tokens || !slots || n == 0)
+        return pkv_err(PKV_EINVAL, "append needs tokens, slots and n > 0");
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    pkv_seq *s;
+retry:
+    if (!(s = pkv_seqmap_get(&c->seqs, id))) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if (n > (uint64_t)p->capacity * bs) {
+        rc = pkv_err(PKV_EFULL, "%zu tokens exceed the whole cache", n);
+        goto out;
+    }
+    uint64_t len = s->len, have = s->nblocks, total = blocks_for(len + n, bs);
+    uint32_t off = (uint32_t)(len % bs);
+    uint32_t last = off ? s->blocks[have - 1] : PKV_NONE;
+    bool cow = off && p->b[last].ref > 1; /* a partial block is never sealed */
+    uint64_t need = total - have + (cow ? 1 : 0);
+    if ((rc = ensure_blocks(c, need, "append")) == 1) goto retry;
+    if (rc) goto out;
+    if ((rc = table_reserve(s, total)) ||
+        (rc = pkv_wal_reserve(c, pkv_log_seq_block_size(bs) +
+                                     need * pkv_log_evict_size())))
+        goto out;
+    if (cow) {
+        /* The copied part is committed (a shared block has no pending tokens),
+         * so the durable table must follow the switch. */
+        cow_last(c, s, (uint32_t)have - 1, off);
+        pkv_log_seq_block(c, s, (uint32_t)have - 1, off);
+    }
+
+    uint32_t blk = off ? s->blocks[have - 1] : PKV_NONE;
+    for (size_t i = 0; i < n; i++, off++) {
+        if (off == bs || blk == PKV_NONE) {
+            blk = pkv_block_alloc(c);
+            s->blocks[s->nblocks++] = blk;
+            off = off == bs ? 0 : off;
+        }
+        p->tokens[(uint64_t)blk * bs + off] = tokens[i];
+        slots[i].block = blk;
+        slots[i].offset = off;
+    }
+    s->len = len + n;
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+/* Seal the full block at table index i: hash it, then either enter it in the prefix
+ * index or, if an identical block is already sealed, switch to that one. */
+static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
+    pkv_pool *p = &c->pool;
+    uint32_t b = s->blocks[i];
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->state == BLK_OPEN && x->ref == 1);
+    uint32_t parent = i ? s->blocks[i - 1] : PKV_NONE;
+    pkv_h128 ph = i ? p->b[parent].hash : pkv_hash_root(c->arena.secret, s->salt);
+    const uint32_t *toks = pkv_pool_tokens(p, b);
+    pkv_h128 h = pkv_hash_block(c->arena.secret, ph, toks, p->block_size);
+    uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
+    if (e != PKV_NONE) {
+        pkv_block_acquire(c, e);
+        s->blocks[i] = e;
+        pkv_block_release(c, b);
+        c->ctr.dedupes++;
+        return;
+    }
+    x->state = BLK_SEALED;
+    x->hash = h;
+    x->parent = parent;
+    x->salt = s->salt;
+    x->flags = 0;
+    x->payload_sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
+    pkv_index_insert(&c->index, h.lo, b);
+    p->n_sealed++;
+    if (parent != PKV_NONE) p->b[parent].nchild++;
+    c->ctr.seals++;
+    pkv_log_seal(c, b);
+}
+
+int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
+    if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    const uint32_t bs = c->pool.block_size;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if (n > s->len - s->committed) {
+        rc = pkv_err(PKV_ESTATE, "commit of %zu tokens, only %llu pending", n,
+                     (unsigned long long)(s->len - s->committed));
+        goto out;
+    }
+    uint64_t old = s->committed, newc = old + n;
+    uint64_t nseal = newc / bs - old / bs;
+    uint64_t touched = blocks_for(newc, bs) - old / bs;
+    if ((rc = pkv_wal_reserve(c, nseal * pkv_log_seal_size(bs) +
+                                     pkv_log_commit_size(touched, bs))))
+        goto out;
+    for (uint64_t i = old / bs; i < newc / bs; i++) seal(c, s, (uint32_t)i);
+    s->committed = newc;
+    pkv_log_commit(c, s, old);
+    c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_fork(pkv_cache *c, uint64_t parent, uint64_t child) {
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    pkv_seq *p = pkv_seqmap_get(&c->seqs, parent), *s;
+    if (!p) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)parent);
+        goto out;
+    }
+    if (pkv_seqmap_get(&c->seqs, child)) {
+        rc = pkv_err(PKV_EEXIST, "sequence %llu already exists", (unsigned long long)child);
+        goto out;
+    }
+    if (p->len != p->committed) {
+        rc = pkv_err(PKV_ESTATE, "sequence %llu has %llu pending tokens; commit first",
+                     (unsigned long long)parent,
+                     (unsigned long long)(p->len - p->committed));
+        goto out;
+    }
+    if ((rc = pkv_seqmap_reserve(&c->seqs)) ||
+        (rc = pkv_wal_reserve(c, pkv_log_seq_set_size(p->nblocks, c->pool.block_size))))
+        goto out;
+    if (!(s = seq_alloc(child, p->salt, p->nblocks))) {
+        rc = pkv_err(PKV_ENOMEM, "sequence %llu", (unsigned long long)child);
+        goto out;
+    }
+    memcpy(s->blocks, p->blocks, (size_t)p->nblocks * sizeof *s->blocks);
+    s->nblocks = p->nblocks;
+    for (uint32_t i = 0; i < s->nblocks; i++) pkv_block_acquire(c, s->blocks[i]);
+    s->len = p->len;
+    s->committed = p->committed;
+    pkv_seqmap_insert(&c->seqs, s);
+    pkv_log_seq_set(c, s);
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep) {
+    while (s->nblocks > keep) pkv_block_release(c, s->blocks[--s->nblocks]);
+}
+
+int pkv_seq_truncate(pkv_cache *c, uint64_t id, size_t new_len) {
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    pkv_seq *s;
+retry:
+    if (!(s = pkv_seqmap_get(&c->seqs, id))) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if (new_len > s->len) {
+        rc = pkv_err(PKV_ERANGE, "truncate to %zu beyond length %llu", new_len,
+                     (unsigned long long)s->len);
+        goto out;
+    }
+    if (new_len == s->len) goto out;
+    uint32_t keep = (uint32_t)blocks_for(new_len, bs);
+    uint32_t off = (uint32_t)(new_len % bs);
+    uint32_t cut = off ? s->blocks[keep - 1] : PKV_NONE;
+    /* Copy a cut block that is shared or sealed, and one whose committed tokens
+     * are cut (the durable state may still name them until TRUNC is safe). */
+    bool copy = off && (p->b[cut].ref > 1 || p->b[cut].state == BLK_SEALED ||
+                        new_len < s->committed);
+    if (copy && (rc = ensure_blocks(c, 1, "truncate")) == 1) goto retry;
+    if (rc) goto out;
+    if ((rc = pkv_wal_reserve(c, pkv_log_trunc_size(bs) + pkv_log_evict_size()))) goto out;
+    uint32_t nb = PKV_NONE;
+    if (copy) {
+        nb = pkv_block_alloc(c);
+        pkv_arena_copy_tokens(&c->arena, nb, cut, off);
+        memcpy(pkv_pool_tokens(p, nb), pkv_pool_tokens(p, cut), (size_t)off * sizeof(uint32_t));
+        c->ctr.cow_copies++;
+        c->wal.arena_dirty = true;
+    }
+    bool durable_change = new_len < s->committed;
+    release_from(c, s, keep); /* tail-first: children before parents */
+    if (copy) {
+        s->blocks[keep - 1] = nb;
+        pkv_block_release(c, cut);
+    }
+    s->len = new_len;
+    if (s->committed > new_len) s->committed = new_len;
+    if (durable_change) pkv_log_trunc(c, s, nb);
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_close(pkv_cache *c, uint64_t id) {
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if ((rc = pkv_wal_reserve(c, pkv_log_close_size()))) goto out;
+    pkv_log_close(c, id);
+    release_from(c, s, 0);
+    pkv_seqmap_remove(&c->seqs, id);
+    seq_free(s);
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_info(pkv_cache *c, uint64_t id, pkv_seq_info_t *out) {
+    if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
+    LOCKED_ENTRY(c);
+    int rc = 0;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+    } else {
+        out->len = s->len;
+        out->committed = s->committed;
+        out->n_blocks = s->nblocks;
+        out->salt = s->salt;
+    }
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_blocks(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t *n) {
+    if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
+    LOCKED_ENTRY(c);
+    int rc = 0;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if (n) *n = s->nblocks;
+    size_t m = s->nblocks < cap ? s->nblocks : cap;
+    if (m) memcpy(out, s->blocks, m * sizeof *out);
+    if (cap < s->nblocks)
+        rc = pkv_err(PKV_ERANGE, "block table has %u entries, buffer %zu", s->nblocks, cap);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_tokens(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t *n) {
+    if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
+    LOCKED_ENTRY(c);
+    int rc = 0;
+    const uint32_t bs = c->pool.block_size;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) {
+        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+        goto out;
+    }
+    if (n) *n = s->len;
+    uint64_t m = s->len < cap ? s->len : cap;
+    for (uint64_t i = 0; i < m; i += bs) {
+        uint64_t k = m - i < bs ? m - i : bs;
+        memcpy(out + i, pkv_pool_tokens(&c->pool, s->blocks[i / bs]), k * sizeof *out);
+    }
+    if (cap < s->len)
+        rc = pkv_err(PKV_ERANGE, "sequence has %llu tokens, buffer %zu",
+                     (unsigned long long)s->len, cap);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_list(pkv_cache *c, uint64_t *ids, size_t cap, size_t *n) {
+    if (cap && !ids) return pkv_err(PKV_EINVAL, "ids is NULL with cap = %zu", cap);
+    LOCKED_ENTRY(c);
+    size_t k = 0;
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        const pkv_seq *s = c->seqs.slots[i];
+        if (!s) continue;
+        if (k < cap) ids[k] = s->id;
+        k++;
+    }
+    if (n) *n = k;
+    int rc = k > cap ? pkv_err(PKV_ERANGE, "%zu sequences, buffer %zu", k, cap) : 0;
+    pkv_unlock(c);
+    return rc;
+}

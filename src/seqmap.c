@@ -1,0 +1,87 @@
+/*
+ * seqmap.c — sequence id -> struct pkv_seq, an open-addressing (linear probing)
+ * table of pointers that doubles at load 1/2 and deletes by backward shift.
+ *
+ * Growth happens only in pkv_seqmap_reserve(), which callers invoke before they
+ * mutate anything, so an out-of-memory failure leaves the cache unchanged.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+static inline uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int pkv_seqmap_init(pkv_seqmap *m) {
+    m->slots = calloc(64, sizeof *m->slots);
+    if (!m->slots) return pkv_err(PKV_ENOMEM, "sequence map");
+    m->mask = 63;
+    m->count = 0;
+    return 0;
+}
+
+void pkv_seqmap_free(pkv_seqmap *m) {
+    if (!m->slots) return;
+    for (uint64_t i = 0; i <= m->mask; i++) {
+        if (m->slots[i]) {
+            free(m->slots[i]->blocks);
+            free(m->slots[i]);
+        }
+    }
+    free(m->slots);
+    m->slots = NULL;
+}
+
+pkv_seq *pkv_seqmap_get(const pkv_seqmap *m, uint64_t id) {
+    for (uint64_t i = mix(id) & m->mask;; i = (i + 1) & m->mask) {
+        pkv_seq *s = m->slots[i];
+        if (!s || s->id == id) return s;
+    }
+}
+
+static void place(pkv_seq **slots, uint64_t mask, pkv_seq *s) {
+    uint64_t i = mix(s->id) & mask;
+    while (slots[i]) i = (i + 1) & mask;
+    slots[i] = s;
+}
+
+int pkv_seqmap_reserve(pkv_seqmap *m) {
+    if ((m->count + 1) * 2 <= m->mask + 1) return 0;
+    uint64_t n = (m->mask + 1) * 2;
+    pkv_seq **ns = calloc(n, sizeof *ns);
+    if (!ns) return pkv_err(PKV_ENOMEM, "sequence map of %llu slots",
+                            (unsigned long long)n);
+    for (uint64_t i = 0; i <= m->mask; i++)
+        if (m->slots[i]) place(ns, n - 1, m->slots[i]);
+    free(m->slots);
+    m->slots = ns;
+    m->mask = n - 1;
+    return 0;
+}
+
+void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s) {
+    pkv_assert((m->count + 1) * 2 <= m->mask + 1);
+    place(m->slots, m->mask, s);
+    m->count++;
+}
+
+void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id) {
+    uint64_t i = mix(id) & m->mask;
+    while (m->slots[i]->id != id) i = (i + 1) & m->mask;
+    for (uint64_t j = i;;) {
+        j = (j + 1) & m->mask;
+        if (!m->slots[j]) break;
+        uint64_t k = mix(m->slots[j]->id) & m->mask;
+        bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays) continue;
+        m->slots[i] = m->slots[j];
+        i = j;
+    }
+    m->slots[i] = NULL;
+    m->count--;
+}

@@ -1,0 +1,340 @@
+/*
+ * wal/checkpoint.c — checkpoints: a compact, LZ4-compressed snapshot of all
+ * durable metadata, written atomically, after which older log segments are
+ * recycled.
+ *
+ * File ckpt-<lsn, 16 hex digits> (little-endian):
+ *     0  "PKVCKPT\0"           8  u32 version (1)      12  u32 zero
+ *    16  u64 LSN covered      24  u64 arena secret    32  u64 raw length
+ *    40  u64 body length      48  u64 XXH3-64 of body 56  u64 XXH3-64 of [0, 56)
+ *    64  body: chunks of [u32 raw bytes][u32 compressed bytes][LZ4 block]
+ * Raw snapshot:
+ *     u32 version, u32 block_size, u32 capacity, u32 zero
+ *     8 x u64 counters (hit/miss tokens, hit/miss blocks, evictions, cow, dedupes,
+ *                       seals)
+ *     u64 sealed count, then per sealed block:
+ *         u32 block, u32 parent, u64 salt, u64 hash lo, u64 hash hi,
+ *         u64 payload xxh3, u64 release LSN, u32 flags, u32 zero, u32 tokens[B]
+ *     u64 sequence count, then per sequence (committed part only):
+ *         u64 id, u64 salt, u64 committed, u32 nblocks, u32 ntail,
+ *         u32 blocks[nblocks], u32 tail tokens[ntail]
+ *
+ * Atomicity: write ckpt.tmp, fdatasync it, rename to ckpt-<lsn>, fsync the
+ * directory, then delete older checkpoints. A crash at any point leaves either
+ * the old or the new checkpoint complete. Loading checks every count and length
+ * against the bytes present before reading them.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4.h>
+#include <stdlib.h>
+#include <xxhash.h>
+
+#define CHUNK (8u << 20)
+
+typedef struct wbuf {
+    uint8_t *p;
+    size_t len, cap;
+} wbuf;
+
+static int wb_room(wbuf *b, size_t n) {
+    if (b->cap - b->len >= n) return 0;
+    size_t cap = b->cap ? b->cap : 1u << 16;
+    while (cap - b->len < n) cap *= 2;
+    uint8_t *np = realloc(b->p, cap);
+    if (!np) return PKV_ENOMEM;
+    b->p = np;
+    b->cap = cap;
+    return 0;
+}
+static void wb_u32(wbuf *b, uint32_t v) {
+    pkv_put_u32(b->p + b->len, v);
+    b->len += 4;
+}
+static void wb_u64(wbuf *b, uint64_t v) {
+    pkv_put_u64(b->p + b->len, v);
+    b->len += 8;
+}
+
+int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen) {
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    wbuf b = {0};
+    if (wb_room(&b, 16 + 8 * 8 + 8)) goto nomem;
+    wb_u32(&b, WAL_VERSION);
+    wb_u32(&b, bs);
+    wb_u32(&b, p->capacity);
+    wb_u32(&b, 0);
+    const pkv_counters *k = &c->ctr;
+    uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
+                       k->evictions, k->cow_copies, k->dedupes, k->seals};
+    for (int i = 0; i < 8; i++) wb_u64(&b, ctr[i]);
+    wb_u64(&b, p->n_sealed);
+    size_t per = 56 + 4ull * bs;
+    if (wb_room(&b, p->n_sealed * per + 8)) goto nomem;
+    for (uint32_t i = 0; i < p->capacity; i++) {
+        const pkv_block *x = &p->b[i];
+        if (x->state != BLK_SEALED) continue;
+        wb_u32(&b, i);
+        wb_u32(&b, x->parent);
+        wb_u64(&b, x->salt);
+        wb_u64(&b, x->hash.lo);
+        wb_u64(&b, x->hash.hi);
+        wb_u64(&b, x->payload_sum);
+        wb_u64(&b, x->rel_lsn);
+        wb_u32(&b, x->flags);
+        wb_u32(&b, 0);
+        const uint32_t *t = pkv_pool_tokens(p, i);
+        for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
+    }
+    wb_u64(&b, c->seqs.count);
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        const pkv_seq *s = c->seqs.slots[i];
+        if (!s) continue;
+        uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
+        uint32_t ntail = (uint32_t)(s->committed % bs);
+        if (wb_room(&b, 32 + 4ull * nb + 4ull * ntail)) goto nomem;
+        wb_u64(&b, s->id);
+        wb_u64(&b, s->salt);
+        wb_u64(&b, s->committed);
+        wb_u32(&b, nb);
+        wb_u32(&b, ntail);
+        for (uint32_t j = 0; j < nb; j++) wb_u32(&b, s->blocks[j]);
+        if (ntail) {
+            const uint32_t *t = pkv_pool_tokens(p, s->blocks[nb - 1]);
+            for (uint32_t j = 0; j < ntail; j++) wb_u32(&b, t[j]);
+        }
+    }
+    *out = b.p;
+    *outlen = b.len;
+    return 0;
+nomem:
+    free(b.p);
+    return pkv_err(PKV_ENOMEM, "checkpoint snapshot");
+}
+
+static int io_err(int neg, const char *what, const char *path) {
+    int e = -neg;
+    return pkv_err(e == ENOSPC || e == EDQUOT ? PKV_ENOSPC : PKV_EIO, "%s %s: %s", what,
+                   path, strerror(e));
+}
+
+/* Delete every ckpt-* file other than `keep`. */
+static void remove_old(pkv_wal *w, uint64_t keep) {
+    DIR *d = opendir(w->dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned long long n;
+        char tail;
+        if (sscanf(e->d_name, "ckpt-%16llx%c", &n, &tail) != 1 || strlen(e->d_name) != 21)
+            continue;
+        if (n == keep) continue;
+        char path[4200];
+        pkv_wal_path(w, path, sizeof path, "ckpt-", n);
+        w->io->unlink(w->io->ctx, path);
+    }
+    closedir(d);
+}
+
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
+    const pkv_io_ops *io = w->io;
+    size_t nchunks = (len + CHUNK - 1) / CHUNK;
+    size_t bound = CKPT_HDR + nchunks * 8 + (size_t)LZ4_compressBound(CHUNK) * nchunks;
+    if (nchunks == 0) bound = CKPT_HDR;
+    uint8_t *out = malloc(bound);
+    if (!out) return pkv_err(PKV_ENOMEM, "checkpoint buffer of %zu bytes", bound);
+    size_t o = CKPT_HDR;
+    for (size_t off = 0; off < len; off += CHUNK) {
+        int n = (int)(len - off < CHUNK ? len - off : CHUNK);
+        int cl = LZ4_compress_default((const char *)raw + off, (char *)out + o + 8, n,
+                                      LZ4_compressBound(n));
+        if (cl <= 0) {
+            free(out);
+            return pkv_err(PKV_EIO, "LZ4 compression failed");
+        }
+        pkv_put_u32(out + o, (uint32_t)n);
+        pkv_put_u32(out + o + 4, (uint32_t)cl);
+        o += 8 + (size_t)cl;
+    }
+    uint8_t *h = out;
+    memset(h, 0, CKPT_HDR);
+    memcpy(h, CKPT_MAGIC, 8);
+    pkv_put_u32(h + 8, WAL_VERSION);
+    pkv_put_u64(h + 16, lsn);
+    pkv_put_u64(h + 24, w->arena_secret);
+    pkv_put_u64(h + 32, len);
+    pkv_put_u64(h + 40, o - CKPT_HDR);
+    pkv_put_u64(h + 48, XXH3_64bits(out + CKPT_HDR, o - CKPT_HDR));
+    pkv_put_u64(h + 56, XXH3_64bits(h, 56));
+
+    char tmp[4200], path[4200];
+    snprintf(tmp, sizeof tmp, "%s/ckpt.tmp", w->dir);
+    int rc = pkv_wal_path(w, path, sizeof path, "ckpt-", lsn);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    int fd = io->open(io->ctx, tmp, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) {
+        free(out);
+        return io_err(fd, "create", tmp);
+    }
+    rc = io->write(io->ctx, fd, out, o, 0, 1);
+    io->close(io->ctx, fd);
+    free(out);
+    if (rc < 0) {
+        io->unlink(io->ctx, tmp);
+        return io_err(rc, "write", tmp);
+    }
+    if ((rc = io->rename(io->ctx, tmp, path)) < 0) return io_err(rc, "rename", path);
+    if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_err(rc, "fsync", w->dir);
+    remove_old(w, lsn);
+    return 0;
+}
+
+int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
+                  uint8_t **raw_out, size_t *len_out) {
+    uint8_t h[CKPT_HDR];
+    int fd = io->open(io->ctx, path, O_RDONLY, 0);
+    if (fd < 0) return io_err(fd, "open", path);
+    uint8_t *body = NULL, *raw = NULL;
+    int rc;
+    long r = io->pread(io->ctx, fd, h, CKPT_HDR, 0);
+    if (r != (long)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
+        pkv_get_u64(h + 56) != XXH3_64bits(h, 56)) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: bad checkpoint header", path);
+        goto out;
+    }
+    if (pkv_get_u32(h + 8) != WAL_VERSION) {
+        rc = pkv_err(PKV_EVERSION, "%s: checkpoint version %u", path, pkv_get_u32(h + 8));
+        goto out;
+    }
+    *lsn = pkv_get_u64(h + 16);
+    *secret = pkv_get_u64(h + 24);
+    uint64_t rawlen = pkv_get_u64(h + 32), bodylen = pkv_get_u64(h + 40);
+    if (rawlen > (1ull << 40) || bodylen > (1ull << 40) ||
+        bodylen > rawlen / 8 + (rawlen / CHUNK + 1) * (LZ4_compressBound(CHUNK) + 8)) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: implausible lengths", path);
+        goto out;
+    }
+    body = malloc(bodylen ? bodylen : 1);
+    raw = malloc(rawlen ? rawlen : 1);
+    if (!body || !raw) {
+        rc = pkv_err(PKV_ENOMEM, "checkpoint of %llu bytes", (unsigned long long)rawlen);
+        goto out;
+    }
+    r = io->pread(io->ctx, fd, body, bodylen, CKPT_HDR);
+    if (r != (long)bodylen || XXH3_64bits(body, bodylen) != pkv_get_u64(h + 48)) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated or checksum mismatch",
+                     path);
+        goto out;
+    }
+    size_t bo = 0, ro = 0;
+    while (bo < bodylen) {
+        if (bodylen - bo < 8) break;
+        uint32_t n = pkv_get_u32(body + bo), cl = pkv_get_u32(body + bo + 4);
+        bo += 8;
+        if (n > CHUNK || n > rawlen - ro || cl > bodylen - bo) break;
+        int d = LZ4_decompress_safe((const char *)body + bo, (char *)raw + ro, (int)cl,
+                                    (int)n);
+        if (d != (int)n) break;
+        bo += cl;
+        ro += n;
+    }
+    if (bo != bodylen || ro != rawlen) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body does not decompress", path);
+        goto out;
+    }
+    *raw_out = raw;
+    *len_out = rawlen;
+    raw = NULL;
+    rc = 0;
+out:
+    io->close(io->ctx, fd);
+    free(body);
+    free(raw);
+    return rc;
+}
+
+/* Bounds-checked reader. */
+typedef struct rbuf {
+    const uint8_t *p;
+    size_t len, off;
+    bool bad;
+} rbuf;
+static uint32_t rb_u32(rbuf *b) {
+    if (b->len - b->off < 4) { b->bad = true; return 0; }
+    uint32_t v = pkv_get_u32(b->p + b->off);
+    b->off += 4;
+    return v;
+}
+static uint64_t rb_u64(rbuf *b) {
+    if (b->len - b->off < 8) { b->bad = true; return 0; }
+    uint64_t v = pkv_get_u64(b->p + b->off);
+    b->off += 8;
+    return v;
+}
+
+int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    rbuf b = {raw, len, 0, false};
+    uint32_t ver = rb_u32(&b), cbs = rb_u32(&b), cap = rb_u32(&b);
+    rb_u32(&b);
+    if (b.bad || ver != WAL_VERSION || cbs != bs || cap != p->capacity)
+        return pkv_err(PKV_ECORRUPT, "checkpoint geometry (block size %u, capacity %u) "
+                       "differs from the arena's (%u, %u)", cbs, cap, bs, p->capacity);
+    pkv_counters *k = &c->ctr;
+    uint64_t *ctr[8] = {&k->hit_tokens, &k->miss_tokens, &k->hit_blocks, &k->miss_blocks,
+                        &k->evictions, &k->cow_copies, &k->dedupes, &k->seals};
+    for (int i = 0; i < 8; i++) *ctr[i] = rb_u64(&b);
+    uint64_t ns = rb_u64(&b);
+    if (b.bad || ns > p->capacity || ns * (56 + 4ull * bs) > len - b.off)
+        return pkv_err(PKV_ECORRUPT, "checkpoint: bad sealed block count %llu",
+                       (unsigned long long)ns);
+    for (uint64_t i = 0; i < ns; i++) {
+        uint32_t blk = rb_u32(&b), parent = rb_u32(&b);
+        if (blk >= p->capacity || (parent != PKV_NONE && parent >= p->capacity))
+            return pkv_err(PKV_ECORRUPT, "checkpoint: block %u / parent %u out of range",
+                           blk, parent);
+        pkv_block *x = &p->b[blk];
+        x->state = BLK_SEALED;
+        x->parent = parent;
+        x->salt = rb_u64(&b);
+        x->hash.lo = rb_u64(&b);
+        x->hash.hi = rb_u64(&b);
+        x->payload_sum = rb_u64(&b);
+        x->rel_lsn = rb_u64(&b);
+        x->flags = (uint8_t)(rb_u32(&b) & (BLKF_UNVERIFIED | BLKF_BAD));
+        rb_u32(&b);
+        uint32_t *t = pkv_pool_tokens(p, blk);
+        for (uint32_t j = 0; j < bs; j++) t[j] = rb_u32(&b);
+    }
+    uint64_t nq = rb_u64(&b);
+    if (b.bad) return pkv_err(PKV_ECORRUPT, "checkpoint truncated");
+    for (uint64_t i = 0; i < nq; i++) {
+        pkv_rec r;
+        memset(&r, 0, sizeof r);
+        r.type = REC_SEQ_SET;
+        r.seq = rb_u64(&b);
+        r.salt = rb_u64(&b);
+        r.committed = rb_u64(&b);
+        r.nblocks = rb_u32(&b);
+        r.ntok = rb_u32(&b);
+        if (b.bad || r.ntok >= bs || 4ull * r.nblocks + 4ull * r.ntok > len - b.off)
+            return pkv_err(PKV_ECORRUPT, "checkpoint: sequence %llu malformed",
+                           (unsigned long long)i);
+        r.blocks = raw + b.off;
+        r.tokens = r.blocks + 4ull * r.nblocks;
+        b.off += 4ull * r.nblocks + 4ull * r.ntok;
+        int rc = pkv_replay_apply(c, &r);
+        if (rc) return rc;
+    }
+    if (b.off != len) return pkv_err(PKV_ECORRUPT, "checkpoint: %zu trailing bytes",
+                                     len - b.off);
+    return 0;
+}

@@ -1,0 +1,423 @@
+/*
+ * wal/log.c — appending records, group commit, segments, the flusher thread.
+ *
+ * Segment file wal-<seg no, 16 hex digits>, little-endian:
+ *     0  "PKVWAL\0\0"          8  u32 version (1)      12  u32 epoch (random)
+ *    16  u64 segment number   24  u64 first LSN it may hold
+ *    32  u64 arena secret (which arena the log describes)
+ *    40  u64 allocated size   48  u64 zero           56  u64 XXH3-64 of [0, 56)
+ *    64  frames ...
+ * Frame (one group commit, one write + fdatasync):
+ *     0  u32 magic "PKVF"      4  u32 epoch           8  u64 first LSN
+ *    16  u32 record count     20  u32 record bytes   24  u64 XXH3-64(seed epoch)
+ *                                                        of [0, 24) + records
+ *    32  records (wal/record.c), each checksummed with the same epoch
+ *
+ * A recycled segment gets a fresh random epoch, so frames left in it from its
+ * previous life fail their checksums and end the log there.
+ *
+ * Concurrency: records are appended to w->buf under the cache lock. The flusher
+ * thread alone touches segment files: it swaps w->buf with its own buffer under
+ * the lock, releases the lock, flushes the arena if payload was written (payload
+ * before the records that seal it), writes the frame with a linked fdatasync,
+ * and publishes written_lsn / durable_lsn under the lock. Waiters sleep on
+ * cv_done with the cache lock released. Any write or sync error is final: the
+ * cache enters its failed state (w->failed) and every later mutation fails.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint64_t no) {
+    int k = snprintf(out, n, "%s/%s%016llx", w->dir, prefix, (unsigned long long)no);
+    return k < 0 || (size_t)k >= n ? pkv_err(PKV_EINVAL, "path too long") : 0;
+}
+
+int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+    pkv_wal *w = &c->wal;
+    if (w->cap - w->len >= bytes) return 0;
+    size_t cap = w->cap ? w->cap : 1u << 16;
+    while (cap - w->len < bytes) cap *= 2;
+    uint8_t *nb = realloc(w->buf, cap);
+    if (!nb) return pkv_err(PKV_ENOMEM, "log buffer of %zu bytes", cap);
+    w->buf = nb;
+    w->cap = cap;
+    return 0;
+}
+
+uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
+    pkv_wal *w = &c->wal;
+    size_t total = pkv_rec_size(payload);
+    pkv_assert(w->cap - w->len >= total);
+    uint8_t *r = w->buf + w->len;
+    memset(r, 0, total);
+    pkv_put_u32(r, (uint32_t)total);
+    pkv_put_u32(r + 4, type);
+    pkv_put_u64(r + 8, w->next_lsn);
+    if (w->nrec++ == 0) w->buf_first_lsn = w->next_lsn;
+    w->next_lsn++;
+    w->len += total;
+    w->records++;
+    if (w->len >= (1u << 20)) pthread_cond_signal(&w->cv_work); /* big group: go */
+    return r + REC_HDR;
+}
+
+static int io_fail(pkv_cache *c, int neg_errno, const char *what) {
+    int e = -neg_errno;
+    int code = (e == ENOSPC || e == EDQUOT) ? PKV_ENOSPC : PKV_EIO;
+    pkv_err(code, "%s: %s", what, strerror(e));
+    if (!c->wal.failed) {
+        c->wal.failed = code;
+        fprintf(stderr, "pagedkv: %s: %s; cache is now read-only until reopened\n", what,
+                strerror(e));
+    }
+    return code;
+}
+
+/* Remember a live segment (flusher or open; cache lock held). */
+int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start) {
+    if (w->nsegs == w->segs_cap) {
+        size_t cap = w->segs_cap ? w->segs_cap * 2 : 8;
+        struct pkv_seg *ns = realloc(w->segs, cap * sizeof *ns);
+        if (!ns) return pkv_err(PKV_ENOMEM, "segment list");
+        w->segs = ns;
+        w->segs_cap = cap;
+    }
+    w->segs[w->nsegs].no = no;
+    w->segs[w->nsegs].start_lsn = start;
+    w->nsegs++;
+    return 0;
+}
+
+/* Create (or recycle a spare into) segment `no` starting at LSN `start`, write its
+ * header durably, make it current. Called by the flusher (or at open). */
+static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size) {
+    pkv_wal *w = &c->wal;
+    const pkv_io_ops *io = w->io;
+    char path[4200], spare[4200];
+    int rc = pkv_wal_path(w, path, sizeof path, "wal-", no);
+    if (rc) return rc;
+    uint64_t size = w->seg_size > min_size + SEG_HDR ? w->seg_size : min_size + SEG_HDR;
+    bool recycled = false;
+    if (w->nspare > 0 && size == w->seg_size) {
+        pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
+        if (io->rename(io->ctx, spare, path) == 0) recycled = true;
+        w->nspare--;
+    }
+    int fd = io->open(io->ctx, path, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) return io_fail(c, fd, "create log segment");
+    if (!recycled && (rc = io->allocate(io->ctx, fd, size)) < 0) {
+        io->close(io->ctx, fd);
+        io->unlink(io->ctx, path);
+        return io_fail(c, rc, "preallocate log segment");
+    }
+    uint32_t epoch;
+    if (getrandom(&epoch, sizeof epoch, 0) != (ssize_t)sizeof epoch)
+        epoch = (uint32_t)time(NULL) ^ (uint32_t)no * 2654435761u;
+    uint8_t h[SEG_HDR];
+    memset(h, 0, sizeof h);
+    memcpy(h, SEG_MAGIC, 8);
+    pkv_put_u32(h + 8, WAL_VERSION);
+    pkv_put_u32(h + 12, epoch);
+    pkv_put_u64(h + 16, no);
+    pkv_put_u64(h + 24, start);
+    pkv_put_u64(h + 32, w->arena_secret);
+    pkv_put_u64(h + 40, size);
+    pkv_put_u64(h + 56, XXH3_64bits(h, 56));
+    if ((rc = io->write(io->ctx, fd, h, SEG_HDR, 0, 1)) < 0 ||
+        (rc = io->sync_dir(io->ctx, w->dir)) < 0) {
+        io->close(io->ctx, fd);
+        return io_fail(c, rc, "write log segment header");
+    }
+    if (w->seg_fd >= 0) io->close(io->ctx, w->seg_fd);
+    w->seg_fd = fd;
+    w->seg_no = no;
+    w->epoch = epoch;
+    w->seg_off = SEG_HDR;
+    w->seg_cap = size;
+    return pkv_wal_seg_push(w, no, start);
+}
+
+/* Finish checksums of the records in buf[FRAME_HDR, len) and the frame header. */
+static void frame_seal(uint8_t *buf, size_t len, uint32_t epoch, uint64_t first,
+                       uint32_t nrec) {
+    for (size_t off = FRAME_HDR; off < len;) {
+        uint32_t rl = pkv_get_u32(buf + off);
+        pkv_put_u64(buf + off + rl - REC_TRAILER,
+                    XXH3_64bits_withSeed(buf + off, rl - REC_TRAILER, epoch));
+        off += rl;
+    }
+    pkv_put_u32(buf, FRAME_MAGIC);
+    pkv_put_u32(buf + 4, epoch);
+    pkv_put_u64(buf + 8, first);
+    pkv_put_u32(buf + 16, nrec);
+    pkv_put_u32(buf + 20, (uint32_t)(len - FRAME_HDR));
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, epoch);
+    XXH3_64bits_update(&st, buf, 24);
+    XXH3_64bits_update(&st, buf + FRAME_HDR, len - FRAME_HDR);
+    pkv_put_u64(buf + 24, XXH3_64bits_digest(&st));
+}
+
+/* One group commit. Lock held on entry and exit; released during I/O. */
+static void flush_once(pkv_cache *c, bool hard) {
+    pkv_wal *w = &c->wal;
+    const pkv_io_ops *io = w->io;
+    if (w->failed) return;
+    bool sync = hard || w->mode != PKV_DURABLE_NONE;
+    size_t len = w->len;
+    uint32_t nrec = w->nrec;
+    uint64_t first = w->buf_first_lsn, last = w->next_lsn - 1;
+    bool dirty = w->arena_dirty;
+    if (nrec == 0 && (!sync || w->durable_lsn >= w->written_lsn) && !(hard && dirty))
+        return;
+    /* Swap buffers: appenders continue into the other one. */
+    uint8_t *fb = w->buf;
+    size_t fcap = w->cap;
+    w->buf = w->fbuf;
+    w->cap = w->fcap;
+    w->fbuf = fb;
+    w->fcap = fcap;
+    w->len = FRAME_HDR;
+    w->nrec = 0;
+    if (sync) w->arena_dirty = false;
+    pthread_mutex_unlock(&c->lock);
+
+    int rc = 0;
+    const char *what = NULL;
+    if (sync && dirty && w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
+        what = "flush arena";
+    if (!rc && nrec) {
+        if (w->seg_off + len > w->seg_cap) {
+            pthread_mutex_lock(&c->lock);
+            rc = seg_create(c, w->seg_no + 1, first, len);
+            pthread_mutex_unlock(&c->lock);
+            if (rc) what = "rotate log segment";
+            rc = rc ? -EIO : 0;
+        }
+        if (!rc) {
+            frame_seal(fb, len, w->epoch, first, nrec);
+            if ((rc = io->write(io->ctx, w->seg_fd, fb, len, w->seg_off, sync)) < 0)
+                what = sync ? "write+fdatasync log" : "write log";
+        }
+    } else if (!rc && sync && w->seg_fd >= 0 && w->durable_lsn < w->written_lsn) {
+        if ((rc = io->sync(io->ctx, w->seg_fd)) < 0) what = "fdatasync log";
+    }
+
+    pthread_mutex_lock(&c->lock);
+    if (rc < 0) {
+        if (!w->failed) io_fail(c, rc, what);
+    } else {
+        if (nrec) {
+            w->seg_off += len;
+            w->frames++;
+            w->bytes += len;
+            w->bytes_since_ckpt += len;
+            w->written_lsn = last;
+        }
+        if (sync) {
+            w->syncs++;
+            w->durable_lsn = w->written_lsn;
+        }
+    }
+    pthread_cond_broadcast(&w->cv_done);
+}
+
+static void limbo_drain(pkv_cache *c);
+static void do_checkpoint(pkv_cache *c);
+
+static void *flusher_main(void *arg) {
+    pkv_cache *c = arg;
+    pkv_wal *w = &c->wal;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        if (!w->stop && !w->sync_req && !w->ckpt_req) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)w->interval_us * 1000u;
+            ts.tv_sec += (time_t)(ns / 1000000000u);
+            ts.tv_nsec = (long)(ns % 1000000000u);
+            pthread_cond_timedwait(&w->cv_work, &c->lock, &ts);
+        }
+        bool hard = w->hard_req || w->stop;
+        w->sync_req = w->hard_req = false;
+        flush_once(c, hard);
+        limbo_drain(c);
+        if (!w->failed && (w->ckpt_req || w->bytes_since_ckpt >= w->ckpt_bytes))
+            do_checkpoint(c);
+        if (w->ckpt_req) { /* failed or done: wake the requester either way */
+            w->ckpt_req = false;
+            w->ckpt_gen++;
+            pthread_cond_broadcast(&w->cv_done);
+        }
+        if (w->stop && (w->nrec == 0 || w->failed)) break;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* Move freed blocks whose freeing record is now safe onto the free list. */
+static void limbo_drain(pkv_cache *c) {
+    uint64_t safe = pkv_wal_safe_lsn(&c->wal);
+    pkv_pool *p = &c->pool;
+    while (c->limbo.head != PKV_NONE && p->b[c->limbo.head].rel_lsn <= safe) {
+        uint32_t b = c->limbo.head;
+        pkv_list_remove(p, &c->limbo, b);
+        pkv_list_push_tail(p, &p->free, LIST_FREE, b);
+    }
+}
+
+void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
+
+/* Checkpoint on the flusher thread; lock held on entry and exit. */
+static void do_checkpoint(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    uint8_t *raw = NULL;
+    size_t rawlen = 0;
+    uint64_t lsn = w->next_lsn - 1;
+    if (pkv_ckpt_serialize(c, &raw, &rawlen)) {
+        io_fail(c, -ENOMEM, "checkpoint snapshot");
+        return;
+    }
+    flush_once(c, true); /* the log is durable through lsn, the arena flushed */
+    if (w->failed || w->durable_lsn < lsn) {
+        free(raw);
+        return;
+    }
+    /* Segments wholly covered by the checkpoint become spares. */
+    size_t keep = 0;
+    while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
+    pthread_mutex_unlock(&c->lock);
+    int rc = pkv_ckpt_write(w, lsn, raw, rawlen);
+    free(raw);
+    pthread_mutex_lock(&c->lock);
+    if (rc) {
+        io_fail(c, -EIO, pkv_last_error());
+        return;
+    }
+    const pkv_io_ops *io = w->io;
+    for (size_t i = 0; i < keep; i++) {
+        char from[4200], to[4200];
+        pkv_wal_path(w, from, sizeof from, "wal-", w->segs[i].no);
+        if (w->nspare < 2 && w->segs[i].no != w->seg_no) {
+            pkv_wal_path(w, to, sizeof to, "wal-spare-", w->nspare);
+            if (io->rename(io->ctx, from, to) == 0) {
+                w->nspare++;
+                continue;
+            }
+        }
+        io->unlink(io->ctx, from);
+    }
+    memmove(w->segs, w->segs + keep, (w->nsegs - keep) * sizeof *w->segs);
+    w->nsegs -= keep;
+    w->ckpt_lsn = lsn;
+    w->bytes_since_ckpt = 0;
+    w->checkpoints++;
+}
+
+int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
+    pkv_wal *w = &c->wal;
+    w->next_lsn = next_lsn;
+    w->written_lsn = w->durable_lsn = next_lsn - 1;
+    int rc;
+    w->buf = malloc(1u << 16);
+    w->fbuf = malloc(1u << 16);
+    if (!w->buf || !w->fbuf) return pkv_err(PKV_ENOMEM, "log buffers");
+    w->cap = w->fcap = 1u << 16;
+    w->len = FRAME_HDR; /* each buffer starts with room for its frame header */
+    if (w->tail_ok) { /* the log ended cleanly: keep appending to its last segment */
+        char path[4200];
+        if ((rc = pkv_wal_path(w, path, sizeof path, "wal-", w->tail_no))) return rc;
+        int fd = w->io->open(w->io->ctx, path, O_RDWR, 0);
+        if (fd < 0) return io_fail(c, fd, "open log segment");
+        w->seg_fd = fd;
+        w->seg_no = w->tail_no;
+        w->epoch = w->tail_epoch;
+        w->seg_off = w->tail_off;
+        w->seg_cap = w->tail_size;
+    } else if ((rc = seg_create(c, next_seg, next_lsn, 0))) {
+        return rc;
+    }
+    if (pthread_create(&w->thr, NULL, flusher_main, c))
+        return pkv_err(PKV_ENOMEM, "cannot start the log flusher thread");
+    w->running = true;
+    return 0;
+}
+
+int pkv_wal_writable(pkv_cache *c) {
+    if (c->rdonly) return pkv_err(PKV_ERDONLY, "cache opened read-only");
+    if (c->wal.failed)
+        return pkv_err(PKV_EFAILED, "cache failed after an I/O error (%s); reopen it",
+                       pkv_strerror(c->wal.failed));
+    return 0;
+}
+
+int pkv_wal_wait(pkv_cache *c, uint64_t lsn) {
+    pkv_wal *w = &c->wal;
+    while (pkv_wal_safe_lsn(w) < lsn && !w->failed) {
+        w->sync_req = true;
+        pthread_cond_signal(&w->cv_work);
+        pthread_cond_wait(&w->cv_done, &c->lock);
+    }
+    if (w->failed) return pkv_wal_writable(c);
+    return 0;
+}
+
+int pkv_wal_commit_point(pkv_cache *c) {
+    if (c->wal.mode != PKV_DURABLE_ALWAYS) return 0;
+    return pkv_wal_wait(c, c->wal.next_lsn - 1);
+}
+
+int pkv_wal_sync(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    uint64_t target = w->next_lsn - 1;
+    w->arena_dirty = true; /* a barrier also covers payload written without records */
+    uint64_t syncs = w->syncs;
+    while ((w->durable_lsn < target || w->syncs == syncs) && !w->failed) {
+        w->sync_req = w->hard_req = true;
+        pthread_cond_signal(&w->cv_work);
+        pthread_cond_wait(&w->cv_done, &c->lock);
+    }
+    return w->failed ? pkv_wal_writable(c) : 0;
+}
+
+int pkv_wal_checkpoint(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    uint64_t gen = w->ckpt_gen, before = w->checkpoints;
+    w->ckpt_req = true;
+    pthread_cond_signal(&w->cv_work);
+    while (w->ckpt_gen == gen) pthread_cond_wait(&w->cv_done, &c->lock);
+    if (w->failed) return pkv_wal_writable(c);
+    if (w->checkpoints == before) return pkv_err(PKV_EIO, "checkpoint not written");
+    return 0;
+}
+
+int pkv_wal_stop(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    if (!w->running) return 0;
+    pthread_mutex_lock(&c->lock);
+    w->stop = true;
+    pthread_cond_signal(&w->cv_work);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(w->thr, NULL);
+    w->running = false;
+    return w->failed;
+}
+
+void pkv_wal_free(pkv_wal *w) {
+    if (w->seg_fd >= 0 && w->io) w->io->close(w->io->ctx, w->seg_fd);
+    w->seg_fd = -1;
+    free(w->buf);
+    free(w->fbuf);
+    free(w->segs);
+    free(w->dir);
+    w->buf = w->fbuf = NULL;
+    w->segs = NULL;
+    w->dir = NULL;
+}

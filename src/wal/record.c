@@ -1,0 +1,229 @@
+/*
+ * wal/record.c — the log record format: one typed, length-prefixed, checksummed
+ * record per mutation of the durable state.
+ *
+ * Record, little-endian, 8-byte aligned (docs/format.md):
+ *     0  u32 len        total bytes, header and checksum included, multiple of 8
+ *     4  u16 type       REC_* (wal/wal.h)
+ *     6  u16 zero
+ *     8  u64 lsn        log sequence number; consecutive, starting at 1
+ *    16  payload        per type, zero-padded to the 8-byte boundary
+ * len-8  u64 checksum   XXH3-64, seeded with the segment epoch, of bytes [0, len-8)
+ *
+ * Records hold absolute new values (a table entry, a length, a sealed block's
+ * whole content), so applying one twice is harmless (redo is idempotent).
+ * Refcounts are not logged: they are a function of the block tables and are
+ * recomputed at recovery. Decoding checks every length against the record size
+ * and the block size before anything reads past it.
+ */
+#include "internal.h"
+
+const char *pkv_rec_type_name(unsigned type) {
+    switch (type) {
+    case REC_SEAL:      return "SEAL";
+    case REC_EVICT:     return "EVICT";
+    case REC_SEQ_SET:   return "SEQ_SET";
+    case REC_COMMIT:    return "COMMIT";
+    case REC_SEQ_BLOCK: return "SEQ_BLOCK";
+    case REC_TRUNC:     return "TRUNC";
+    case REC_SEQ_CLOSE: return "SEQ_CLOSE";
+    default:            return "UNKNOWN";
+    }
+}
+
+#define NEED(n)                                                                   \
+    do {                                                                          \
+        if ((size_t)(n) > len)                                                    \
+            return pkv_err(PKV_ECORRUPT, "%s record at LSN %llu: %zu bytes, needs %zu", \
+                           pkv_rec_type_name(r->type), (unsigned long long)r->lsn, \
+                           len, (size_t)(n));                                     \
+    } while (0)
+
+int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t bs, pkv_rec *r) {
+    /* p points at the record start; len is its payload length (without header
+     * and trailer, padding included). */
+    uint32_t rlen = pkv_get_u32(p);
+    memset(r, 0, sizeof *r);
+    r->type = pkv_get_u32(p + 4) & 0xffff;
+    r->lsn = pkv_get_u64(p + 8);
+    (void)rlen;
+    const uint8_t *q = p + REC_HDR;
+    switch (r->type) {
+    case REC_SEAL:
+        NEED(48);
+        r->block = pkv_get_u32(q);
+        r->parent = pkv_get_u32(q + 4);
+        r->salt = pkv_get_u64(q + 8);
+        r->hash_lo = pkv_get_u64(q + 16);
+        r->hash_hi = pkv_get_u64(q + 24);
+        r->payload_sum = pkv_get_u64(q + 32);
+        r->ntok = pkv_get_u32(q + 40);
+        if (r->ntok != bs)
+            return pkv_err(PKV_ECORRUPT, "SEAL at LSN %llu has %u tokens, block size %u",
+                           (unsigned long long)r->lsn, r->ntok, bs);
+        NEED(48 + 4ull * r->ntok);
+        r->tokens = q + 48;
+        break;
+    case REC_EVICT:
+        NEED(8);
+        r->block = pkv_get_u32(q);
+        break;
+    case REC_SEQ_SET:
+        NEED(32);
+        r->seq = pkv_get_u64(q);
+        r->salt = pkv_get_u64(q + 8);
+        r->committed = pkv_get_u64(q + 16);
+        r->nblocks = pkv_get_u32(q + 24);
+        r->ntok = pkv_get_u32(q + 28);
+        NEED(32 + 4ull * r->nblocks + 4ull * r->ntok);
+        r->blocks = q + 32;
+        r->tokens = r->blocks + 4ull * r->nblocks;
+        break;
+    case REC_COMMIT:
+        NEED(32);
+        r->seq = pkv_get_u64(q);
+        r->committed = pkv_get_u64(q + 8);
+        r->first = pkv_get_u32(q + 16);
+        r->nblocks = pkv_get_u32(q + 20);
+        r->tail_off = pkv_get_u32(q + 24);
+        r->ntok = pkv_get_u32(q + 28);
+        NEED(32 + 4ull * r->nblocks + 4ull * r->ntok);
+        r->blocks = q + 32;
+        r->tokens = r->blocks + 4ull * r->nblocks;
+        break;
+    case REC_SEQ_BLOCK:
+        NEED(24);
+        r->seq = pkv_get_u64(q);
+        r->index = pkv_get_u32(q + 8);
+        r->block = pkv_get_u32(q + 12);
+        r->ntok = pkv_get_u32(q + 16);
+        NEED(24 + 4ull * r->ntok);
+        r->tokens = q + 24;
+        break;
+    case REC_TRUNC:
+        NEED(24);
+        r->seq = pkv_get_u64(q);
+        r->committed = pkv_get_u64(q + 8);
+        r->block = pkv_get_u32(q + 16);
+        r->ntok = pkv_get_u32(q + 20);
+        NEED(24 + 4ull * r->ntok);
+        r->tokens = q + 24;
+        break;
+    case REC_SEQ_CLOSE:
+        NEED(8);
+        r->seq = pkv_get_u64(q);
+        break;
+    default:
+        return pkv_err(PKV_ECORRUPT, "unknown record type %u at LSN %llu", r->type,
+                       (unsigned long long)r->lsn);
+    }
+    if (r->ntok > bs && r->type != REC_SEAL)
+        return pkv_err(PKV_ECORRUPT, "%s at LSN %llu carries %u tail tokens > block size",
+                       pkv_rec_type_name(r->type), (unsigned long long)r->lsn, r->ntok);
+    return 0;
+}
+
+/* ---- Encoding (cache lock held; space reserved with pkv_wal_reserve) ----- */
+
+static uint8_t *put_tokens(uint8_t *q, const uint32_t *t, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++, q += 4) pkv_put_u32(q, t[i]);
+    return q;
+}
+
+size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4ull * bs); }
+
+void pkv_log_seal(pkv_cache *c, uint32_t b) {
+    const pkv_block *x = &c->pool.b[b];
+    uint32_t bs = c->pool.block_size;
+    uint8_t *q = pkv_wal_append(c, REC_SEAL, 48 + 4ull * bs);
+    pkv_put_u32(q, b);
+    pkv_put_u32(q + 4, x->parent);
+    pkv_put_u64(q + 8, x->salt);
+    pkv_put_u64(q + 16, x->hash.lo);
+    pkv_put_u64(q + 24, x->hash.hi);
+    pkv_put_u64(q + 32, x->payload_sum);
+    pkv_put_u32(q + 40, bs);
+    put_tokens(q + 48, pkv_pool_tokens(&c->pool, b), bs);
+}
+
+size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
+
+void pkv_log_evict(pkv_cache *c, uint32_t b) {
+    uint8_t *q = pkv_wal_append(c, REC_EVICT, 8);
+    pkv_put_u32(q, b);
+}
+
+/* The committed part of a sequence's table, and its partial tail. */
+size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
+    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+}
+
+void pkv_log_seq_set(pkv_cache *c, const pkv_seq *s) {
+    uint32_t bs = c->pool.block_size;
+    uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
+    uint32_t ntail = (uint32_t)(s->committed % bs);
+    uint8_t *q = pkv_wal_append(c, REC_SEQ_SET, 32 + 4ull * nb + 4ull * ntail);
+    pkv_put_u64(q, s->id);
+    pkv_put_u64(q + 8, s->salt);
+    pkv_put_u64(q + 16, s->committed);
+    pkv_put_u32(q + 24, nb);
+    pkv_put_u32(q + 28, ntail);
+    q += 32;
+    for (uint32_t i = 0; i < nb; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
+    if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[nb - 1]), ntail);
+}
+
+size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
+    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+}
+
+/* Entries [old/B, ceil(new/B)) and the tokens committed into the partial tail. */
+void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+    uint32_t bs = c->pool.block_size;
+    uint64_t first = old / bs, n = (s->committed + bs - 1) / bs;
+    uint32_t tail = (uint32_t)(s->committed % bs);
+    uint64_t tail_start = s->committed - tail; /* first position of the tail block */
+    uint32_t tail_off = tail ? (uint32_t)((old > tail_start ? old : tail_start) - tail_start) : 0;
+    uint32_t ntail = tail ? tail - tail_off : 0;
+    uint8_t *q = pkv_wal_append(c, REC_COMMIT, 32 + 4 * (n - first) + 4ull * ntail);
+    pkv_put_u64(q, s->id);
+    pkv_put_u64(q + 8, s->committed);
+    pkv_put_u32(q + 16, (uint32_t)first);
+    pkv_put_u32(q + 20, (uint32_t)(n - first));
+    pkv_put_u32(q + 24, tail_off);
+    pkv_put_u32(q + 28, ntail);
+    q += 32;
+    for (uint64_t i = first; i < n; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
+    if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[n - 1]) + tail_off, ntail);
+}
+
+size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
+
+void pkv_log_seq_block(pkv_cache *c, const pkv_seq *s, uint32_t idx, uint32_t ntok) {
+    uint8_t *q = pkv_wal_append(c, REC_SEQ_BLOCK, 24 + 4ull * ntok);
+    pkv_put_u64(q, s->id);
+    pkv_put_u32(q + 8, idx);
+    pkv_put_u32(q + 12, s->blocks[idx]);
+    pkv_put_u32(q + 16, ntok);
+    put_tokens(q + 24, pkv_pool_tokens(&c->pool, s->blocks[idx]), ntok);
+}
+
+size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
+
+void pkv_log_trunc(pkv_cache *c, const pkv_seq *s, uint32_t tail_block) {
+    uint32_t bs = c->pool.block_size;
+    uint32_t ntok = tail_block == PKV_NONE ? 0 : (uint32_t)(s->committed % bs);
+    uint8_t *q = pkv_wal_append(c, REC_TRUNC, 24 + 4ull * ntok);
+    pkv_put_u64(q, s->id);
+    pkv_put_u64(q + 8, s->committed);
+    pkv_put_u32(q + 16, tail_block);
+    pkv_put_u32(q + 20, ntok);
+    if (ntok) put_tokens(q + 24, pkv_pool_tokens(&c->pool, tail_block), ntok);
+}
+
+size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
+
+void pkv_log_close(pkv_cache *c, uint64_t id) {
+    uint8_t *q = pkv_wal_append(c, REC_SEQ_CLOSE, 8);
+    pkv_put_u64(q, id);
+}

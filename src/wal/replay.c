@@ -1,0 +1,659 @@
+/*
+ * wal/replay.c — recovery on open: newest checkpoint, then the log after it,
+ * then a rebuild of everything derived (refcounts, states, lists, prefix index,
+ * child counts), then verification of the blocks that recovered sequences hold.
+ *
+ * Log reading rules (docs/format.md):
+ *  - Segments are read in number order, from the one holding checkpoint LSN + 1.
+ *    A segment's header must be valid and name the same arena (secret).
+ *  - Frames must have the segment's epoch, a valid checksum, and LSNs continuing
+ *    exactly where the previous frame ended; each record's checksum, length and
+ *    LSN are checked too.
+ *  - At the first invalid frame the log ends. If nothing valid follows (in that
+ *    segment, or in a later segment not starting exactly at the expected LSN) it
+ *    was a torn tail and is cut off. If valid frames with later LSNs follow, the
+ *    log is corrupt: open fails naming the LSN, unless PKV_OPEN_POINT_IN_TIME asks
+ *    to recover up to it.
+ *
+ * Replay works on the raw state: block states SEALED/FREE from SEAL/EVICT records
+ * and sequence tables (committed part only) from the others. Everything else is
+ * derived afterwards by rebuild(), which also checks that the result is
+ * consistent (a chain of sealed blocks under every committed full block, etc.).
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <time.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- Applying records --------------------------------------------------- */
+
+static int table_len(pkv_seq *s, uint64_t n) {
+    if (n > s->cap) {
+        uint64_t cap = s->cap ? s->cap : 4;
+        while (cap < n) cap *= 2;
+        if (cap > UINT32_MAX) return pkv_err(PKV_ECORRUPT, "block table too long");
+        uint32_t *nb = realloc(s->blocks, cap * sizeof *nb);
+        if (!nb) return pkv_err(PKV_ENOMEM, "block table");
+        s->blocks = nb;
+        s->cap = (uint32_t)cap;
+    }
+    return 0;
+}
+
+static void dropped(pkv_cache *c, uint32_t b, uint64_t lsn) {
+    if (b < c->pool.capacity) c->pool.b[b].rel_lsn = lsn;
+}
+
+static int bad_rec(const pkv_rec *r, const char *why) {
+    return pkv_err(PKV_ECORRUPT, "%s record at LSN %llu: %s", pkv_rec_type_name(r->type),
+                   (unsigned long long)r->lsn, why);
+}
+
+static int set_tokens(pkv_cache *c, uint32_t b, uint32_t off, const uint8_t *t, uint32_t n) {
+    uint32_t *dst = pkv_pool_tokens(&c->pool, b);
+    for (uint32_t i = 0; i < n; i++) dst[off + i] = pkv_get_u32(t + 4ull * i);
+    return 0;
+}
+
+static int check_blocks(pkv_cache *c, const pkv_rec *r) {
+    for (uint32_t i = 0; i < r->nblocks; i++)
+        if (pkv_get_u32(r->blocks + 4ull * i) >= c->pool.capacity)
+            return bad_rec(r, "block index out of range");
+    return 0;
+}
+
+int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    pkv_seq *s = NULL;
+    int rc;
+    if (r->type != REC_SEAL && r->type != REC_EVICT) s = pkv_seqmap_get(&c->seqs, r->seq);
+    switch (r->type) {
+    case REC_SEAL: {
+        if (r->block >= p->capacity || (r->parent != PKV_NONE && r->parent >= p->capacity) ||
+            r->parent == r->block)
+            return bad_rec(r, "block or parent out of range");
+        pkv_block *x = &p->b[r->block];
+        x->state = BLK_SEALED;
+        x->parent = r->parent;
+        x->salt = r->salt;
+        x->hash.lo = r->hash_lo;
+        x->hash.hi = r->hash_hi;
+        x->payload_sum = r->payload_sum;
+        x->rel_lsn = r->lsn;
+        x->flags = 0;
+        return set_tokens(c, r->block, 0, r->tokens, bs);
+    }
+    case REC_EVICT:
+        if (r->block >= p->capacity) return bad_rec(r, "block out of range");
+        p->b[r->block].state = BLK_FREE;
+        return 0;
+    case REC_SEQ_SET: {
+        if (r->nblocks != (r->committed + bs - 1) / bs || r->ntok != r->committed % bs)
+            return bad_rec(r, "table length does not match committed tokens");
+        if ((rc = check_blocks(c, r))) return rc;
+        if (!s) {
+            if ((rc = pkv_seqmap_reserve(&c->seqs))) return rc;
+            if (!(s = calloc(1, sizeof *s))) return pkv_err(PKV_ENOMEM, "sequence");
+            s->id = r->seq;
+            pkv_seqmap_insert(&c->seqs, s);
+        }
+        for (uint32_t i = 0; i < s->nblocks; i++) dropped(c, s->blocks[i], r->lsn);
+        if ((rc = table_len(s, r->nblocks))) return rc;
+        for (uint32_t i = 0; i < r->nblocks; i++) s->blocks[i] = pkv_get_u32(r->blocks + 4ull * i);
+        s->nblocks = r->nblocks;
+        s->salt = r->salt;
+        s->len = s->committed = r->committed;
+        if (r->ntok) set_tokens(c, s->blocks[s->nblocks - 1], 0, r->tokens, r->ntok);
+        return 0;
+    }
+    case REC_COMMIT: {
+        if (!s) return bad_rec(r, "unknown sequence");
+        uint64_t n = (r->committed + bs - 1) / bs;
+        uint32_t tail = (uint32_t)(r->committed % bs);
+        if (r->first > s->nblocks || (uint64_t)r->first + r->nblocks != n ||
+            (tail ? r->tail_off + r->ntok != tail : r->ntok != 0) || r->tail_off > bs)
+            return bad_rec(r, "inconsistent table range");
+        if ((rc = check_blocks(c, r))) return rc;
+        if ((rc = table_len(s, n))) return rc;
+        for (uint32_t k = 0; k < r->nblocks; k++) {
+            uint32_t i = r->first + k, b = pkv_get_u32(r->blocks + 4ull * k);
+            if (i < s->nblocks && s->blocks[i] != b) dropped(c, s->blocks[i], r->lsn);
+            s->blocks[i] = b;
+        }
+        for (uint64_t i = n; i < s->nblocks; i++) dropped(c, s->blocks[i], r->lsn);
+        s->nblocks = (uint32_t)n;
+        s->len = s->committed = r->committed;
+        if (r->ntok) set_tokens(c, s->blocks[n - 1], r->tail_off, r->tokens, r->ntok);
+        return 0;
+    }
+    case REC_SEQ_BLOCK:
+        if (!s) return bad_rec(r, "unknown sequence");
+        if (r->index >= s->nblocks || r->block >= p->capacity || r->ntok > bs)
+            return bad_rec(r, "index or block out of range");
+        if (s->blocks[r->index] != r->block) dropped(c, s->blocks[r->index], r->lsn);
+        s->blocks[r->index] = r->block;
+        return set_tokens(c, r->block, 0, r->tokens, r->ntok);
+    case REC_TRUNC: {
+        if (!s) return bad_rec(r, "unknown sequence");
+        uint64_t n = (r->committed + bs - 1) / bs;
+        if (n > s->nblocks || r->ntok != (r->block == PKV_NONE ? 0 : r->committed % bs) ||
+            (r->block != PKV_NONE && (r->block >= p->capacity || n == 0)))
+            return bad_rec(r, "inconsistent truncation");
+        for (uint64_t i = n; i < s->nblocks; i++) dropped(c, s->blocks[i], r->lsn);
+        s->nblocks = (uint32_t)n;
+        s->len = s->committed = r->committed;
+        if (r->block != PKV_NONE) {
+            if (s->blocks[n - 1] != r->block) dropped(c, s->blocks[n - 1], r->lsn);
+            s->blocks[n - 1] = r->block;
+            set_tokens(c, r->block, 0, r->tokens, r->ntok);
+        }
+        return 0;
+    }
+    case REC_SEQ_CLOSE:
+        if (!s) return 0; /* idempotent */
+        for (uint32_t i = 0; i < s->nblocks; i++) dropped(c, s->blocks[i], r->lsn);
+        pkv_seqmap_remove(&c->seqs, r->seq);
+        free(s->blocks);
+        free(s);
+        return 0;
+    default:
+        return bad_rec(r, "unknown type");
+    }
+}
+
+/* ---- Reading the log ---------------------------------------------------- */
+
+typedef struct segfile {
+    uint64_t no;
+} segfile;
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct seg {
+    uint64_t no, start, size;
+    uint32_t epoch;
+    uint8_t *data; /* whole file */
+    size_t len;
+    bool valid;
+} seg;
+
+static int seg_load(pkv_cache *c, const char *dir, uint64_t no, seg *s, bool header_only) {
+    const pkv_io_ops *io = c->wal.io;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)no);
+    memset(s, 0, sizeof *s);
+    s->no = no;
+    int fd = io->open(io->ctx, path, O_RDONLY, 0);
+    if (fd < 0) return pkv_err(PKV_EIO, "open %s: %s", path, strerror(-fd));
+    uint8_t h[SEG_HDR];
+    long r = io->pread(io->ctx, fd, h, SEG_HDR, 0);
+    if (r == (long)SEG_HDR && !memcmp(h, SEG_MAGIC, 8) &&
+        pkv_get_u64(h + 56) == XXH3_64bits(h, 56) && pkv_get_u32(h + 8) == WAL_VERSION &&
+        pkv_get_u64(h + 16) == no && pkv_get_u64(h + 40) <= (16ull << 30)) {
+        s->epoch = pkv_get_u32(h + 12);
+        s->start = pkv_get_u64(h + 24);
+        s->size = pkv_get_u64(h + 40);
+        s->valid = true;
+        if (pkv_get_u64(h + 32) != c->arena.secret) {
+            s->valid = false;
+            c->arena.foreign_log = true;
+        }
+    }
+    if (s->valid && !header_only) {
+        s->data = malloc(s->size ? s->size : 1);
+        if (!s->data) {
+            io->close(io->ctx, fd);
+            return pkv_err(PKV_ENOMEM, "reading %s", path);
+        }
+        r = io->pread(io->ctx, fd, s->data, s->size, 0);
+        s->len = r > 0 ? (size_t)r : 0;
+    }
+    io->close(io->ctx, fd);
+    return 0;
+}
+
+/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. */
+static bool frame_ok(const seg *s, size_t off, uint64_t *first, uint32_t *nrec,
+                     uint32_t *bytes) {
+    if (off + FRAME_HDR > s->len) return false;
+    const uint8_t *f = s->data + off;
+    if (pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
+    uint32_t nb = pkv_get_u32(f + 20);
+    if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, s->epoch);
+    XXH3_64bits_update(&st, f, 24);
+    XXH3_64bits_update(&st, f + FRAME_HDR, nb);
+    if (XXH3_64bits_digest(&st) != pkv_get_u64(f + 24)) return false;
+    *first = pkv_get_u64(f + 8);
+    *nrec = pkv_get_u32(f + 16);
+    *bytes = nb;
+    return *nrec > 0;
+}
+
+/* Apply the records of a valid frame with LSN > after. */
+static int frame_apply(pkv_cache *c, const seg *s, size_t off, uint64_t first,
+                       uint32_t nrec, uint32_t bytes, uint64_t after, uint64_t *applied) {
+    const uint8_t *p = s->data + off + FRAME_HDR, *end = p + bytes;
+    for (uint32_t i = 0; i < nrec; i++) {
+        if (end - p < (long)(REC_HDR + REC_TRAILER))
+            return pkv_err(PKV_ECORRUPT, "frame at LSN %llu truncated",
+                           (unsigned long long)first);
+        uint32_t rl = pkv_get_u32(p);
+        uint64_t lsn = pkv_get_u64(p + 8);
+        if (rl < REC_HDR + REC_TRAILER || (rl & 7) || rl > end - p || lsn != first + i ||
+            pkv_get_u64(p + rl - REC_TRAILER) !=
+                XXH3_64bits_withSeed(p, rl - REC_TRAILER, s->epoch))
+            return pkv_err(PKV_ECORRUPT, "record at LSN %llu invalid inside a valid frame",
+                           (unsigned long long)(first + i));
+        if (lsn > after) {
+            pkv_rec r;
+            int rc = pkv_rec_decode(p, rl - REC_HDR - REC_TRAILER, c->pool.block_size, &r);
+            if (!rc) rc = pkv_replay_apply(c, &r);
+            if (rc) return rc;
+            (*applied)++;
+        }
+        p += rl;
+    }
+    return p == end ? 0 : pkv_err(PKV_ECORRUPT, "frame at LSN %llu has trailing bytes",
+                                  (unsigned long long)first);
+}
+
+/* Look for a valid frame with LSN >= want anywhere after `from` in s. */
+static bool later_valid(const seg *s, size_t from, uint64_t want, uint64_t *lsn) {
+    for (size_t o = (from + 8) & ~(size_t)7; o + FRAME_HDR <= s->len; o += 8) {
+        uint64_t f;
+        uint32_t n, b;
+        if (pkv_get_u32(s->data + o) != FRAME_MAGIC) continue;
+        if (frame_ok(s, o, &f, &n, &b) && f + n - 1 >= want) {
+            *lsn = f;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
+                    bool *have_ckpt, uint64_t *nspare) {
+    DIR *d = opendir(dir);
+    if (!d) return pkv_err(PKV_EIO, "open directory %s: %s", dir, strerror(errno));
+    size_t cap = 0;
+    *segs = NULL;
+    *nsegs = 0;
+    *have_ckpt = false;
+    *nspare = 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        unsigned long long n;
+        size_t l = strlen(e->d_name);
+        if (l == 20 && sscanf(e->d_name, "wal-%16llx", &n) == 1) {
+            if (*nsegs == cap) {
+                cap = cap ? cap * 2 : 16;
+                uint64_t *ns = realloc(*segs, cap * sizeof *ns);
+                if (!ns) {
+                    rc = pkv_err(PKV_ENOMEM, "segment list");
+                    break;
+                }
+                *segs = ns;
+            }
+            (*segs)[(*nsegs)++] = n;
+        } else if (l == 21 && sscanf(e->d_name, "ckpt-%16llx", &n) == 1) {
+            if (!*have_ckpt || n > *ckpt) *ckpt = n;
+            *have_ckpt = true;
+        } else if (!strncmp(e->d_name, "wal-spare-", 10)) {
+            (*nspare)++;
+        }
+    }
+    closedir(d);
+    if (!rc && *nsegs) qsort(*segs, *nsegs, sizeof **segs, cmp_u64);
+    return rc;
+}
+
+/* Read the log after `after`; sets *last to the last LSN applied or skipped. */
+static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t n,
+                      uint64_t after, uint32_t flags, uint64_t *last) {
+    pkv_recovery_t *rec = &c->rec;
+    uint64_t expect = after + 1;
+    size_t i0 = 0;
+    /* Start at the last segment whose start LSN is <= after + 1. */
+    seg s;
+    for (size_t i = 0; i < n; i++) {
+        int rc = seg_load(c, dir, nos[i], &s, true);
+        if (rc) return rc;
+        if (s.valid && s.start <= expect) i0 = i;
+        if (s.valid) rc = pkv_wal_seg_push(&c->wal, s.no, s.start);
+        free(s.data);
+        if (rc) return rc;
+    }
+    for (size_t i = i0; i < n; i++) {
+        int rc = seg_load(c, dir, nos[i], &s, false);
+        if (rc) return rc;
+        if (!s.valid) {
+            free(s.data);
+            continue; /* a segment whose header never became durable: nothing in it */
+        }
+        if (s.start > expect) { /* a gap: records between are missing */
+            bool any = false;
+            uint64_t f;
+            if (later_valid(&s, SEG_HDR - 8, 0, &f)) any = true;
+            free(s.data);
+            if (!any) continue;
+            rec->corrupt_lsn = expect;
+            if (flags & PKV_OPEN_POINT_IN_TIME) break;
+            return pkv_err(PKV_ECORRUPT, "log records from LSN %llu are missing (segment "
+                           "%llu starts at %llu); open with PKV_OPEN_POINT_IN_TIME to "
+                           "recover up to LSN %llu", (unsigned long long)expect,
+                           (unsigned long long)s.no, (unsigned long long)s.start,
+                           (unsigned long long)(expect - 1));
+        }
+        size_t off = SEG_HDR;
+        bool stop = false;
+
+        for (;;) {
+            uint64_t first;
+            uint32_t nrec, bytes;
+            if (!frame_ok(&s, off, &first, &nrec, &bytes)) break;
+            if (first + nrec - 1 < expect) { /* wholly before: already in checkpoint */
+                off += FRAME_HDR + bytes;
+                continue;
+            }
+            if (first > expect) break; /* not a continuation: treat as invalid */
+            rc = frame_apply(c, &s, off, first, nrec, bytes, expect - 1, &rec->records_replayed);
+            if (rc) {
+                free(s.data);
+                return rc;
+            }
+            expect = first + nrec;
+            off += FRAME_HDR + bytes;
+        }
+        /* The log ends at `off` in this segment, unless the next segment continues. */
+        uint64_t f;
+        if (off + FRAME_HDR <= s.len && later_valid(&s, off, expect, &f)) {
+            rec->corrupt_lsn = expect;
+            if (!(flags & PKV_OPEN_POINT_IN_TIME)) {
+                int e = pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
+                                "offset %zu) and followed by valid records from LSN %llu; "
+                                "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
+                                (unsigned long long)expect, (unsigned long long)s.no, off,
+                                (unsigned long long)f, (unsigned long long)(expect - 1));
+                free(s.data);
+                return e;
+            }
+            stop = true;
+        } else if (off + FRAME_HDR <= s.len && pkv_get_u32(s.data + off) == FRAME_MAGIC &&
+                   pkv_get_u32(s.data + off + 4) == s.epoch) {
+            uint32_t nb = pkv_get_u32(s.data + off + 20);
+            rec->torn_bytes += FRAME_HDR + (nb < s.len - off ? nb : s.len - off);
+        }
+        /* Resume writing here only if nothing at all follows the end. */
+        bool clean = !rec->torn_bytes && !stop;
+        for (size_t o = off; clean && o < s.len; o += 8)
+            clean = pkv_get_u64(s.data + o) == 0 || o + 8 > s.len;
+        c->wal.tail_ok = clean && s.len == s.size;
+        c->wal.tail_no = s.no;
+        c->wal.tail_off = off;
+        c->wal.tail_size = s.size;
+        c->wal.tail_epoch = s.epoch;
+        free(s.data);
+        if (stop) break;
+    }
+    *last = expect - 1;
+    return 0;
+}
+
+/* ---- Rebuilding derived state ------------------------------------------- */
+
+typedef struct lru_ent {
+    uint64_t rel;
+    uint32_t depth, block;
+} lru_ent;
+
+static int cmp_lru(const void *a, const void *b) {
+    const lru_ent *x = a, *y = b;
+    if (x->rel != y->rel) return x->rel < y->rel ? -1 : 1;
+    if (x->depth != y->depth) return x->depth > y->depth ? -1 : 1; /* children first */
+    return x->block < y->block ? -1 : x->block > y->block;
+}
+
+/* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is
+ * broken (a parent not sealed) or cyclic. */
+static void depths(const pkv_pool *p, uint32_t *d, uint32_t *stack) {
+    const uint32_t UNK = UINT32_MAX - 1, BAD = UINT32_MAX;
+    for (uint32_t b = 0; b < p->capacity; b++) d[b] = UNK;
+    for (uint32_t b = 0; b < p->capacity; b++) {
+        if (p->b[b].state != BLK_SEALED || d[b] != UNK) continue;
+        uint32_t n = 0, x = b, base;
+        for (;;) {
+            if (d[x] != UNK) { base = d[x]; break; }
+            if (n > p->capacity) { base = BAD; break; } /* cycle */
+            stack[n++] = x;
+            uint32_t par = p->b[x].parent;
+            if (par == PKV_NONE) { base = UINT32_MAX - 2; break; } /* root: depth -1 + 1 */
+            if (par >= p->capacity || p->b[par].state != BLK_SEALED ||
+                p->b[par].salt != p->b[x].salt) { base = BAD; break; }
+            x = par;
+        }
+        while (n--) {
+            uint32_t y = stack[n];
+            if (base == BAD) d[y] = BAD;
+            else d[y] = base = (base == UINT32_MAX - 2 ? 0 : base + 1);
+        }
+    }
+}
+
+static void drop_block(pkv_cache *c, uint32_t b) {
+    pkv_block *x = &c->pool.b[b];
+    if (x->state == BLK_SEALED) c->rec.blocks_dropped++;
+    x->state = BLK_FREE;
+}
+
+/* Truncate a sequence's table before entry i (its K/V must be recomputed). */
+static void seq_cut(pkv_cache *c, pkv_seq *s, uint32_t i) {
+    s->nblocks = i;
+    s->len = s->committed = (uint64_t)i * c->pool.block_size;
+}
+
+static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size, cap = p->capacity;
+    uint32_t *d = malloc((size_t)cap * sizeof *d), *stack = malloc((size_t)(cap + 1) * sizeof *stack);
+    if (!d || !stack) {
+        free(d);
+        free(stack);
+        return pkv_err(PKV_ENOMEM, "recovery scratch");
+    }
+    /* Blocks the arena no longer holds, and everything chained below them. */
+    for (uint32_t b = 0; b < cap; b++)
+        if (drop_all || b >= valid_blocks) drop_block(c, b);
+    depths(p, d, stack);
+    for (uint32_t b = 0; b < cap; b++)
+        if (p->b[b].state == BLK_SEALED && d[b] == UINT32_MAX) drop_block(c, b);
+    /* Sequences: cut each table at its first entry that is out of place. */
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        pkv_seq *s = c->seqs.slots[i];
+        if (!s) continue;
+        if (drop_all) {
+            s->nblocks = 0;
+            continue;
+        }
+        uint64_t full = s->committed / bs;
+        for (uint32_t j = 0; j < s->nblocks; j++) {
+            uint32_t b = s->blocks[j];
+            const pkv_block *x = &p->b[b];
+            bool ok = b < valid_blocks;
+            if (ok && j < full)
+                ok = x->state == BLK_SEALED && x->parent == (j ? s->blocks[j - 1] : PKV_NONE) &&
+                     x->salt == s->salt;
+            if (ok && j >= full) ok = x->state != BLK_SEALED;
+            for (uint32_t k = 0; ok && k < j; k++) ok = s->blocks[k] != b;
+            if (!ok) {
+                seq_cut(c, s, j);
+                break;
+            }
+        }
+    }
+    if (drop_all) {
+        c->rec.sequences_dropped = c->seqs.count;
+        pkv_seqmap_free(&c->seqs);
+        int rc = pkv_seqmap_init(&c->seqs);
+        if (rc) {
+            free(d);
+            free(stack);
+            return rc;
+        }
+    }
+    /* Refcounts and states. */
+    for (uint32_t b = 0; b < cap; b++) {
+        p->b[b].ref = p->b[b].nchild = 0;
+        p->b[b].list = LIST_NONE;
+        p->b[b].prev = p->b[b].next = PKV_NONE;
+    }
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        pkv_seq *s = c->seqs.slots[i];
+        if (s)
+            for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
+    }
+    depths(p, d, stack);
+    size_t nl = 0;
+    lru_ent *lru = malloc((size_t)cap * sizeof *lru);
+    if (!lru) {
+        free(d);
+        free(stack);
+        return pkv_err(PKV_ENOMEM, "recovery scratch");
+    }
+    p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
+    p->free.count = p->lru.count = 0;
+    p->n_used = p->n_sealed = 0;
+    for (uint32_t b = 0; b < cap; b++) {
+        pkv_block *x = &p->b[b];
+        if (x->state == BLK_SEALED) {
+            p->n_sealed++;
+            x->flags |= BLKF_UNVERIFIED;
+            if (x->parent != PKV_NONE) p->b[x->parent].nchild++;
+            pkv_index_insert(&c->index, x->hash.lo, b);
+            if (x->ref == 0) lru[nl++] = (lru_ent){x->rel_lsn, d[b], b};
+        } else if (x->ref > 0) {
+            x->state = BLK_OPEN;
+            x->parent = PKV_NONE;
+            x->flags = 0;
+        } else {
+            x->state = BLK_FREE;
+            x->parent = PKV_NONE;
+            x->flags = 0;
+            pkv_list_push_tail(p, &p->free, LIST_FREE, b);
+        }
+        if (x->ref > 0) p->n_used++;
+    }
+    qsort(lru, nl, sizeof *lru, cmp_lru);
+    for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->lru, LIST_LRU, lru[i].block);
+    free(lru);
+    free(d);
+    free(stack);
+    return 0;
+}
+
+/* Verify the payload of every sealed block a recovered sequence holds. */
+static void verify_seqs(pkv_cache *c) {
+    pkv_pool *p = &c->pool;
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        pkv_seq *s = c->seqs.slots[i];
+        if (!s) continue;
+        for (uint32_t j = 0; j < s->nblocks; j++) {
+            uint32_t b = s->blocks[j];
+            if (p->b[b].state != BLK_SEALED || pkv_block_verify(c, b)) continue;
+            c->rec.seq_blocks_bad++;
+            /* Give back the references beyond the cut; they stay cached or free. */
+            for (uint32_t k = s->nblocks; k-- > j;) pkv_block_release(c, s->blocks[k]);
+            seq_cut(c, s, j);
+            break;
+        }
+    }
+}
+
+int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
+                uint64_t *next_seg) {
+    pkv_recovery_t *rec = &c->rec;
+    uint64_t *nos = NULL, ckpt = 0, nspare = 0;
+    size_t n = 0;
+    bool have_ckpt = false;
+    double t0 = now_ms();
+    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare);
+    if (rc) return rc;
+    c->wal.nspare = nspare;
+    uint64_t after = 0;
+    bool drop_all = false;
+    if (have_ckpt) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)ckpt);
+        uint8_t *raw = NULL;
+        size_t len = 0;
+        uint64_t secret = 0;
+        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &raw, &len);
+        if (!rc && secret != c->arena.secret) {
+            drop_all = true; /* a checkpoint of another arena: describe nothing here */
+            snprintf(rec->note, sizeof rec->note, "arena was replaced (checkpoint "
+                     "describes another arena); cached blocks and sequences dropped");
+        }
+        if (!rc) rc = pkv_ckpt_load(c, raw, len);
+        free(raw);
+        if (rc) goto out;
+        rec->checkpoint_lsn = after;
+    }
+    double t1 = now_ms();
+    rec->ms_checkpoint = t1 - t0;
+    uint64_t last = after;
+    if ((rc = replay_log(c, dir, nos, n, after, flags, &last))) goto out;
+    rec->last_lsn = last;
+    double t2 = now_ms();
+    rec->ms_replay = t2 - t1;
+    if (c->arena.foreign_log && !drop_all) {
+        drop_all = true;
+        snprintf(rec->note, sizeof rec->note, "log segments belong to another arena; "
+                 "cached blocks and sequences dropped");
+    }
+    if (c->arena.created && (have_ckpt || n > 0)) {
+        drop_all = true;
+        snprintf(rec->note, sizeof rec->note,
+                 "arena file was missing and has been recreated; cached blocks and "
+                 "sequences recorded in the log were dropped");
+    }
+    rc = rebuild(c, c->arena.valid_blocks, drop_all);
+    if (rc) goto out;
+    if (!drop_all && c->arena.valid_blocks < c->pool.capacity && rec->note[0] == '\0')
+        snprintf(rec->note, sizeof rec->note,
+                 "arena file was short: blocks from %llu on were dropped",
+                 (unsigned long long)c->arena.valid_blocks);
+    double t3 = now_ms();
+    rec->ms_rebuild = t3 - t2;
+    verify_seqs(c);
+    rec->ms_verify = now_ms() - t3;
+    rec->blocks_sealed = c->pool.n_sealed;
+    rec->sequences = c->seqs.count;
+    if (rec->torn_bytes && rec->note[0] == '\0')
+        snprintf(rec->note, sizeof rec->note, "cut a torn log tail of %llu bytes after LSN %llu",
+                 (unsigned long long)rec->torn_bytes, (unsigned long long)last);
+    if (rec->corrupt_lsn && !rec->note[0])
+        snprintf(rec->note, sizeof rec->note, "point-in-time recovery stopped before "
+                 "corrupted LSN %llu", (unsigned long long)rec->corrupt_lsn);
+    *next_lsn = last + 1;
+    *next_seg = n ? nos[n - 1] + 1 : 1;
+out:
+    free(nos);
+    return rc;
+}

@@ -1,0 +1,188 @@
+/*
+ * wal/wal.h — the write-ahead log, checkpoints and recovery: private interface.
+ *
+ * Files in a cache directory (all mode 0600; docs/format.md has every byte):
+ *   arena               header page + block slots (arena.c)
+ *   LOCK                flock()ed by the one writer
+ *   wal-<seg 16 hex>    log segments: a 64-byte header, then frames
+ *   ckpt-<lsn 16 hex>   the newest checkpoint (LZ4-compressed metadata snapshot)
+ *
+ * Writers append records to an in-memory buffer under the cache lock; a single
+ * flusher thread swaps the buffer out, flushes the arena (so payload reaches disk
+ * before the records that seal it), writes the buffer as one frame with a linked
+ * fdatasync, and publishes durable_lsn. One frame = one group commit.
+ */
+#ifndef PKV_WAL_H
+#define PKV_WAL_H
+
+#include "pagedkv.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Record types (docs/format.md). Payload fields are little-endian. */
+enum {
+    REC_SEAL = 1,      /* u32 block, u32 parent, u64 salt, u64 hash lo, u64 hash hi,
+                          u64 payload xxh3, u32 ntok, u32 0, u32 tokens[ntok]        */
+    REC_EVICT = 2,     /* u32 block, u32 0                                           */
+    REC_SEQ_SET = 3,   /* u64 seq, u64 salt, u64 committed, u32 nblocks, u32 ntail,
+                          u32 blocks[nblocks], u32 tail tokens[ntail]               */
+    REC_COMMIT = 4,    /* u64 seq, u64 committed, u32 first, u32 nblocks, u32 tail_off,
+                          u32 ntail, u32 blocks[nblocks], u32 tokens[ntail]         */
+    REC_SEQ_BLOCK = 5, /* u64 seq, u32 index, u32 block, u32 ntok, u32 0,
+                          u32 tokens[ntok]                                          */
+    REC_TRUNC = 6,     /* u64 seq, u64 committed, u32 tail block, u32 ntail,
+                          u32 tokens[ntail]                                         */
+    REC_SEQ_CLOSE = 7, /* u64 seq                                                    */
+    REC_TYPE_MAX = 7,
+};
+
+#define REC_HDR 16u     /* u32 len, u16 type, u16 0, u64 lsn */
+#define REC_TRAILER 8u  /* u64 XXH3-64(seed epoch) of header + payload */
+#define FRAME_HDR 32u   /* u32 magic, u32 epoch, u64 first lsn, u32 nrec, u32 bytes,
+                           u64 XXH3-64(seed epoch) of header[0,24) + records */
+#define FRAME_MAGIC 0x46564b50u /* "PKVF" */
+#define SEG_HDR 64u
+#define SEG_MAGIC "PKVWAL\0\0"
+#define CKPT_MAGIC "PKVCKPT\0"
+#define CKPT_HDR 64u
+#define WAL_VERSION 1u
+#define SEG_SIZE_DEFAULT (32ull << 20)
+#define REC_MAX_BYTES (256u << 20)
+
+const char *pkv_rec_type_name(unsigned type);
+
+/* A decoded record: pointers into the (validated) buffer. */
+typedef struct pkv_rec {
+    unsigned type;
+    uint64_t lsn;
+    uint64_t seq, salt, committed, hash_lo, hash_hi, payload_sum;
+    uint32_t block, parent, index, first, nblocks, tail_off, ntok;
+    const uint8_t *blocks; /* nblocks little-endian u32 */
+    const uint8_t *tokens; /* ntok little-endian u32 */
+} pkv_rec;
+
+/* Decode and bounds-check one record body of `len` bytes (checksum already
+ * verified). 0, or PKV_ECORRUPT with a message. */
+int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t block_size, pkv_rec *out);
+
+typedef struct pkv_wal {
+    const pkv_io_ops *io;
+    char *dir;
+    pkv_durability mode;
+    uint32_t interval_us;
+    uint64_t ckpt_bytes;
+    uint64_t seg_size;
+    uint64_t arena_secret;
+    int arena_fd;
+
+    /* The segment being written (flusher only after open). */
+    int seg_fd;
+    uint64_t seg_no;
+    uint32_t epoch;
+    uint64_t seg_off;
+    uint64_t seg_cap; /* bytes allocated for this segment */
+    struct pkv_seg { uint64_t no, start_lsn; } *segs; /* live segments, oldest first */
+    size_t nsegs, segs_cap;
+    uint64_t nspare; /* recyclable segment files named wal-spare-<k> */
+    /* Where recovery found the log to end cleanly (tail_ok): writing resumes there. */
+    bool tail_ok;
+    uint64_t tail_no, tail_off, tail_size;
+    uint32_t tail_epoch;
+
+    /* Records not yet handed to the flusher (cache lock). */
+    uint8_t *buf;
+    size_t len, cap;
+    uint32_t nrec;
+    uint64_t buf_first_lsn;
+    uint8_t *fbuf; /* the flusher's swapped-out buffer */
+    size_t fcap;
+
+    uint64_t next_lsn;    /* next LSN to assign (cache lock) */
+    uint64_t written_lsn; /* handed to the OS (survives a process crash) */
+    uint64_t durable_lsn; /* synced (survives a power loss) */
+    uint64_t ckpt_lsn;
+    bool arena_dirty;     /* payload written since the last swap */
+
+    pthread_t thr;
+    bool running, stop, sync_req, hard_req, ckpt_req;
+    uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
+    pthread_cond_t cv_work, cv_done;
+    int failed; /* 0 or the error that put the cache in its failed state */
+    uint64_t bytes_since_ckpt;
+
+    uint64_t records, frames, syncs, bytes, checkpoints;
+} pkv_wal;
+
+/* ---- wal/log.c ---- */
+/* Room for `bytes` more record bytes, so appends made next cannot fail. */
+int pkv_wal_reserve(pkv_cache *c, size_t bytes);
+/* Append a record header for a payload of `payload` bytes (reserved before);
+ * returns the payload to fill. Cache lock held. */
+uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
+static inline size_t pkv_rec_size(size_t payload) {
+    return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
+}
+/* Record a live segment (recovery and rotation). */
+int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start);
+/* Start the flusher with an open segment after recovery. */
+int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg);
+/* Stop the flusher after flushing everything (pkv_close). */
+int pkv_wal_stop(pkv_cache *c);
+/* With the cache lock held: wait until `lsn` is durable (or the cache failed). */
+int pkv_wal_wait(pkv_cache *c, uint64_t lsn);
+/* With the cache lock held: 0, or the error code of the failed / read-only state. */
+int pkv_wal_writable(pkv_cache *c);
+/* After a mutating call appended its records (lock held): in ALWAYS mode wait
+ * until they are durable. */
+int pkv_wal_commit_point(pkv_cache *c);
+/* LSN up to which freed blocks may be reused (written in NONE mode, else synced). */
+static inline uint64_t pkv_wal_safe_lsn(const pkv_wal *w) {
+    return w->mode == PKV_DURABLE_NONE ? w->written_lsn : w->durable_lsn;
+}
+/* Barrier: flush and sync everything appended so far (lock held). */
+int pkv_wal_sync(pkv_cache *c);
+/* Run a checkpoint on the flusher and wait for it (lock held). */
+int pkv_wal_checkpoint(pkv_cache *c);
+void pkv_wal_free(pkv_wal *w);
+int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint64_t no);
+
+/* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
+struct pkv_seq;
+size_t pkv_log_seal_size(uint32_t bs);
+void pkv_log_seal(pkv_cache *c, uint32_t b);
+size_t pkv_log_evict_size(void);
+void pkv_log_evict(pkv_cache *c, uint32_t b);
+size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs);
+void pkv_log_seq_set(pkv_cache *c, const struct pkv_seq *s);
+size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs);
+void pkv_log_commit(pkv_cache *c, const struct pkv_seq *s, uint64_t old_committed);
+size_t pkv_log_seq_block_size(uint32_t bs);
+void pkv_log_seq_block(pkv_cache *c, const struct pkv_seq *s, uint32_t idx, uint32_t ntok);
+size_t pkv_log_trunc_size(uint32_t bs);
+void pkv_log_trunc(pkv_cache *c, const struct pkv_seq *s, uint32_t tail_block);
+size_t pkv_log_close_size(void);
+void pkv_log_close(pkv_cache *c, uint64_t id);
+void pkv_wal_drain_limbo(pkv_cache *c);
+
+/* ---- wal/checkpoint.c ---- */
+/* Serialize all metadata (cache lock held) into a malloc'd buffer. */
+int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *len);
+/* Compress and write ckpt-<lsn> atomically (no lock needed). */
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len);
+/* Load the metadata of a raw snapshot into the cache (recovery). */
+int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len);
+/* Read and decompress a checkpoint file. */
+int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret,
+                  uint64_t *lsn, uint8_t **raw, size_t *len);
+
+/* ---- wal/replay.c ---- */
+/* Recover the cache from directory `dir` (checkpoint + log). */
+int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
+                uint64_t *next_seg);
+/* Apply one decoded record to the recovering state. */
+int pkv_replay_apply(pkv_cache *c, const pkv_rec *r);
+
+#endif /* PKV_WAL_H */
