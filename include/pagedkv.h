@@ -88,6 +88,9 @@ typedef enum pkv_durability {
 #define PKV_OPEN_RDONLY        0x1u /* inspect only: no lock, no writes, no changes */
 #define PKV_OPEN_POINT_IN_TIME 0x2u /* on a corrupted log record followed by valid
                                        ones, recover up to it instead of failing */
+#define PKV_OPEN_PREFAULT      0x4u /* populate the whole arena mapping at open
+                                       (MAP_POPULATE), so first touches of block
+                                       slots do not page-fault later */
 
 struct pkv_io_ops; /* I/O backend for log and checkpoint files (testing) */
 
@@ -186,8 +189,11 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
 int pkv_seq_fork(pkv_cache *cache, uint64_t parent, uint64_t child);
 
 /* Drop tokens from the end so the sequence holds new_len <= its length (pending
- * tokens count). A shared or sealed block cut by new_len is copied, never changed in
- * place, so this can fail with PKV_EFULL (and then changes nothing). */
+ * tokens count). The block cut by new_len (new_len not a multiple of block_size) is
+ * copied, never changed in place, when it is shared, sealed, or loses committed
+ * tokens (the log may name them until the truncation is durable); cutting only
+ * pending tokens copies nothing. A copy needs a block, so this can fail with
+ * PKV_EFULL (and then changes nothing). */
 int pkv_seq_truncate(pkv_cache *cache, uint64_t id, size_t new_len);
 
 /* Release the sequence. Its sealed blocks whose refcount drops to 0 stay cached

@@ -303,8 +303,9 @@ int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool r
 
     a->map_len = a->data_offset +
                  (rdonly ? a->valid_blocks : a->geo.capacity) * a->geo.slot_bytes;
-    void *m = mmap(NULL, a->map_len, rdonly ? PROT_READ : PROT_READ | PROT_WRITE,
-                   MAP_SHARED, a->fd, 0);
+    int mflags = MAP_SHARED | ((opt->flags & PKV_OPEN_PREFAULT) ? MAP_POPULATE : 0);
+    void *m = mmap(NULL, a->map_len, rdonly ? PROT_READ : PROT_READ | PROT_WRITE, mflags,
+                   a->fd, 0);
     if (m == MAP_FAILED) {
         rc = pkv_err(errno == ENOMEM ? PKV_ENOMEM : PKV_EIO, "mmap %s (%llu bytes): %s",
                      path, (unsigned long long)a->map_len, strerror(errno));
@@ -313,6 +314,9 @@ int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool r
         goto fail;
     }
     a->map = m;
+    /* Blocks are touched in no particular order; kernel readahead around a fault
+     * would fill the page cache with neighbouring slots nobody asked for. */
+    madvise(m, a->map_len, MADV_RANDOM);
     return 0;
 fail:
     if (a->lock_fd >= 0) close(a->lock_fd);

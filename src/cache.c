@@ -46,7 +46,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     *out = NULL;
     pkv_err_clear();
     if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
-    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME))
+    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT))
         return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
     pkv_cache *c = calloc(1, sizeof *c);
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");

@@ -174,6 +174,7 @@ typedef struct pkv_list {
 typedef struct pkv_pool {
     uint32_t capacity;
     uint32_t block_size;
+    int bs_shift;      /* log2(block_size) when it is a power of two, else -1 */
     pkv_block *b;      /* capacity entries, 64-byte aligned */
     uint32_t *tokens;  /* capacity * block_size token ids */
     pkv_list free;     /* BLK_FREE blocks */
@@ -184,6 +185,18 @@ typedef struct pkv_pool {
 
 int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size);
 void pkv_pool_free(pkv_pool *p);
+
+/* Token position -> block index / offset; shifts for power-of-two block sizes
+ * (64-bit division is a measurable part of the per-token path). */
+static inline uint64_t pkv_bdiv(const pkv_pool *p, uint64_t x) {
+    return p->bs_shift >= 0 ? x >> p->bs_shift : x / p->block_size;
+}
+static inline uint32_t pkv_bmod(const pkv_pool *p, uint64_t x) {
+    return (uint32_t)(p->bs_shift >= 0 ? x & (p->block_size - 1) : x % p->block_size);
+}
+static inline uint64_t pkv_bceil(const pkv_pool *p, uint64_t x) {
+    return pkv_bdiv(p, x + p->block_size - 1);
+}
 
 static inline uint32_t *pkv_pool_tokens(const pkv_pool *p, uint32_t b) {
     return p->tokens + (uint64_t)b * p->block_size;
@@ -239,11 +252,12 @@ typedef struct pkv_seqmap {
     pkv_seq **slots; /* NULL: empty */
     uint64_t mask;
     uint64_t count;
+    pkv_seq *last;   /* the most recently found sequence (decode loops repeat it) */
 } pkv_seqmap;
 
 int pkv_seqmap_init(pkv_seqmap *m);
 void pkv_seqmap_free(pkv_seqmap *m); /* frees the sequences too */
-pkv_seq *pkv_seqmap_get(const pkv_seqmap *m, uint64_t id);
+pkv_seq *pkv_seqmap_get(pkv_seqmap *m, uint64_t id);
 /* Make room for one more entry, so the following insert cannot fail. */
 int pkv_seqmap_reserve(pkv_seqmap *m);
 void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s);

@@ -71,6 +71,42 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
                    (unsigned long long)need, (unsigned long long)pkv_available(c));
 }
 
+static inline uint64_t blocks_for(uint64_t tokens, uint32_t bs) {
+    return (tokens + bs - 1) / bs;
+}
+
+static int table_reserve(pkv_seq *s, uint64_t n) {
+    if (n <= s->cap) return 0;
+    if (n > UINT32_MAX) return pkv_err(PKV_EFULL, "sequence of %llu blocks is too long",
+                                       (unsigned long long)n);
+    uint64_t cap = s->cap ? s->cap : 4;
+    while (cap < n) cap *= 2;
+    if (cap > UINT32_MAX) cap = UINT32_MAX;
+    uint32_t *nb = realloc(s->blocks, cap * sizeof *nb);
+    if (!nb) return pkv_err(PKV_ENOMEM, "block table of %llu entries",
+                            (unsigned long long)cap);
+    s->blocks = nb;
+    s->cap = (uint32_t)cap;
+    return 0;
+}
+
+static pkv_seq *seq_alloc(uint64_t id, uint64_t salt, uint64_t table_cap) {
+    pkv_seq *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->id = id;
+    s->salt = salt;
+    if (table_reserve(s, table_cap ? table_cap : 4)) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void seq_free(pkv_seq *s) {
+    free(s->blocks);
+    free(s);
+}
+
 /* Find the longest chain of cached blocks matching prompt[0 .. maxb*B). Hashes are
  * computed a window ahead and their index slots prefetched, so the probes of one
  * window overlap their memory latency. A block recovered from disk is verified
@@ -169,8 +205,8 @@ retry:
         rc = pkv_err(PKV_EFULL, "%zu tokens exceed the whole cache", n);
         goto out;
     }
-    uint64_t len = s->len, have = s->nblocks, total = blocks_for(len + n, bs);
-    uint32_t off = (uint32_t)(len % bs);
+    uint64_t len = s->len, have = s->nblocks, total = pkv_bceil(p, len + n);
+    uint32_t off = pkv_bmod(p, len);
     uint32_t last = off ? s->blocks[have - 1] : PKV_NONE;
     bool cow = off && p->b[last].ref > 1; /* a partial block is never sealed */
     uint64_t need = total - have + (cow ? 1 : 0);
@@ -253,12 +289,13 @@ int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
         goto out;
     }
     uint64_t old = s->committed, newc = old + n;
-    uint64_t nseal = newc / bs - old / bs;
-    uint64_t touched = blocks_for(newc, bs) - old / bs;
+    const pkv_pool *p = &c->pool;
+    uint64_t first = pkv_bdiv(p, old), full = pkv_bdiv(p, newc);
+    uint64_t nseal = full - first, touched = pkv_bceil(p, newc) - first;
     if ((rc = pkv_wal_reserve(c, nseal * pkv_log_seal_size(bs) +
                                      pkv_log_commit_size(touched, bs))))
         goto out;
-    for (uint64_t i = old / bs; i < newc / bs; i++) seal(c, s, (uint32_t)i);
+    for (uint64_t i = first; i < full; i++) seal(c, s, (uint32_t)i);
     s->committed = newc;
     pkv_log_commit(c, s, old);
     c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */

@@ -4,6 +4,8 @@
  *
  * Growth happens only in pkv_seqmap_reserve(), which callers invoke before they
  * mutate anything, so an out-of-memory failure leaves the cache unchanged.
+ * A one-entry cache of the last sequence found serves decode loops, which call
+ * append and commit on the same id; removal clears it.
  */
 #include "internal.h"
 
@@ -22,6 +24,7 @@ int pkv_seqmap_init(pkv_seqmap *m) {
     if (!m->slots) return pkv_err(PKV_ENOMEM, "sequence map");
     m->mask = 63;
     m->count = 0;
+    m->last = NULL;
     return 0;
 }
 
@@ -37,10 +40,14 @@ void pkv_seqmap_free(pkv_seqmap *m) {
     m->slots = NULL;
 }
 
-pkv_seq *pkv_seqmap_get(const pkv_seqmap *m, uint64_t id) {
+pkv_seq *pkv_seqmap_get(pkv_seqmap *m, uint64_t id) {
+    if (m->last && m->last->id == id) return m->last;
     for (uint64_t i = mix(id) & m->mask;; i = (i + 1) & m->mask) {
         pkv_seq *s = m->slots[i];
-        if (!s || s->id == id) return s;
+        if (!s || s->id == id) {
+            if (s) m->last = s;
+            return s;
+        }
     }
 }
 
@@ -84,4 +91,5 @@ void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id) {
     }
     m->slots[i] = NULL;
     m->count--;
+    m->last = NULL;
 }

@@ -492,25 +492,27 @@ static void do_truncate(model *m, int si)
     size_t new_len = pt_below(&m->rng, (uint32_t)q->len + 1);
     if (pt_below(&m->rng, 3) == 0)
         new_len = (new_len / bs) * bs;
-    bool cow = false;
+    /* A cut inside a shared or sealed block must copy it. A cut through committed
+     * tokens of a private open block may copy it too (the header allows it; the
+     * write-ahead-log build does, for durability); cutting only pending tokens of
+     * a private open block copies nothing. */
+    bool need_copy = false, may_copy = false, cut_shared = false;
     if (new_len < q->len && new_len % bs) {
         uint32_t tab[MAXLEN + 1];
         get_table(m, si, tab);
         size_t bi = new_len / bs;
         bool sealed = q->committed >= (bi + 1) * bs;
-        cow = sealed || block_shared(m, si, tab[bi]);
+        cut_shared = block_shared(m, si, tab[bi]);
+        need_copy = sealed || cut_shared;
+        may_copy = need_copy || new_len < q->committed;
     }
-    if (!room_for(m, cow ? 1 : 0))
+    if (!room_for(m, may_copy ? 1 : 0))
         return;
     pkv_stats_t st = pt_stats(m->c);
-    bool maybe_full = cow && st.blocks_free + st.blocks_cached == 0;
+    bool maybe_full = may_copy && st.blocks_free + st.blocks_cached == 0;
     /* Nothing dropped and the cut block stays referenced: no block can come free. */
-    bool must_full = false;
-    if (maybe_full && nblocks(new_len, bs) == nblocks(q->len, bs)) {
-        uint32_t tab[MAXLEN + 1];
-        get_table(m, si, tab);
-        must_full = block_shared(m, si, tab[new_len / bs]);
-    }
+    bool must_full = maybe_full && need_copy && cut_shared &&
+                     nblocks(new_len, bs) == nblocks(q->len, bs);
     if (maybe_full) {
         live_ids(m, ids, &nids);
         pt_snap_take(&snap, m->c, ids, nids);
@@ -520,8 +522,9 @@ static void do_truncate(model *m, int si)
     if (maybe_full) {
         /* Whether blocks this very call drops may serve the copy is the
          * implementation's choice; either way the outcome must be clean. */
-        PA(r == PKV_EFULL || (r == 0 && !must_full), "truncate %zu -> %zu with no block free -> %d (%s)",
-           q->len, new_len, r, pkv_strerror(r));
+        PA(r == PKV_EFULL || (r == 0 && !must_full),
+           "truncate %zu -> %zu with no block free -> %d (%s)", q->len, new_len, r,
+           pkv_strerror(r));
         if (r == PKV_EFULL) {
             PT_SNAP_SAME(&snap, m->c, "truncate -> PKV_EFULL");
             m->n_efull++;
@@ -530,17 +533,19 @@ static void do_truncate(model *m, int si)
         if (r)
             return;
     } else {
-        PA(r == 0, "truncate %zu -> %zu (copy %d, %llu free, %llu cached) -> %d (%s)", q->len,
-           new_len, cow, (unsigned long long)st.blocks_free,
+        PA(r == 0, "truncate %zu -> %zu (copy %d/%d, %llu free, %llu cached) -> %d (%s)",
+           q->len, new_len, need_copy, may_copy, (unsigned long long)st.blocks_free,
            (unsigned long long)st.blocks_cached, r, pkv_strerror(r));
     }
+    uint64_t copies = pt_stats(m->c).cow_copies - st.cow_copies;
+    PA(copies == (need_copy ? 1u : 0u) || (may_copy && copies == 1),
+       "truncate %zu -> %zu made %llu copies (required %d, allowed %d)", q->len, new_len,
+       (unsigned long long)copies, need_copy, may_copy);
+    m->cow += copies;
+    m->n_cow += copies;
     q->len = new_len;
     if (q->committed > new_len)
         q->committed = new_len;
-    if (cow) {
-        m->cow++;
-        m->n_cow++;
-    }
     verify_seq(m, si);
     check_stats(m);
 }

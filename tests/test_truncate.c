@@ -73,19 +73,33 @@ Test(truncate, unshared_partial_block_in_place)
     pkv_cache *c = pt_open(BS, 32);
     uint32_t a[8];
     fill(a, 8, 10);
-    build(c, 1, 0, a, 7);
+    build(c, 1, 0, a, 5);
+    PT_APPEND(c, 1, 0, a, 5, 2); /* [sealed 4][1 committed + 2 pending] */
     uint32_t t[4], u[4];
     PT_BLOCKS(c, 1, t, 4);
+    /* Cutting pending tokens of a private open block copies nothing. */
     PT_OK(pkv_seq_truncate(c, 1, 6));
     PT_CHECK(c);
     cr_assert_eq(pt_stats(c).cow_copies, 0);
     cr_assert_eq(PT_BLOCKS(c, 1, u, 4), 2);
     cr_assert(memcmp(t, u, 2 * sizeof *t) == 0);
-    PT_VERIFY(c, 1, 0, a, 6, 6);
+    PT_VERIFY(c, 1, 0, a, 6, 5);
     /* Same length is a no-op. */
     PT_OK(pkv_seq_truncate(c, 1, 6));
     PT_CHECK(c);
-    PT_VERIFY(c, 1, 0, a, 6, 6);
+    PT_VERIFY(c, 1, 0, a, 6, 5);
+    cr_assert_eq(pt_stats(c).cow_copies, 0);
+    /* Cutting committed tokens of a private open block: the header neither requires
+     * nor forbids a copy, so only the result is checked. */
+    PT_OK(pkv_seq_truncate(c, 1, 5));
+    PT_CHECK(c);
+    PT_VERIFY(c, 1, 0, a, 5, 5);
+    PT_BLOCKS(c, 1, u, 4);
+    cr_assert_eq(u[0], t[0], "the sealed block before the cut is kept");
+    PT_APPEND(c, 1, 0, a, 5, 3);
+    PT_OK(pkv_seq_commit(c, 1, 3));
+    PT_CHECK(c);
+    PT_VERIFY(c, 1, 0, a, 8, 8);
 }
 
 Test(truncate, inside_sealed_block_shared_with_live_sequence)

@@ -179,9 +179,9 @@ size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
 
 /* Entries [old/B, ceil(new/B)) and the tokens committed into the partial tail. */
 void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
-    uint32_t bs = c->pool.block_size;
-    uint64_t first = old / bs, n = (s->committed + bs - 1) / bs;
-    uint32_t tail = (uint32_t)(s->committed % bs);
+    const pkv_pool *p = &c->pool;
+    uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);
+    uint32_t tail = pkv_bmod(p, s->committed);
     uint64_t tail_start = s->committed - tail; /* first position of the tail block */
     uint32_t tail_off = tail ? (uint32_t)((old > tail_start ? old : tail_start) - tail_start) : 0;
     uint32_t ntail = tail ? tail - tail_off : 0;

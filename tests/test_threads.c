@@ -1,0 +1,163 @@
+/* Several threads drive their own sequences on one cache at once, sharing prefixes,
+ * forking, truncating and forcing evictions; K/V is written into appended slots
+ * without any lock. Every hit must still be a true prefix with the right K/V. */
+#include "pkv_test.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+TestSuite(threads, .init = pt_setup, .fini = pt_teardown);
+
+#define BS 4u
+enum { THREADS = 4, ITERS = 250, PLEN = 30 };
+
+typedef struct {
+    pkv_cache *c;
+    pkv_cache_info inf;
+    int tid;
+    atomic_int *failed;
+    char msg[512];
+} worker;
+
+#define WFAIL(w, ...)                                                               \
+    do {                                                                            \
+        snprintf((w)->msg, sizeof (w)->msg, __VA_ARGS__);                           \
+        atomic_store((w)->failed, 1);                                               \
+        return false;                                                               \
+    } while (0)
+
+/* Thread-safe verification of one sequence (no Criterion asserts off the main
+ * thread). */
+static bool wverify(worker *w, uint64_t id, const uint32_t *t, size_t len, size_t committed)
+{
+    pkv_seq_info_t si;
+    int r = pkv_seq_info(w->c, id, &si);
+    if (r)
+        WFAIL(w, "seq_info(%llu) -> %d", (unsigned long long)id, r);
+    if (si.len != len || si.committed != committed)
+        WFAIL(w, "seq %llu: len %llu committed %llu, expected %zu %zu", (unsigned long long)id,
+              (unsigned long long)si.len, (unsigned long long)si.committed, len, committed);
+    uint32_t toks[PLEN + 8], tab[PLEN / BS + 4];
+    size_t nt = 0, nb = 0;
+    if ((r = pkv_seq_tokens(w->c, id, toks, PLEN + 8, &nt)) || nt != len)
+        WFAIL(w, "seq_tokens(%llu) -> %d, %zu tokens", (unsigned long long)id, r, nt);
+    if (memcmp(toks, t, len * sizeof *t) != 0)
+        WFAIL(w, "seq %llu: wrong token ids", (unsigned long long)id);
+    if ((r = pkv_seq_blocks(w->c, id, tab, PLEN / BS + 4, &nb)) || nb != (len + BS - 1) / BS)
+        WFAIL(w, "seq_blocks(%llu) -> %d, %zu blocks", (unsigned long long)id, r, nb);
+    uint64_t h = pt_h0(0);
+    char err[256];
+    for (size_t p = 0; p < len; p++) {
+        h = pt_hstep(h, t[p]);
+        if (!pt_token_ok(w->c, &w->inf, tab[p / BS], (uint32_t)(p % BS), h, err, sizeof err))
+            WFAIL(w, "seq %llu position %zu: %s", (unsigned long long)id, p, err);
+    }
+    return true;
+}
+
+static bool wappend(worker *w, uint64_t id, const uint32_t *t, size_t len, size_t n)
+{
+    pkv_slot slots[PLEN];
+    int r = pkv_seq_append(w->c, id, t + len, n, slots);
+    if (r)
+        WFAIL(w, "append(%llu, %zu) -> %d (%s)", (unsigned long long)id, n, r, pkv_last_error());
+    uint64_t h = pt_hprefix(0, t, len);
+    for (size_t i = 0; i < n; i++) {
+        h = pt_hstep(h, t[len + i]);
+        pt_write_token(w->c, &w->inf, slots[i].block, slots[i].offset, h);
+    }
+    return true;
+}
+
+static bool run_worker(worker *w)
+{
+    pt_rng rng = {0x7417EADull * (uint64_t)(w->tid + 1)};
+    for (int it = 0; it < ITERS && !atomic_load(w->failed); it++) {
+        /* Prompts share one of 8 stems across all threads, then diverge. */
+        uint32_t t[PLEN], u[PLEN];
+        uint32_t stem = pt_below(&rng, 8);
+        size_t n = 5 + pt_below(&rng, PLEN - 5);
+        for (size_t i = 0; i < n; i++)
+            t[i] = i < 12 ? stem * 100 + (uint32_t)i : pt_below(&rng, 3);
+        uint64_t id = (uint64_t)w->tid * 1000000 + (uint64_t)it * 2;
+        size_t nc = 0;
+        int r = pkv_seq_open(w->c, id, 0, t, n, &nc);
+        if (r)
+            WFAIL(w, "seq_open -> %d", r);
+        if (nc % BS || nc > pt_hit_cap(n, BS))
+            WFAIL(w, "n_cached %zu for %zu tokens", nc, n);
+        if (!wverify(w, id, t, nc, nc))
+            return false;
+        if (!wappend(w, id, t, nc, n - nc))
+            return false;
+        if ((r = pkv_seq_commit(w->c, id, n - nc)))
+            WFAIL(w, "commit -> %d", r);
+        if (!wverify(w, id, t, n, n))
+            return false;
+        /* Fork, diverge the child, cut the parent back. */
+        if ((r = pkv_seq_fork(w->c, id, id + 1)))
+            WFAIL(w, "fork -> %d", r);
+        memcpy(u, t, n * sizeof *t);
+        size_t m = n + 1 + pt_below(&rng, (uint32_t)(PLEN - n));
+        if (m > PLEN)
+            m = PLEN;
+        for (size_t i = n; i < m; i++)
+            u[i] = 1000 + pt_below(&rng, 5);
+        if (m > n && !wappend(w, id + 1, u, n, m - n))
+            return false;
+        size_t cut = pt_below(&rng, (uint32_t)n + 1);
+        if ((r = pkv_seq_truncate(w->c, id, cut)))
+            WFAIL(w, "truncate -> %d", r);
+        if (!wverify(w, id, t, cut, cut) || !wverify(w, id + 1, u, m, n))
+            return false;
+        if (m > n && (r = pkv_seq_commit(w->c, id + 1, m - n)))
+            WFAIL(w, "commit child -> %d", r);
+        if (!wverify(w, id + 1, u, m, m))
+            return false;
+        if (it % 16 == 0) {
+            char why[256] = "";
+            if ((r = pkv_check(w->c, why, sizeof why)))
+                WFAIL(w, "pkv_check: %s", why);
+        }
+        if ((r = pkv_seq_close(w->c, id)) || (r = pkv_seq_close(w->c, id + 1)))
+            WFAIL(w, "close -> %d", r);
+    }
+    return true;
+}
+
+static void *worker_main(void *arg)
+{
+    run_worker(arg);
+    return NULL;
+}
+
+Test(threads, concurrent_sequences_share_prefixes)
+{
+    /* Small enough to evict all the time, big enough that no call can hit EFULL:
+     * each thread holds at most 2 * (PLEN / BS + 1) blocks. */
+    pkv_cache *c = pt_open(BS, 96);
+    atomic_int failed = 0;
+    worker w[THREADS];
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].c = c;
+        w[i].inf = pt_info(c);
+        w[i].tid = i;
+        w[i].failed = &failed;
+        cr_assert_eq(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < THREADS; i++)
+        cr_assert_eq(w[i].msg[0], '\0', "thread %d: %s", i, w[i].msg);
+    cr_assert_eq(atomic_load(&failed), 0);
+    PT_CHECK(c);
+    pkv_stats_t st = pt_stats(c);
+    cr_assert_eq(st.sequences, 0);
+    cr_assert_eq(st.blocks_used, 0);
+    cr_assert(st.hit_blocks > 0, "no prefix was ever shared");
+    cr_assert(st.evictions > 0, "no eviction happened");
+}

@@ -1,0 +1,223 @@
+/*
+ * Helpers shared by the write-ahead-log / crash-recovery suites (test_wal.c,
+ * test_corrupt.c, test_crash.c), on top of pkv_test.h.
+ *
+ *  - wu_fail / WU_ASSERT: assertions that work both in the Criterion test process and
+ *    in a fork()ed child (where they print and _exit(3) instead of reporting to
+ *    Criterion, which must not be used from the child).
+ *  - wu_model: the expected committed state (per sequence: id, salt, tokens, len,
+ *    committed) and its comparison with an open cache: pkv_seq_list ids, pkv_seq_info,
+ *    pkv_seq_tokens, the block table and the K/V bytes of every position read
+ *    through it. K/V values follow pkv_test.h: position p of a sequence with salt s
+ *    holds pt_val(pt_hprefix(s, tokens, p + 1), layer, kind, head, dim).
+ *  - wu_wl: a seeded random workload (seq_open with shared prefixes, append + write
+ *    K/V + commit, pending tokens, fork, truncate, close, checkpoint) that keeps a
+ *    wu_model in step and can report "intents" (open/fork/truncate/close about to
+ *    happen) and every K/V slot it writes to hooks.
+ *  - wu_probe: the prefix-hit check. Opens a fresh sequence with a prompt, checks
+ *    n_cached and that EVERY hit position holds exactly the K/V of its prefix, runs
+ *    pkv_check and closes it again.
+ *  - wu_oracle: what a crash must preserve: the state acknowledged by the last
+ *    successful pkv_sync, relaxed by the truncate/close intents issued after it.
+ *  - files: segment frames, directory copies and snapshots.
+ */
+#ifndef WAL_UTIL_H
+#define WAL_UTIL_H
+
+#include "pkv_test.h"
+
+#include <stdarg.h>
+
+/* ---- Assertions usable in a fork()ed child --------------------------------- */
+
+extern bool wu_in_child;
+_Noreturn void wu_fail_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define WU_FAIL(...) wu_fail_at(__FILE__, __LINE__, __VA_ARGS__)
+#define WU_ASSERT(cond, ...)                                                          \
+    do {                                                                              \
+        if (!(cond)) WU_FAIL(__VA_ARGS__);                                            \
+    } while (0)
+#define WU_OK(expr)                                                                   \
+    do {                                                                              \
+        int r_ = (expr);                                                              \
+        if (r_)                                                                       \
+            WU_FAIL("%s -> %d (%s: %s)", #expr, r_, pkv_strerror(r_), pkv_last_error()); \
+    } while (0)
+#define WU_CHECK(c, what) wu_check_at(__FILE__, __LINE__, (c), (what))
+void wu_check_at(const char *file, int line, pkv_cache *c, const char *what);
+
+/* ---- Options ------------------------------------------------------------------ */
+
+#define WU_BS 4u
+void wu_opts(pkv_options *o, uint32_t bs, uint64_t cap, pkv_durability mode);
+/* pkv_open(dir) without asserting; returns the code. */
+int wu_open(const char *dir, const pkv_options *o, pkv_cache **out);
+/* pkv_open asserting success; pkv_check after it. */
+pkv_cache *wu_open_ok(const char *dir, const pkv_options *o);
+
+/* ---- Expected state ------------------------------------------------------------ */
+
+typedef struct wu_seq {
+    uint64_t id, salt;
+    uint32_t *tok;
+    size_t len, committed, cap;
+} wu_seq;
+
+typedef struct wu_model {
+    wu_seq *s;
+    size_t n, cap;
+} wu_model;
+
+wu_seq *wu_model_find(const wu_model *m, uint64_t id);
+wu_seq *wu_model_add(wu_model *m, uint64_t id, uint64_t salt, const uint32_t *tok,
+                     size_t len, size_t committed);
+void wu_model_remove(wu_model *m, uint64_t id);
+void wu_seq_reserve(wu_seq *s, size_t n);
+void wu_model_copy(wu_model *dst, const wu_model *src);
+void wu_model_free(wu_model *m);
+/* What a reopen keeps: len = committed. */
+void wu_model_drop_pending(wu_model *m);
+/* Read every sequence of an open cache (pkv_seq_list, info, tokens), sorted by id. */
+void wu_model_read(wu_model *m, pkv_cache *c);
+void wu_model_sort(wu_model *m);
+
+/* ---- Verification -------------------------------------------------------------- */
+
+void wu_kv_write(pkv_cache *c, const pkv_cache_info *inf, uint32_t block, uint32_t off,
+                 uint64_t h);
+bool wu_kv_ok(pkv_cache *c, const pkv_cache_info *inf, uint32_t block, uint32_t off,
+              uint64_t h, char *err, size_t errlen);
+/* Sequence s->id in c: info (len, committed, n_blocks, salt), tokens, block table
+ * (in range, distinct) and the K/V of positions [0, kv_upto). */
+void wu_verify_seq(pkv_cache *c, const wu_seq *s, size_t kv_upto, const char *what);
+/* pkv_seq_list of c equals the ids of m, and every sequence verifies (all positions). */
+void wu_verify_model(pkv_cache *c, const wu_model *m, const char *what);
+
+/* ---- Prompts and prefix-hit probes --------------------------------------------- */
+
+typedef struct wu_prompt {
+    uint64_t salt;
+    uint32_t *tok;
+    size_t n;
+} wu_prompt;
+
+typedef struct wu_prompts {
+    wu_prompt *p;
+    size_t n, cap;
+    pt_set keys;
+    bool init;
+} wu_prompts;
+
+void wu_prompts_add(wu_prompts *ps, uint64_t salt, const uint32_t *t, size_t n);
+void wu_prompts_free(wu_prompts *ps);
+
+#define WU_PROBE_ID 0x7fff000000000000ull
+/* Open a fresh sequence with (salt, t[0..n)); check that n_cached is a multiple of the
+ * block size, <= the hit cap, and that every hit position holds the K/V of its
+ * prefix; pkv_check; close it. Returns n_cached. */
+size_t wu_probe(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what);
+/* Probe every prompt of ps, then the committed tokens of every sequence of m (if m);
+ * hits[] receives ps->n (+ m->n) results (may be NULL). */
+void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *hits,
+                  const char *what);
+
+/* ---- Random workload ------------------------------------------------------------ */
+
+#define WU_FAMILIES 4
+#define WU_FAMLEN 48
+
+typedef struct wu_wl {
+    pkv_cache *c;
+    pkv_cache_info inf;
+    pt_rng rng;
+    wu_model m;
+    wu_prompts *prompts; /* prompts used are recorded here (NULL: not recorded) */
+    uint64_t next_id;
+    uint32_t fam[WU_FAMILIES][WU_FAMLEN]; /* shared prefixes */
+    size_t max_seqs, max_len;
+    bool tolerant;    /* calls may fail (I/O faults): return the error, do not assert */
+    bool check_each;  /* pkv_check after every step */
+    bool allow_ckpt;  /* occasional pkv_checkpoint */
+    void *hctx;
+    /* kind 'O' (id, salt, prompt), 'F' (id = child, arg = parent), 'T' (id, arg =
+     * new_len), 'C' (id): called before the call is made. */
+    void (*intent)(void *hctx, char kind, uint64_t id, uint64_t arg, uint64_t salt,
+                   const uint32_t *t, size_t n);
+    void (*written)(void *hctx, uint32_t block, uint32_t off); /* K/V slot written */
+    void (*after_call)(void *hctx, pkv_cache *c); /* after each successful mutating call */
+    int err;        /* tolerant: the error of the failed call */
+    const char *err_call;
+    uint64_t calls; /* mutating calls made */
+} wu_wl;
+
+void wu_wl_init(wu_wl *w, pkv_cache *c, uint64_t seed, wu_prompts *prompts);
+/* After a reopen: the model keeps only committed tokens. */
+void wu_wl_reattach(wu_wl *w, pkv_cache *c);
+void wu_wl_free(wu_wl *w);
+/* One random operation. 0, or (tolerant mode) the error of the failing call. */
+int wu_step(wu_wl *w);
+
+/* ---- Crash oracle --------------------------------------------------------------- */
+
+typedef struct wu_intent {
+    char kind;
+    uint64_t id, arg;
+} wu_intent;
+
+typedef struct wu_oracle {
+    wu_model ack; /* committed state at the last acknowledged pkv_sync */
+    wu_intent *it;
+    size_t nit, capit;
+} wu_oracle;
+
+void wu_oracle_init(wu_oracle *o);
+void wu_oracle_free(wu_oracle *o);
+/* A successful pkv_sync: the committed part of m is durable. */
+void wu_oracle_ack(wu_oracle *o, const wu_model *m);
+void wu_oracle_intent(wu_oracle *o, char kind, uint64_t id, uint64_t arg);
+/* Check a recovered cache against the oracle:
+ *  - every acknowledged sequence not closed afterwards exists with the same salt and
+ *    at least its acknowledged committed tokens (cut to the smallest truncation
+ *    issued afterwards), and a closed one, if present, agrees on that prefix;
+ *  - every other recovered sequence was opened or forked after the acknowledgement;
+ *  - K/V: kv_full: every committed position of every recovered sequence holds the
+ *    K/V of its prefix; else (no power-loss durability, PKV_DURABLE_NONE) only the
+ *    positions the oracle knows durable: full (sealed, checksummed) blocks, and the
+ *    acknowledged prefix of acknowledged sequences never truncated or closed since.
+ * Returns the recovered model in *out if out != NULL. */
+void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *out,
+                     const char *what);
+
+/* ---- Files ---------------------------------------------------------------------- */
+
+typedef struct wu_frame {
+    uint64_t off, first_lsn;
+    uint32_t nrec, bytes; /* records bytes (frame = 32 + bytes) */
+} wu_frame;
+
+/* Path of the highest-numbered wal-<16 hex> segment in dir; false if none. */
+bool wu_newest_seg(const char *dir, char *out, size_t cap);
+/* Parse consecutive frames of a segment from offset 64 (no checksum verification).
+ * Returns the number found (at most max). */
+size_t wu_frames(const char *path, wu_frame *out, size_t max);
+/* Number of directory entries whose name starts with prefix. */
+size_t wu_count(const char *dir, const char *prefix);
+/* Copy every regular file of src into dst (created); all-zero 64 KiB runs are left
+ * as holes. */
+void wu_copy_dir(const char *src, const char *dst);
+uint8_t *wu_read_file(const char *path, size_t *len);
+void wu_write_file(const char *path, const uint8_t *buf, size_t len);
+
+/* Every regular file of a directory: names and contents. */
+typedef struct wu_dirsnap {
+    size_t n;
+    char **name;
+    uint8_t **data;
+    size_t *len;
+} wu_dirsnap;
+void wu_dirsnap_take(wu_dirsnap *s, const char *dir);
+void wu_dirsnap_same(const wu_dirsnap *s, const char *dir, const char *what);
+void wu_dirsnap_free(wu_dirsnap *s);
+
+#endif
