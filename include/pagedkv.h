@@ -6,7 +6,8 @@
  *    PKV_E* code; pkv_strerror() explains a code and pkv_last_error() gives the
  *    detailed message of the last failure on the calling thread.
  *  - The caller owns every buffer it passes in; pagedkv never keeps a pointer to
- *    one after the call returns.
+ *    one after the call returns (except pkv_options.io, the I/O backend, which
+ *    must outlive the handle).
  *  - Token ids are uint32_t; sequence ids are caller-chosen uint64_t.
  *  - A pkv_cache may be used from several threads at once: every call takes the
  *    cache's internal lock, except pkv_kv() and pkv_info(), which read only
@@ -220,7 +221,8 @@ int pkv_seq_tokens(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, siz
 
 typedef struct pkv_stats_t {
     uint64_t capacity;
-    uint64_t blocks_free;   /* on the free list */
+    uint64_t blocks_free;   /* free: on the free list, or in limbo until the log
+                               record that freed them is durable */
     uint64_t blocks_cached; /* sealed, refcount 0: evictable in leaf order */
     uint64_t blocks_used;   /* refcount > 0 */
     uint64_t blocks_sealed; /* in the prefix index (cached + used sealed) */
@@ -278,6 +280,10 @@ typedef struct pkv_recovery_t {
     uint64_t blocks_dropped;     /* dropped: arena lost, replaced or short */
     uint64_t sequences_dropped;
     uint64_t seq_blocks_bad;     /* sealed blocks of sequences failing verification */
+    uint64_t sequences_cut;      /* sequences shortened: a block they held was lost
+                                    or failed verification */
+    int repaired;                /* nonzero: damage was repaired and a checkpoint
+                                    written at open (read-only: not written) */
     double ms_checkpoint, ms_replay, ms_rebuild, ms_verify; /* time split */
     char note[256];              /* what happened, for humans ("" if nothing odd) */
 } pkv_recovery_t;

@@ -71,8 +71,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
         if ((rc = pkv_wal_start(c, next_lsn, next_seg))) goto fail;
         /* After cutting a damaged log, or dropping lost blocks, make the repaired
          * state the new base at once so the damage is never read again. */
-        if (c->rec.torn_bytes || c->rec.corrupt_lsn || c->rec.blocks_dropped ||
-            c->rec.sequences_dropped || c->rec.seq_blocks_bad) {
+        if (c->rec.repaired) {
             pkv_lock(c);
             rc = pkv_wal_checkpoint(c);
             pkv_unlock(c);

@@ -671,10 +671,10 @@ static void run_variant(int variant, uint64_t default_seed, size_t default_round
 
 Test(property, exact_no_eviction, .timeout = 280)
 {
-    run_variant(0, 1000000, 1500);
+    run_variant(0, 1000000, 1000);
 }
 
 Test(property, small_capacity_leaf_lru, .timeout = 280)
 {
-    run_variant(1, 2000000, 1500);
+    run_variant(1, 2000000, 1000);
 }

@@ -248,6 +248,12 @@ Test(sharing, hit_is_capped_at_n_minus_1)
         cr_assert_eq(st.hit_tokens - before.hit_tokens, nc);
         cr_assert_eq(st.miss_tokens - before.miss_tokens, cases[i].n - nc);
         cr_assert_eq(st.hit_blocks - before.hit_blocks, nc / BS);
+        /* miss_blocks counts the full blocks within the cap that were not found
+         * (docs/api.md), so the capped-off block of a 12-token prompt is no miss. */
+        size_t capb = pt_hit_cap(cases[i].n, BS) / BS;
+        cr_assert_eq(st.miss_blocks - before.miss_blocks, capb - nc / BS,
+                     "prompt of %zu tokens: miss_blocks +%llu, expected +%zu", cases[i].n,
+                     (unsigned long long)(st.miss_blocks - before.miss_blocks), capb - nc / BS);
         /* Compute the rest of the prompt: the hit blocks are not touched. */
         if (cases[i].n > nc) {
             PT_APPEND(c, id, 0, p, nc, cases[i].n - nc);

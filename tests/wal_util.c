@@ -483,6 +483,93 @@ static int wl_commit_some(wu_wl *w, uint64_t id)
     return 0;
 }
 
+static int op_close(wu_wl *w, uint64_t id);
+static int op_open_prompt(wu_wl *w, uint64_t salt, const uint32_t *prompt, size_t n,
+                          size_t pending, uint64_t *out)
+{
+    uint64_t id = w->next_id++;
+    if (out) *out = id;
+    wl_intent(w, 'O', id, 0, salt, prompt, n);
+    if (w->prompts) wu_prompts_add(w->prompts, salt, prompt, n);
+    size_t nc = (size_t)-1;
+    int rc = wl_call(w, pkv_seq_open(w->c, id, salt, prompt, n, &nc), "pkv_seq_open");
+    if (rc) return rc;
+    uint32_t bs = w->inf.block_size;
+    WU_ASSERT(nc % bs == 0 && nc <= pt_hit_cap(n, bs), "seq_open of %zu tokens: n_cached %zu",
+              n, nc);
+    wu_seq *s = wu_model_add(&w->m, id, salt, prompt, nc, nc);
+    wu_verify_seq(w->c, s, nc, "prefix hit of seq_open");
+    for (size_t done = nc; done < n;) {
+        size_t k = n - done < 128 ? n - done : 128;
+        if ((rc = wl_append(w, id, prompt + done, k))) return rc;
+        done += k;
+    }
+    if (pending > n - nc) pending = n - nc;
+    return wl_commit(w, id, n - nc - pending);
+}
+
+int wu_do_open(wu_wl *w, uint64_t salt, const uint32_t *prompt, size_t n, size_t pending,
+               uint64_t *id)
+{
+    return op_open_prompt(w, salt, prompt, n, pending, id);
+}
+
+int wu_do_append(wu_wl *w, uint64_t id, const uint32_t *t, size_t k, bool commit)
+{
+    int rc = wl_append(w, id, t, k);
+    if (rc || !commit) return rc;
+    wu_seq *s = wu_model_find(&w->m, id);
+    return wl_commit(w, id, s->len - s->committed);
+}
+
+int wu_do_commit(wu_wl *w, uint64_t id, size_t n)
+{
+    return wl_commit(w, id, n);
+}
+
+int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child)
+{
+    uint64_t ch = w->next_id++;
+    if (child) *child = ch;
+    wl_intent(w, 'F', ch, parent, 0, NULL, 0);
+    int rc = wl_call(w, pkv_seq_fork(w->c, parent, ch), "pkv_seq_fork");
+    if (rc) return rc;
+    wu_seq tmp = *wu_model_find(&w->m, parent);
+    wu_model_add(&w->m, ch, tmp.salt, tmp.tok, tmp.len, tmp.committed);
+    return 0;
+}
+
+int wu_do_truncate(wu_wl *w, uint64_t id, size_t nl)
+{
+    wl_intent(w, 'T', id, nl, 0, NULL, 0);
+    int rc = wl_call(w, pkv_seq_truncate(w->c, id, nl), "pkv_seq_truncate");
+    if (rc) return rc;
+    wu_seq *s = wu_model_find(&w->m, id);
+    s->len = nl;
+    if (s->committed > nl) s->committed = nl;
+    return 0;
+}
+
+int wu_do_close(wu_wl *w, uint64_t id)
+{
+    return op_close(w, id);
+}
+
+void wu_churn(pkv_cache *c, uint64_t id, uint64_t bytes)
+{
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    uint64_t target = st.wal_bytes + bytes;
+    for (uint64_t i = 0;; i++) {
+        if ((i & 255) == 0) {
+            WU_OK(pkv_stats(c, &st));
+            if (st.wal_bytes >= target) break;
+        }
+        WU_OK(pkv_seq_fork(c, id, id + 1));
+        WU_OK(pkv_seq_close(c, id + 1));
+    }
+}
+
 static int op_close(wu_wl *w, uint64_t id)
 {
     wl_intent(w, 'C', id, 0, 0, NULL, 0);
@@ -515,19 +602,9 @@ static int op_open(wu_wl *w)
         n = pre + suf;
     }
     if (n > w->max_len) n = w->max_len;
-    uint64_t id = w->next_id++;
-    wl_intent(w, 'O', id, 0, salt, prompt, n);
-    if (w->prompts) wu_prompts_add(w->prompts, salt, prompt, n);
-    size_t nc = (size_t)-1;
-    int rc = wl_call(w, pkv_seq_open(w->c, id, salt, prompt, n, &nc), "pkv_seq_open");
-    if (rc) return rc;
-    uint32_t bs = w->inf.block_size;
-    WU_ASSERT(nc % bs == 0 && nc <= pt_hit_cap(n, bs), "seq_open of %zu tokens: n_cached %zu",
-              n, nc);
-    wu_seq *s = wu_model_add(&w->m, id, salt, prompt, nc, nc);
-    wu_verify_seq(w->c, s, nc, "prefix hit of seq_open");
-    if ((rc = wl_append(w, id, prompt + nc, n - nc))) return rc;
-    return wl_commit_some(w, id);
+    /* commit everything (75%) or leave 1..3 tokens pending */
+    size_t pending = pt_below(&w->rng, 4) ? 0 : 1 + pt_below(&w->rng, 3);
+    return op_open_prompt(w, salt, prompt, n, pending, NULL);
 }
 
 static int op_decode(wu_wl *w, uint64_t id)
@@ -596,6 +673,10 @@ int wu_step(wu_wl *w)
         rc = op_open(w);
     } else {
         uint64_t id = w->m.s[pt_below(&w->rng, (uint32_t)n)].id;
+        if (id == w->keep_id) {
+            if (w->check_each) WU_CHECK(w->c, "after a workload step");
+            return 0;
+        }
         if (r < 52) rc = op_decode(w, id);
         else if (r < 62 && n < w->max_seqs) rc = op_fork(w, id);
         else if (r < 74) rc = op_truncate(w, id);

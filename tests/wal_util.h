@@ -139,6 +139,7 @@ typedef struct wu_wl {
     bool tolerant;    /* calls may fail (I/O faults): return the error, do not assert */
     bool check_each;  /* pkv_check after every step */
     bool allow_ckpt;  /* occasional pkv_checkpoint */
+    uint64_t keep_id; /* random steps never touch this sequence (0: none) */
     void *hctx;
     /* kind 'O' (id, salt, prompt), 'F' (id = child, arg = parent), 'T' (id, arg =
      * new_len), 'C' (id): called before the call is made. */
@@ -157,6 +158,19 @@ void wu_wl_reattach(wu_wl *w, pkv_cache *c);
 void wu_wl_free(wu_wl *w);
 /* One random operation. 0, or (tolerant mode) the error of the failing call. */
 int wu_step(wu_wl *w);
+/* Deterministic operations through the workload's model (hooks included). wu_do_open
+ * appends prompt[n_cached..n) and commits all of it but `pending` tokens; it returns
+ * the call's error (tolerant mode) and the new id in *id. */
+int wu_do_open(wu_wl *w, uint64_t salt, const uint32_t *prompt, size_t n, size_t pending,
+               uint64_t *id);
+int wu_do_append(wu_wl *w, uint64_t id, const uint32_t *t, size_t k, bool commit);
+int wu_do_commit(wu_wl *w, uint64_t id, size_t n);
+int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child);
+int wu_do_truncate(wu_wl *w, uint64_t id, size_t new_len);
+int wu_do_close(wu_wl *w, uint64_t id);
+/* Grow the log by about `bytes` quickly: fork and close sequence `id` (which must have
+ * no pending tokens; the longer, the bigger each record) again and again. */
+void wu_churn(pkv_cache *c, uint64_t id, uint64_t bytes);
 
 /* ---- Crash oracle --------------------------------------------------------------- */
 

@@ -74,8 +74,8 @@ static int io_fail(pkv_cache *c, int neg_errno, const char *what) {
     pkv_err(code, "%s: %s", what, strerror(e));
     if (!c->wal.failed) {
         c->wal.failed = code;
-        fprintf(stderr, "pagedkv: %s: %s; cache is now read-only until reopened\n", what,
-                strerror(e));
+        fprintf(stderr, "pagedkv: %s: %s; the cache refuses changes (PKV_EFAILED) "
+                "until it is reopened\n", what, strerror(e));
     }
     return code;
 }
@@ -281,10 +281,8 @@ static void do_checkpoint(pkv_cache *c) {
     uint8_t *raw = NULL;
     size_t rawlen = 0;
     uint64_t lsn = w->next_lsn - 1;
-    if (pkv_ckpt_serialize(c, &raw, &rawlen)) {
-        io_fail(c, -ENOMEM, "checkpoint snapshot");
-        return;
-    }
+    if (pkv_ckpt_serialize(c, &raw, &rawlen)) /* out of memory: the log stays */
+        return;                                /* valid, try again later */
     flush_once(c, true); /* the log is durable through lsn, the arena flushed */
     if (w->failed || w->durable_lsn < lsn) {
         free(raw);
@@ -297,8 +295,9 @@ static void do_checkpoint(pkv_cache *c) {
     int rc = pkv_ckpt_write(w, lsn, raw, rawlen);
     free(raw);
     pthread_mutex_lock(&c->lock);
+    if (rc == PKV_ENOMEM) return; /* nothing written: the log still holds it all */
     if (rc) {
-        io_fail(c, -EIO, pkv_last_error());
+        io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return;
     }
     const pkv_io_ops *io = w->io;

@@ -381,6 +381,7 @@ static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t
             }
             expect = first + nrec;
             off += FRAME_HDR + bytes;
+            c->wal.bytes_since_ckpt += FRAME_HDR + bytes;
         }
         /* The log ends at `off` in this segment, unless the next segment continues. */
         uint64_t f;
@@ -465,6 +466,7 @@ static void drop_block(pkv_cache *c, uint32_t b) {
 
 /* Truncate a sequence's table before entry i (its K/V must be recomputed). */
 static void seq_cut(pkv_cache *c, pkv_seq *s, uint32_t i) {
+    c->rec.sequences_cut++;
     s->nblocks = i;
     s->len = s->committed = (uint64_t)i * c->pool.block_size;
 }
@@ -606,14 +608,16 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         uint64_t secret = 0;
         rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &raw, &len);
         if (!rc && secret != c->arena.secret) {
-            drop_all = true; /* a checkpoint of another arena: describe nothing here */
-            snprintf(rec->note, sizeof rec->note, "arena was replaced (checkpoint "
-                     "describes another arena); cached blocks and sequences dropped");
+            drop_all = true; /* describes another arena: load nothing from it */
+            snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the "
+                     "checkpoint describes another arena); its blocks and sequences "
+                     "were dropped");
+        } else if (!rc) {
+            rc = pkv_ckpt_load(c, raw, len);
+            rec->checkpoint_lsn = after;
         }
-        if (!rc) rc = pkv_ckpt_load(c, raw, len);
         free(raw);
         if (rc) goto out;
-        rec->checkpoint_lsn = after;
     }
     double t1 = now_ms();
     rec->ms_checkpoint = t1 - t0;
@@ -624,17 +628,28 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->ms_replay = t2 - t1;
     if (c->arena.foreign_log && !drop_all) {
         drop_all = true;
-        snprintf(rec->note, sizeof rec->note, "log segments belong to another arena; "
-                 "cached blocks and sequences dropped");
+        snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the log "
+                 "describes another arena); its blocks and sequences were dropped");
     }
-    if (c->arena.created && (have_ckpt || n > 0)) {
-        drop_all = true;
-        snprintf(rec->note, sizeof rec->note,
-                 "arena file was missing and has been recreated; cached blocks and "
-                 "sequences recorded in the log were dropped");
+    if (drop_all && !c->rdonly) {
+        /* The old log and checkpoints describe another arena: remove them so they
+         * are never read again (the repair checkpoint becomes the new base). */
+        char path[4200];
+        for (size_t i = 0; i < n; i++) {
+            snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)nos[i]);
+            c->wal.io->unlink(c->wal.io->ctx, path);
+        }
+        if (have_ckpt) {
+            snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)ckpt);
+            c->wal.io->unlink(c->wal.io->ctx, path);
+        }
+        c->wal.nsegs = 0;
+        c->wal.tail_ok = false;
+        c->wal.io->sync_dir(c->wal.io->ctx, dir);
     }
     rc = rebuild(c, c->arena.valid_blocks, drop_all);
     if (rc) goto out;
+    c->wal.ckpt_lsn = rec->checkpoint_lsn;
     if (!drop_all && c->arena.valid_blocks < c->pool.capacity && rec->note[0] == '\0')
         snprintf(rec->note, sizeof rec->note,
                  "arena file was short: blocks from %llu on were dropped",
@@ -651,6 +666,11 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     if (rec->corrupt_lsn && !rec->note[0])
         snprintf(rec->note, sizeof rec->note, "point-in-time recovery stopped before "
                  "corrupted LSN %llu", (unsigned long long)rec->corrupt_lsn);
+    /* Anything repaired (dropped, cut, torn, corrupt) becomes durable at once
+     * through a checkpoint at open, so the damage is never read again. */
+    rec->repaired = drop_all || rec->torn_bytes || rec->corrupt_lsn ||
+                    rec->blocks_dropped || rec->sequences_cut ||
+                    c->arena.valid_blocks < c->pool.capacity;
     *next_lsn = last + 1;
     *next_seg = n ? nos[n - 1] + 1 : 1;
 out:

@@ -1,0 +1,1100 @@
+/* Crashes.
+ *
+ * (a) kill: a fork()ed child runs a seeded random workload on the cache (GROUP mode,
+ *     2 ms group commit, small checkpoint_bytes so checkpoints happen on their own) and
+ *     is killed with SIGKILL after 1-50 ms. Before every open / fork / truncate / close
+ *     it appends an "intent" message to a file, and after every successful pkv_sync an
+ *     "ack" with every sequence's committed tokens (plain write()s: the page cache
+ *     survives a process kill; every message carries a checksum so a torn last one is
+ *     ignored). The parent reopens the directory and checks pkv_check, the oracle of
+ *     wu_oracle_check (acknowledged sequences survive unless closed/truncated later,
+ *     nothing unannounced appears, every committed position holds the K/V of its
+ *     prefix) and probes every prompt the child ever used plus every recovered
+ *     sequence: every prefix-hit position must hold exactly the K/V of its prefix.
+ *     The same directory is reused by the next iteration. PKV_KILL_ITERS=n for a
+ *     longer run.
+ * (b) power loss: a pkv_io_ops backend that forwards to the real files but remembers
+ *     every write not yet made durable (file, offset, old bytes, new bytes) and the
+ *     arena image as of its last successful fdatasync. At the N-th sync-type call
+ *     (sync, write with sync, sync_dir) it "loses power": from then on every call
+ *     fails with -EIO. After pkv_close each unsynced log/checkpoint write is kept,
+ *     dropped (old bytes restored), torn (a prefix kept) or garbled (random bytes), and
+ *     every arena sector that differs from the durable image is kept, restored or
+ *     garbled -- the arena is written through mmap, which the backend cannot see, so
+ *     the difference to the image taken at the start of the last successful arena
+ *     fdatasync is exactly what may or may not have reached the disk. Then the cache
+ *     is reopened with the default backend and checked as in (a). Swept over N.
+ * (c) fault injection: a backend that fails its k-th call with -EIO or -ENOSPC, swept
+ *     over k: the failure surfaces as PKV_EFAILED / PKV_EIO / PKV_ENOSPC, after which
+ *     every mutating call returns PKV_EFAILED; pkv_check passes; nothing crashes; a
+ *     reopen with the default backend recovers the acknowledged state. */
+#include "wal_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+TestSuite(crash, .init = pt_setup, .fini = pt_teardown);
+
+#define CAP 256u
+
+static pkv_recovery_t recovery(pkv_cache *c)
+{
+    pkv_recovery_t r;
+    WU_OK(pkv_recovery(c, &r));
+    return r;
+}
+
+/* Every recovered sequence's committed tokens hit exactly their full blocks. */
+static void probe_recovered(pkv_cache *c, const wu_model *m, const char *what)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        const wu_seq *s = &m->s[i];
+        size_t nc = wu_probe(c, s->salt, s->tok, s->committed, what);
+        WU_ASSERT(nc == pt_hit_cap(s->committed, WU_BS),
+                  "%s: probing recovered seq %llu's %zu committed tokens hits %zu, expected %zu",
+                  what, (unsigned long long)s->id, s->committed, nc,
+                  pt_hit_cap(s->committed, WU_BS));
+    }
+}
+
+/* ========================================================================================
+ * (a) SIGKILL
+ * ====================================================================================== */
+
+static int msg_fd = -1;
+
+static void msg_send(const uint8_t *body, size_t n)
+{
+    uint8_t buf[20000];
+    WU_ASSERT(n + 16 <= sizeof buf, "message of %zu bytes", n);
+    uint32_t len = (uint32_t)n;
+    uint64_t sum = pt_mix(n);
+    for (size_t i = 0; i < n; i++) sum = pt_mix(sum ^ body[i]);
+    memcpy(buf, &len, 4);
+    memcpy(buf + 4, &sum, 8);
+    memcpy(buf + 12, body, n);
+    ssize_t w = write(msg_fd, buf, n + 12);
+    WU_ASSERT(w == (ssize_t)(n + 12), "message write: %s", strerror(errno));
+}
+
+typedef struct mbuf {
+    uint8_t b[20000];
+    size_t n;
+} mbuf;
+
+static void mb_put(mbuf *m, const void *p, size_t n)
+{
+    WU_ASSERT(m->n + n <= sizeof m->b, "message too long");
+    memcpy(m->b + m->n, p, n);
+    m->n += n;
+}
+
+static void mb_u64(mbuf *m, uint64_t v) { mb_put(m, &v, 8); }
+
+static void child_intent(void *ctx, char kind, uint64_t id, uint64_t arg, uint64_t salt,
+                         const uint32_t *t, size_t n)
+{
+    (void)ctx;
+    mbuf m = {.n = 0};
+    mb_put(&m, &kind, 1);
+    mb_u64(&m, id);
+    mb_u64(&m, arg);
+    mb_u64(&m, salt);
+    mb_u64(&m, n);
+    if (n) mb_put(&m, t, n * 4);
+    msg_send(m.b, m.n);
+}
+
+static void child_ack(const wu_model *md)
+{
+    mbuf m = {.n = 0};
+    char kind = 'A';
+    mb_put(&m, &kind, 1);
+    mb_u64(&m, md->n);
+    for (size_t i = 0; i < md->n; i++) {
+        const wu_seq *s = &md->s[i];
+        mb_u64(&m, s->id);
+        mb_u64(&m, s->salt);
+        mb_u64(&m, s->committed);
+        if (s->committed) mb_put(&m, s->tok, s->committed * 4);
+    }
+    msg_send(m.b, m.n);
+}
+
+static void kill_opts(pkv_options *o)
+{
+    wu_opts(o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    o->checkpoint_bytes = 48u << 10;
+}
+
+static _Noreturn void kill_child(const char *dir, const char *msgs, int ready, uint64_t seed,
+                                 unsigned iter)
+{
+    wu_in_child = true;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    msg_fd = open(msgs, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    WU_ASSERT(msg_fd >= 0, "open %s: %s", msgs, strerror(errno));
+    pkv_options o;
+    kill_opts(&o);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, seed, NULL);
+    uint64_t base = ((uint64_t)iter + 1) << 32;
+    if (w.next_id < base) w.next_id = base;
+    w.intent = child_intent;
+    w.allow_ckpt = true;
+    /* the recovered state is durable: it came from the files */
+    child_ack(&w.m);
+    if (write(ready, "r", 1) != 1) _exit(5);
+    for (uint64_t i = 0;; i++) {
+        wu_step(&w);
+        if (pt_below(&w.rng, 6) == 0) {
+            WU_OK(pkv_sync(c));
+            child_ack(&w.m);
+        }
+        if (w.m.n && pt_below(&w.rng, 16) == 0) {
+            const wu_seq *s = &w.m.s[pt_below(&w.rng, (uint32_t)w.m.n)];
+            wu_verify_seq(c, s, s->len, "child self-check");
+        }
+    }
+}
+
+/* Parse the child's messages into the oracle (which starts from `prev`, the state the
+ * parent verified before the child ran) and the prompt list. Returns the number of
+ * messages. */
+static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, wu_prompts *ps,
+                         size_t *acks)
+{
+    wu_oracle_ack(o, prev);
+    size_t len = 0, n = 0;
+    uint8_t *b = wu_read_file(path, &len);
+    *acks = 0;
+    for (size_t off = 0; off + 12 <= len;) {
+        uint32_t bl;
+        uint64_t sum, want;
+        memcpy(&bl, b + off, 4);
+        memcpy(&sum, b + off + 4, 8);
+        if (off + 12 + bl > len) break; /* torn last message */
+        const uint8_t *p = b + off + 12;
+        want = pt_mix(bl);
+        for (size_t i = 0; i < bl; i++) want = pt_mix(want ^ p[i]);
+        if (want != sum) break;
+        off += 12 + bl;
+        n++;
+        char kind = (char)p[0];
+        uint64_t v[4];
+        if (kind == 'A') {
+            uint64_t cnt;
+            memcpy(&cnt, p + 1, 8);
+            wu_model m = {0};
+            size_t q = 9;
+            for (uint64_t i = 0; i < cnt; i++) {
+                uint64_t id, salt, com;
+                memcpy(&id, p + q, 8);
+                memcpy(&salt, p + q + 8, 8);
+                memcpy(&com, p + q + 16, 8);
+                q += 24;
+                wu_seq *s = wu_model_add(&m, id, salt, NULL, 0, 0);
+                wu_seq_reserve(s, com + 1);
+                memcpy(s->tok, p + q, com * 4);
+                s->len = s->committed = com;
+                q += com * 4;
+            }
+            wu_oracle_ack(o, &m);
+            wu_model_free(&m);
+            (*acks)++;
+            continue;
+        }
+        memcpy(v, p + 1, 32);
+        wu_oracle_intent(o, kind, v[0], v[1]);
+        if (kind == 'O') {
+            uint32_t *t = malloc(v[3] * 4 + 4);
+            memcpy(t, p + 33, v[3] * 4);
+            wu_prompts_add(ps, v[2], t, v[3]);
+            free(t);
+        }
+    }
+    free(b);
+    return n;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+Test(crash, kill_during_workload, .timeout = 280)
+{
+    uint64_t iters = pt_env_u64("PKV_KILL_ITERS", 30);
+    uint64_t seed0 = pt_env_u64("PKV_SEED", 1);
+    char dir[512], msgs[512];
+    pt_path(dir, sizeof dir, "cache");
+    pt_path(msgs, sizeof msgs, "msgs");
+    pkv_options o;
+    kill_opts(&o);
+    wu_prompts ps = {0};
+    wu_model prev = {0};
+    pt_rng r = {seed0 * 7919};
+    size_t total_acks = 0, total_msgs = 0, total_probes = 0;
+    double t0 = now_ms();
+    for (uint64_t it = 0; it < iters; it++) {
+        snprintf(pt_ctx, sizeof pt_ctx, "[kill iteration %llu, PKV_SEED=%llu] ",
+                 (unsigned long long)it, (unsigned long long)seed0);
+        int ready[2];
+        cr_assert_eq(pipe(ready), 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0) {
+            close(ready[0]);
+            kill_child(dir, msgs, ready[1], seed0 * 1000003 + it, (unsigned)it);
+        }
+        close(ready[1]);
+        unsigned delay = 1 + pt_below(&r, 50);
+        if (it % 2) { /* half the kills count from the end of the child's open */
+            struct pollfd pf = {ready[0], POLLIN, 0};
+            poll(&pf, 1, 10000);
+        }
+        usleep(delay * 1000);
+        kill(pid, SIGKILL);
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        close(ready[0]);
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+                  "%sthe child stopped on its own (exit status %d, signal %d); see its stderr",
+                  pt_ctx, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+                  WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+
+        wu_oracle orc;
+        wu_oracle_init(&orc);
+        size_t acks = 0;
+        struct stat sb;
+        if (stat(msgs, &sb) == 0) total_msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
+        else wu_oracle_ack(&orc, &prev);
+        total_acks += acks;
+        unlink(msgs);
+
+        pkv_cache *c = wu_open_ok(dir, &o);
+        wu_model rec;
+        wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
+        wu_probe_all(c, &ps, NULL, NULL, "prompts after SIGKILL");
+        probe_recovered(c, &rec, "recovered sequences after SIGKILL");
+        total_probes += ps.n + rec.n;
+        WU_CHECK(c, "after the probes");
+        pkv_close(c);
+        wu_model_free(&prev);
+        prev = rec;
+        wu_oracle_free(&orc);
+    }
+    pt_ctx[0] = 0;
+    cr_log_info("kill test: %llu iterations, %zu messages, %zu acks, %zu probes, %.0f ms",
+                (unsigned long long)iters, total_msgs, total_acks, total_probes, now_ms() - t0);
+    cr_assert(total_acks > iters / 2, "the children acknowledged only %zu syncs", total_acks);
+    wu_model_free(&prev);
+    wu_prompts_free(&ps);
+}
+
+/* ========================================================================================
+ * (b) power loss
+ * ====================================================================================== */
+
+typedef struct pl_write {
+    uint64_t ino;
+    uint64_t off;
+    size_t n;
+    uint8_t *old, *new_;
+} pl_write;
+
+typedef struct crashfs {
+    pthread_mutex_t mu;
+    int nsync;    /* sync-type calls so far */
+    int crash_at; /* 0: never */
+    bool crashed;
+    pl_write *w;
+    size_t nw, capw;
+    uint64_t arena_ino;
+    uint8_t *durable; /* arena image as of the last successful arena fdatasync */
+    size_t arena_len;
+    int arena_syncs, log_syncs;
+    pkv_io_ops ops;
+} crashfs;
+
+static uint64_t fd_ino(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) ? 0 : (uint64_t)st.st_ino;
+}
+
+static uint64_t path_ino(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) ? 0 : (uint64_t)st.st_ino;
+}
+
+static void forget_ino(crashfs *fs, uint64_t ino)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < fs->nw; i++) {
+        if (fs->w[i].ino == ino) {
+            free(fs->w[i].old);
+            free(fs->w[i].new_);
+        } else {
+            fs->w[k++] = fs->w[i];
+        }
+    }
+    fs->nw = k;
+}
+
+/* Called with the lock held: is this sync-type call the one that loses power? */
+static bool sync_point(crashfs *fs)
+{
+    if (fs->crashed) return true;
+    if (++fs->nsync == fs->crash_at) fs->crashed = true;
+    return fs->crashed;
+}
+
+static long full_pread(int fd, void *buf, size_t n, uint64_t off)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (r == 0) break;
+        done += (size_t)r;
+    }
+    return (long)done;
+}
+
+static int cf_open(void *ctx, const char *path, int flags, int mode)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    bool dead = fs->crashed;
+    pthread_mutex_unlock(&fs->mu);
+    if (dead) return -EIO;
+    int fd = open(path, flags | O_CLOEXEC, mode);
+    if (fd < 0) return -errno;
+    if (flags & O_TRUNC) { /* truncation forgets what was written before */
+        pthread_mutex_lock(&fs->mu);
+        forget_ino(fs, fd_ino(fd));
+        pthread_mutex_unlock(&fs->mu);
+    }
+    return fd;
+}
+
+static int cf_close(void *ctx, int fd)
+{
+    crashfs *fs = ctx;
+    close(fd);
+    pthread_mutex_lock(&fs->mu);
+    bool dead = fs->crashed;
+    pthread_mutex_unlock(&fs->mu);
+    return dead ? -EIO : 0;
+}
+
+static long cf_pread(void *ctx, int fd, void *buf, size_t n, uint64_t off)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    bool dead = fs->crashed;
+    pthread_mutex_unlock(&fs->mu);
+    if (dead) return -EIO;
+    return full_pread(fd, buf, n, off);
+}
+
+static int cf_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    if (fs->crashed) {
+        pthread_mutex_unlock(&fs->mu);
+        return -EIO;
+    }
+    bool crash_now = sync && sync_point(fs);
+    pl_write pw = {fd_ino(fd), off, n, malloc(n), malloc(n)};
+    WU_ASSERT(pw.old && pw.new_, "oom");
+    memset(pw.old, 0, n);
+    long r = full_pread(fd, pw.old, n, off);
+    (void)r;
+    memcpy(pw.new_, buf, n);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = pwrite(fd, (const char *)buf + done, n - done, (off_t)(off + done));
+        if (k <= 0) {
+            int e = errno;
+            free(pw.old);
+            free(pw.new_);
+            pthread_mutex_unlock(&fs->mu);
+            return -e;
+        }
+        done += (size_t)k;
+    }
+    if (sync && !crash_now) {
+        fdatasync(fd);
+        forget_ino(fs, pw.ino); /* everything written to this file is durable now */
+        free(pw.old);
+        free(pw.new_);
+        fs->log_syncs++;
+    } else {
+        if (fs->nw == fs->capw) {
+            fs->capw = fs->capw ? fs->capw * 2 : 64;
+            fs->w = realloc(fs->w, fs->capw * sizeof *fs->w);
+            WU_ASSERT(fs->w, "oom");
+        }
+        fs->w[fs->nw++] = pw;
+    }
+    pthread_mutex_unlock(&fs->mu);
+    return crash_now ? -EIO : 0;
+}
+
+static int cf_sync(void *ctx, int fd)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    if (sync_point(fs)) {
+        pthread_mutex_unlock(&fs->mu);
+        return -EIO;
+    }
+    uint64_t ino = fd_ino(fd);
+    if (ino == fs->arena_ino) {
+        /* the image as of now is what this fdatasync makes durable; later mmap
+         * writes may or may not be */
+        uint8_t *img = malloc(fs->arena_len);
+        WU_ASSERT(img, "oom");
+        long r = full_pread(fd, img, fs->arena_len, 0);
+        WU_ASSERT(r == (long)fs->arena_len, "arena read %ld", r);
+        fdatasync(fd);
+        free(fs->durable);
+        fs->durable = img;
+        fs->arena_syncs++;
+    } else {
+        fdatasync(fd);
+        forget_ino(fs, ino);
+        fs->log_syncs++;
+    }
+    pthread_mutex_unlock(&fs->mu);
+    return 0;
+}
+
+static int cf_allocate(void *ctx, int fd, uint64_t len)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    bool dead = fs->crashed;
+    pthread_mutex_unlock(&fs->mu);
+    if (dead) return -EIO;
+    int e = posix_fallocate(fd, 0, (off_t)len);
+    return e ? -e : 0;
+}
+
+/* Directory operations are modelled as durable at once (a journaling file system
+ * orders them before later data of the same files in practice); the library syncs the
+ * directory where it matters, which counts as a sync point. */
+static int cf_rename(void *ctx, const char *from, const char *to)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    if (fs->crashed) {
+        pthread_mutex_unlock(&fs->mu);
+        return -EIO;
+    }
+    uint64_t old = path_ino(to);
+    int rc = rename(from, to) ? -errno : 0;
+    if (!rc && old) forget_ino(fs, old);
+    pthread_mutex_unlock(&fs->mu);
+    return rc;
+}
+
+static int cf_unlink(void *ctx, const char *path)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    if (fs->crashed) {
+        pthread_mutex_unlock(&fs->mu);
+        return -EIO;
+    }
+    uint64_t ino = path_ino(path);
+    int rc = unlink(path) ? -errno : 0;
+    if (!rc && ino) forget_ino(fs, ino);
+    pthread_mutex_unlock(&fs->mu);
+    return rc;
+}
+
+static int cf_sync_dir(void *ctx, const char *dir)
+{
+    crashfs *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    bool dead = sync_point(fs);
+    pthread_mutex_unlock(&fs->mu);
+    if (dead) return -EIO;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int rc = fsync(fd) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+static void crashfs_init(crashfs *fs, const char *dir, int crash_at)
+{
+    memset(fs, 0, sizeof *fs);
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->crash_at = crash_at;
+    char arena[600];
+    snprintf(arena, sizeof arena, "%s/arena", dir);
+    fs->arena_ino = path_ino(arena);
+    fs->durable = wu_read_file(arena, &fs->arena_len);
+    fs->ops = (pkv_io_ops){fs,       cf_open,     cf_close,  cf_pread,  cf_write,
+                           cf_sync,  cf_allocate, cf_rename, cf_unlink, cf_sync_dir};
+}
+
+static void crashfs_free(crashfs *fs)
+{
+    forget_ino(fs, 0);
+    for (size_t i = 0; i < fs->nw; i++) {
+        free(fs->w[i].old);
+        free(fs->w[i].new_);
+    }
+    free(fs->w);
+    free(fs->durable);
+    pthread_mutex_destroy(&fs->mu);
+}
+
+static bool ino_path(const char *dir, uint64_t ino, char *out, size_t cap)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool found = false;
+    while (!found && (e = readdir(d))) {
+        snprintf(out, cap, "%s/%s", dir, e->d_name);
+        found = path_ino(out) == ino;
+    }
+    closedir(d);
+    return found;
+}
+
+typedef struct damage {
+    size_t kept, dropped, torn, garbled;   /* unsynced log/checkpoint writes */
+    size_t sec_kept, sec_restored, sec_garbled; /* arena sectors */
+} damage;
+
+/* Power is lost: resolve every write that was not durable. Runs after pkv_close, when
+ * no library thread touches the files any more. */
+static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
+{
+    memset(d, 0, sizeof *d);
+    int *act = calloc(fs->nw + 1, sizeof *act);
+    size_t *cut = calloc(fs->nw + 1, sizeof *cut);
+    for (size_t i = 0; i < fs->nw; i++) {
+        act[i] = (int)pt_below(r, 4);
+        cut[i] = pt_below(r, (uint32_t)fs->w[i].n);
+    }
+    /* restores newest first, so overlapping writes unwind correctly */
+    for (size_t i = fs->nw; i-- > 0;) {
+        pl_write *w = &fs->w[i];
+        char p[700];
+        if (!ino_path(dir, w->ino, p, sizeof p)) continue;
+        int fd = open(p, O_WRONLY);
+        WU_ASSERT(fd >= 0, "open %s", p);
+        if (act[i] == 1) {
+            WU_ASSERT(pwrite(fd, w->old, w->n, (off_t)w->off) == (ssize_t)w->n, "restore");
+            d->dropped++;
+        } else if (act[i] == 2) {
+            WU_ASSERT(pwrite(fd, w->old + cut[i], w->n - cut[i], (off_t)(w->off + cut[i])) ==
+                          (ssize_t)(w->n - cut[i]),
+                      "tear");
+            d->torn++;
+        } else if (act[i] == 0) {
+            d->kept++;
+        }
+        close(fd);
+    }
+    for (size_t i = 0; i < fs->nw; i++) {
+        if (act[i] != 3) continue;
+        pl_write *w = &fs->w[i];
+        char p[700];
+        if (!ino_path(dir, w->ino, p, sizeof p)) continue;
+        uint8_t *g = malloc(w->n);
+        for (size_t k = 0; k < w->n; k++) g[k] = (uint8_t)pt_rand(r);
+        int fd = open(p, O_WRONLY);
+        WU_ASSERT(fd >= 0 && pwrite(fd, g, w->n, (off_t)w->off) == (ssize_t)w->n, "garble");
+        close(fd);
+        free(g);
+        d->garbled++;
+    }
+    free(act);
+    free(cut);
+    /* the arena */
+    char arena[600];
+    snprintf(arena, sizeof arena, "%s/arena", dir);
+    size_t len = 0;
+    uint8_t *cur = wu_read_file(arena, &len);
+    WU_ASSERT(len == fs->arena_len, "arena size changed %zu -> %zu", fs->arena_len, len);
+    for (size_t off = 0; off < len; off += 512) {
+        if (!memcmp(cur + off, fs->durable + off, 512)) continue;
+        uint32_t a = pt_below(r, 10);
+        if (a < 4) {
+            d->sec_kept++;
+        } else if (a < 8) {
+            memcpy(cur + off, fs->durable + off, 512);
+            d->sec_restored++;
+        } else {
+            for (size_t k = off; k < off + 512; k++)
+                if (cur[k] != fs->durable[k]) cur[k] = (uint8_t)pt_rand(r);
+            d->sec_garbled++;
+        }
+    }
+    int fd = open(arena, O_WRONLY);
+    WU_ASSERT(fd >= 0 && pwrite(fd, cur, len, 0) == (ssize_t)len, "arena write");
+    close(fd);
+    free(cur);
+}
+
+/* ---- Shared by (b) and (c): the setup phase and the workload under a backend ----------- */
+
+typedef struct phase1 {
+    char dir[512];
+    wu_model m; /* committed state at its clean close */
+    wu_prompts ps;
+} phase1;
+
+static void phase1_build(phase1 *p, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    pt_path(p->dir, sizeof p->dir, "base");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(p->dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, seed, &p->ps);
+    w.max_seqs = 6;
+    for (int i = 0; i < 40; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+    for (int i = 0; i < 15; i++) wu_step(&w);
+    pkv_close(c);
+    wu_model_drop_pending(&w.m);
+    wu_model_copy(&p->m, &w.m);
+    wu_model_sort(&p->m);
+    wu_wl_free(&w);
+}
+
+static void phase1_free(phase1 *p)
+{
+    wu_model_free(&p->m);
+    wu_prompts_free(&p->ps);
+}
+
+typedef struct run_ctx {
+    wu_oracle *o;
+    bool failed_seen; /* some call returned an error: every later mutating call fails */
+} run_ctx;
+
+static void oracle_intent(void *ctx, char kind, uint64_t id, uint64_t arg, uint64_t salt,
+                          const uint32_t *t, size_t n)
+{
+    (void)salt;
+    (void)t;
+    (void)n;
+    run_ctx *rc = ctx;
+    wu_oracle_intent(rc->o, kind, id, arg);
+}
+
+static void after_ok(void *ctx, pkv_cache *c)
+{
+    (void)c;
+    run_ctx *rc = ctx;
+    WU_ASSERT(!rc->failed_seen, "a mutating call succeeded after the cache reported a failure");
+}
+
+static bool fail_code(int rc)
+{
+    return rc == PKV_EFAILED || rc == PKV_EIO || rc == PKV_ENOSPC;
+}
+
+/* Run the workload on an open cache under a failing backend. Every error must be one of
+ * the failure codes; after the first, every mutating call must return PKV_EFAILED.
+ * Acknowledges successful syncs to the oracle. Returns whether a failure was seen. */
+static bool faulty_workload(pkv_cache *c, wu_oracle *o, wu_prompts *ps, uint64_t seed, int steps,
+                            const char *what)
+{
+    run_ctx rc = {o, false};
+    wu_wl w;
+    wu_wl_init(&w, c, seed, ps);
+    w.max_seqs = 6;
+    w.tolerant = true;
+    w.allow_ckpt = true;
+    w.hctx = &rc;
+    w.intent = oracle_intent;
+    w.after_call = after_ok;
+    for (int i = 0; i < steps; i++) {
+        int e = wu_step(&w);
+        if (e) {
+            WU_ASSERT(fail_code(e), "%s: %s -> %d (%s: %s), expected an I/O failure code", what,
+                      w.err_call, e, pkv_strerror(e), pkv_last_error());
+            if (rc.failed_seen)
+                WU_ASSERT(e == PKV_EFAILED, "%s: %s after the failure -> %d, expected PKV_EFAILED",
+                          what, w.err_call, e);
+            rc.failed_seen = true;
+        }
+        if (i % 4 == 3) {
+            int s = pkv_sync(c);
+            if (s == 0) {
+                WU_ASSERT(!rc.failed_seen, "%s: pkv_sync succeeded after a failure", what);
+                wu_oracle_ack(o, &w.m);
+            } else {
+                WU_ASSERT(fail_code(s), "%s: pkv_sync -> %d (%s)", what, s, pkv_strerror(s));
+                if (rc.failed_seen)
+                    WU_ASSERT(s == PKV_EFAILED, "%s: pkv_sync after the failure -> %d", what, s);
+                rc.failed_seen = true;
+            }
+        }
+    }
+    if (rc.failed_seen) {
+        /* every mutating call is refused now */
+        size_t nc;
+        pkv_slot sl[1];
+        uint32_t t = 1;
+        uint64_t id = w.m.n ? w.m.s[0].id : 12345;
+        int e;
+        WU_ASSERT((e = pkv_seq_open(c, 1ull << 60, 0, &t, 1, &nc)) == PKV_EFAILED, "%s: open %d", what, e);
+        WU_ASSERT((e = pkv_seq_append(c, id, &t, 1, sl)) == PKV_EFAILED, "%s: append %d", what, e);
+        WU_ASSERT((e = pkv_seq_commit(c, id, 1)) == PKV_EFAILED, "%s: commit %d", what, e);
+        WU_ASSERT((e = pkv_seq_fork(c, id, 1ull << 61)) == PKV_EFAILED, "%s: fork %d", what, e);
+        WU_ASSERT((e = pkv_seq_truncate(c, id, 0)) == PKV_EFAILED, "%s: truncate %d", what, e);
+        WU_ASSERT((e = pkv_seq_close(c, id)) == PKV_EFAILED, "%s: close %d", what, e);
+        WU_ASSERT((e = pkv_sync(c)) == PKV_EFAILED, "%s: sync %d", what, e);
+        WU_ASSERT((e = pkv_checkpoint(c)) == PKV_EFAILED, "%s: checkpoint %d", what, e);
+    }
+    /* the in-memory state is intact and consistent: failed calls changed nothing */
+    WU_CHECK(c, what);
+    wu_verify_model(c, &w.m, what);
+    wu_wl_free(&w);
+    return rc.failed_seen;
+}
+
+/* Reopen with the default backend and check everything. */
+static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracle *o,
+                            const wu_prompts *ps, bool allow_pit, const char *what)
+{
+    pkv_options op;
+    wu_opts(&op, WU_BS, CAP, mode);
+    pkv_cache *c = NULL;
+    int rc = wu_open(dir, &op, &c);
+    if (rc == PKV_ECORRUPT && allow_pit) {
+        /* PKV_DURABLE_NONE hands frames to the OS without fdatasync: after a power loss
+         * an earlier frame may be garbled or missing while a later one reached the disk.
+         * That is a log corrupted in the middle, and point-in-time recovery is the
+         * documented way to open it. */
+        op.flags = PKV_OPEN_POINT_IN_TIME;
+        rc = wu_open(dir, &op, &c);
+    }
+    WU_ASSERT(rc == 0, "%s: reopen -> %d (%s: %s)", what, rc, pkv_strerror(rc),
+              pkv_last_error());
+    WU_CHECK(c, what);
+    wu_model m;
+    wu_oracle_check(o, c, mode != PKV_DURABLE_NONE, &m, what);
+    wu_probe_all(c, ps, NULL, NULL, what);
+    probe_recovered(c, &m, what);
+    pkv_close(c);
+    /* the repaired state is the new base: a plain reopen recovers it unchanged */
+    op.flags = 0;
+    c = wu_open_ok(dir, &op);
+    pkv_recovery_t rec = recovery(c);
+    WU_ASSERT(rec.corrupt_lsn == 0 && rec.torn_bytes == 0,
+              "%s: second reopen still finds damage (torn %llu, corrupt %llu): %s", what,
+              (unsigned long long)rec.torn_bytes, (unsigned long long)rec.corrupt_lsn, rec.note);
+    wu_verify_model(c, &m, what);
+    pkv_close(c);
+    wu_model_free(&m);
+}
+
+/* ---- (b) the sweep ------------------------------------------------------------------------- */
+
+typedef struct pl_stats {
+    int runs, crashed, open_failed, pit, arena_garbled;
+    size_t log_damage;
+} pl_stats;
+
+static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, bool slow_commit,
+                           pl_stats *ps_out, int *nsync_out)
+{
+    char dir[512], what[160];
+    pt_path(dir, sizeof dir, "pl");
+    pt_rmrf(dir);
+    wu_copy_dir(p1->dir, dir);
+    snprintf(what, sizeof what, "power loss at sync call %d (mode %d%s)", crash_at, (int)mode,
+             slow_commit ? ", 10 s group commit" : "");
+    crashfs fs;
+    crashfs_init(&fs, dir, crash_at);
+    wu_oracle o;
+    wu_oracle_init(&o);
+    wu_oracle_ack(&o, &p1->m);
+    wu_prompts ps = {0};
+    for (size_t i = 0; i < p1->ps.n; i++)
+        wu_prompts_add(&ps, p1->ps.p[i].salt, p1->ps.p[i].tok, p1->ps.p[i].n);
+    pkv_options op;
+    wu_opts(&op, WU_BS, CAP, mode);
+    op.io = &fs.ops;
+    op.checkpoint_bytes = 24u << 10;
+    if (slow_commit) op.group_commit_us = 10000000;
+    pkv_cache *c = NULL;
+    int rc = wu_open(dir, &op, &c);
+    if (rc) {
+        WU_ASSERT(fs.crashed && fail_code(rc), "%s: open -> %d (%s: %s)", what, rc,
+                  pkv_strerror(rc), pkv_last_error());
+        ps_out->open_failed++;
+    } else {
+        faulty_workload(c, &o, &ps, 1000 + (uint64_t)crash_at % 7, 48, what);
+        pkv_close(c);
+    }
+    if (nsync_out) *nsync_out = fs.nsync;
+    pt_rng r = {(uint64_t)crash_at * 31 + (uint64_t)mode};
+    damage d;
+    crashfs_apply(&fs, dir, &r, &d);
+    ps_out->runs++;
+    ps_out->crashed += fs.crashed;
+    ps_out->log_damage += d.dropped + d.torn + d.garbled;
+    ps_out->arena_garbled += d.sec_garbled > 0;
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s [unsynced log writes: %zu kept %zu dropped %zu torn %zu garbled; "
+             "arena sectors: %zu kept %zu restored %zu garbled]", what, d.kept, d.dropped, d.torn,
+             d.garbled, d.sec_kept, d.sec_restored, d.sec_garbled);
+    verify_recovery(dir, mode, &o, &ps, mode == PKV_DURABLE_NONE, w2);
+    crashfs_free(&fs);
+    wu_oracle_free(&o);
+    wu_prompts_free(&ps);
+}
+
+static void power_loss_sweep(pkv_durability mode, bool slow_commit, int max_n)
+{
+    phase1 p1;
+    phase1_build(&p1, 500 + (uint64_t)mode);
+    pl_stats st = {0};
+    int total = 0;
+    power_loss_run(&p1, mode, 0, slow_commit, &st, &total); /* no crash: count sync calls */
+    int n = total < max_n ? total : max_n;
+    for (int k = 1; k <= n; k++) power_loss_run(&p1, mode, k, slow_commit, &st, NULL);
+    cr_log_info("power loss mode %d: %d sync calls, %d runs, %d crashed, %d failed open, "
+                "%zu damaged log writes, %d runs garbled arena sectors",
+                (int)mode, total, st.runs, st.crashed, st.open_failed, st.log_damage,
+                st.arena_garbled);
+    cr_assert(total >= 8, "the workload made only %d sync calls", total);
+    cr_assert(st.crashed >= n, "only %d of %d runs crashed", st.crashed, n);
+    phase1_free(&p1);
+}
+
+Test(crash, power_loss_group, .timeout = 280)
+{
+    power_loss_sweep(PKV_DURABLE_GROUP, true, (int)pt_env_u64("PKV_POWER_N", 60));
+}
+
+Test(crash, power_loss_group_async_flush, .timeout = 280)
+{
+    power_loss_sweep(PKV_DURABLE_GROUP, false, (int)pt_env_u64("PKV_POWER_N", 30));
+}
+
+Test(crash, power_loss_none, .timeout = 280)
+{
+    power_loss_sweep(PKV_DURABLE_NONE, true, (int)pt_env_u64("PKV_POWER_N", 40));
+}
+
+/* ========================================================================================
+ * (c) fault injection
+ * ====================================================================================== */
+
+enum { OP_OPEN, OP_CLOSE, OP_PREAD, OP_WRITE, OP_SYNC, OP_ALLOC, OP_RENAME, OP_UNLINK, OP_SYNCDIR };
+static const char *op_name[] = {"open", "close", "pread", "write", "sync", "allocate",
+                                "rename", "unlink", "sync_dir"};
+
+typedef struct faultfs {
+    pthread_mutex_t mu;
+    int calls, fail_at, err;
+    int fired_op; /* -1: not yet */
+    pkv_io_ops ops;
+} faultfs;
+
+static bool ff_fail(faultfs *fs, int op)
+{
+    pthread_mutex_lock(&fs->mu);
+    bool f = ++fs->calls == fs->fail_at;
+    if (f) fs->fired_op = op;
+    pthread_mutex_unlock(&fs->mu);
+    return f;
+}
+
+static int ff_open(void *ctx, const char *path, int flags, int mode)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_OPEN)) return -fs->err;
+    int fd = open(path, flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+}
+
+static int ff_close(void *ctx, int fd)
+{
+    faultfs *fs = ctx;
+    bool f = ff_fail(fs, OP_CLOSE);
+    close(fd); /* the descriptor is gone either way */
+    return f ? -fs->err : 0;
+}
+
+static long ff_pread(void *ctx, int fd, void *buf, size_t n, uint64_t off)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_PREAD)) return -fs->err;
+    return full_pread(fd, buf, n, off);
+}
+
+static int ff_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_WRITE)) return -fs->err;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = pwrite(fd, (const char *)buf + done, n - done, (off_t)(off + done));
+        if (k <= 0) return -errno;
+        done += (size_t)k;
+    }
+    if (sync && fdatasync(fd)) return -errno;
+    return 0;
+}
+
+static int ff_sync(void *ctx, int fd)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_SYNC)) return -fs->err;
+    return fdatasync(fd) ? -errno : 0;
+}
+
+static int ff_allocate(void *ctx, int fd, uint64_t len)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_ALLOC)) return -fs->err;
+    int e = posix_fallocate(fd, 0, (off_t)len);
+    return e ? -e : 0;
+}
+
+static int ff_rename(void *ctx, const char *from, const char *to)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_RENAME)) return -fs->err;
+    return rename(from, to) ? -errno : 0;
+}
+
+static int ff_unlink(void *ctx, const char *path)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_UNLINK)) return -fs->err;
+    return unlink(path) ? -errno : 0;
+}
+
+static int ff_sync_dir(void *ctx, const char *dir)
+{
+    faultfs *fs = ctx;
+    if (ff_fail(fs, OP_SYNCDIR)) return -fs->err;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int rc = fsync(fd) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+static void faultfs_init(faultfs *fs, int fail_at, int err)
+{
+    memset(fs, 0, sizeof *fs);
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->fail_at = fail_at;
+    fs->err = err;
+    fs->fired_op = -1;
+    fs->ops = (pkv_io_ops){fs,       ff_open,     ff_close,  ff_pread,  ff_write,
+                           ff_sync,  ff_allocate, ff_rename, ff_unlink, ff_sync_dir};
+}
+
+/* Calls whose failure the library may legitimately tolerate: closing, deleting an old
+ * file, renaming a segment to a spare (it falls back to deleting or creating). */
+static bool tolerable(int op)
+{
+    return op == OP_CLOSE || op == OP_UNLINK || op == OP_RENAME;
+}
+
+static void fault_run(const phase1 *p1, int k, int err, int *calls_out)
+{
+    char dir[512], what[160];
+    pt_path(dir, sizeof dir, "fi");
+    pt_rmrf(dir);
+    wu_copy_dir(p1->dir, dir);
+    faultfs fs;
+    faultfs_init(&fs, k, err);
+    snprintf(what, sizeof what, "I/O call %d fails with %s", k, err == EIO ? "EIO" : "ENOSPC");
+    wu_oracle o;
+    wu_oracle_init(&o);
+    wu_oracle_ack(&o, &p1->m);
+    wu_prompts ps = {0};
+    for (size_t i = 0; i < p1->ps.n; i++)
+        wu_prompts_add(&ps, p1->ps.p[i].salt, p1->ps.p[i].tok, p1->ps.p[i].n);
+    pkv_options op;
+    wu_opts(&op, WU_BS, CAP, PKV_DURABLE_GROUP);
+    op.io = &fs.ops;
+    op.group_commit_us = 10000000; /* deterministic: I/O only at syncs and checkpoints */
+    op.checkpoint_bytes = 16u << 10;
+    pkv_cache *c = NULL;
+    int rc = wu_open(dir, &op, &c);
+    char w2[260];
+    if (rc) {
+        WU_ASSERT(fs.fired_op >= 0, "%s: open failed (%d: %s) before any injected error", what,
+                  rc, pkv_last_error());
+        snprintf(w2, sizeof w2, "%s (%s, during open)", what, op_name[fs.fired_op]);
+        WU_ASSERT(rc == PKV_EIO || rc == PKV_ENOSPC,
+                  "%s: open -> %d (%s: %s), expected PKV_EIO or PKV_ENOSPC", w2, rc,
+                  pkv_strerror(rc), pkv_last_error());
+    } else {
+        if (fs.fired_op >= 0) {
+            snprintf(w2, sizeof w2, "%s (%s, during open)", what, op_name[fs.fired_op]);
+            /* the open survived the error: then it must have recovered everything */
+            wu_verify_model(c, &p1->m, w2);
+        }
+        bool failed = faulty_workload(c, &o, &ps, 2000 + (uint64_t)k, 40, what);
+        snprintf(w2, sizeof w2, "%s (%s)", what, fs.fired_op >= 0 ? op_name[fs.fired_op] : "-");
+        if (fs.fired_op >= 0 && !tolerable(fs.fired_op))
+            WU_ASSERT(failed, "%s: the injected failure of a %s call was never reported", w2,
+                      op_name[fs.fired_op]);
+        if (fs.fired_op < 0) WU_ASSERT(!failed, "%s: a failure without an injected error", w2);
+        pkv_close(c);
+    }
+    if (calls_out) *calls_out = fs.calls;
+    verify_recovery(dir, PKV_DURABLE_GROUP, &o, &ps, false, w2);
+    wu_oracle_free(&o);
+    wu_prompts_free(&ps);
+    pthread_mutex_destroy(&fs.mu);
+}
+
+Test(crash, fault_injection, .timeout = 280)
+{
+    phase1 p1;
+    phase1_build(&p1, 600);
+    int total = 0;
+    fault_run(&p1, 0, EIO, &total);
+    cr_assert(total > 20, "only %d I/O calls", total);
+    int maxk = (int)pt_env_u64("PKV_FAULT_K", 400);
+    for (int k = 1; k <= total + 2 && k <= maxk; k++)
+        fault_run(&p1, k, k % 2 ? EIO : ENOSPC, NULL);
+    cr_log_info("fault injection: %d I/O calls swept", total);
+    phase1_free(&p1);
+}

@@ -1,0 +1,642 @@
+/* Write-ahead log: close/reopen equivalence, recovery statistics, durability modes,
+ * pkv_sync, read-only opens beside a writer, the directory lock, automatic
+ * checkpoints and bounded log segments.
+ *
+ * "Equivalence" after a reopen means: the same pkv_seq_list ids; per sequence the
+ * same salt and committed tokens, len == committed (pending tokens are dropped), the
+ * same K/V bytes at every committed position read through the block table; the same
+ * number of hit tokens for every prompt ever used (probed with a fresh seq_open
+ * before the close and after the reopen, every hit position's K/V checked); the same
+ * number of sealed blocks. pkv_check passes after every step and every reopen. */
+#include "wal_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+TestSuite(wal, .init = pt_setup, .fini = pt_teardown);
+
+#define CAP 256u
+
+static void cache_dir(char *buf, size_t cap, const char *sub)
+{
+    pt_path(buf, cap, sub);
+}
+
+static pkv_stats_t stats(pkv_cache *c)
+{
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    return st;
+}
+
+static pkv_recovery_t recovery(pkv_cache *c)
+{
+    pkv_recovery_t r;
+    memset(&r, 0xA5, sizeof r);
+    WU_OK(pkv_recovery(c, &r));
+    return r;
+}
+
+/* Close c and reopen dir; check equivalence and the recovery record. *ckpt_lsn is the
+ * LSN of the newest checkpoint known before the close (0: none), updated. */
+static pkv_cache *close_reopen(const char *dir, const pkv_options *o, pkv_cache *c,
+                               wu_wl *w, uint64_t *ckpt_lsn, const char *what)
+{
+    char ctx[256];
+    size_t np = (w->prompts ? w->prompts->n : 0) + w->m.n;
+    size_t *h1 = calloc(np + 1, sizeof *h1), *h2 = calloc(np + 1, sizeof *h2);
+    cr_assert(h1 && h2);
+    snprintf(ctx, sizeof ctx, "%s: before close", what);
+    wu_verify_model(c, &w->m, ctx);
+    wu_model_sort(&w->m);
+    wu_probe_all(c, w->prompts, &w->m, h1, ctx);
+    pkv_stats_t sb = stats(c);
+    if (sb.checkpoints) *ckpt_lsn = sb.checkpoint_lsn;
+    pkv_close(c);
+
+    c = wu_open_ok(dir, o);
+    wu_wl_reattach(w, c);
+    snprintf(ctx, sizeof ctx, "%s: after reopen", what);
+    wu_verify_model(c, &w->m, ctx);
+    pkv_recovery_t rec = recovery(c);
+    pkv_stats_t sa = stats(c);
+    cr_assert_eq(rec.last_lsn, sb.last_lsn, "%s: recovery.last_lsn %llu, last LSN before close %llu",
+                 ctx, (unsigned long long)rec.last_lsn, (unsigned long long)sb.last_lsn);
+    cr_assert_eq(sa.last_lsn, sb.last_lsn, "%s: stats.last_lsn %llu, before close %llu", ctx,
+                 (unsigned long long)sa.last_lsn, (unsigned long long)sb.last_lsn);
+    if (o->checkpoint_bytes == 0) /* no automatic checkpoint can run during the close */
+        cr_assert_eq(rec.checkpoint_lsn, *ckpt_lsn,
+                     "%s: recovery.checkpoint_lsn %llu, expected %llu", ctx,
+                     (unsigned long long)rec.checkpoint_lsn, (unsigned long long)*ckpt_lsn);
+    cr_assert(rec.checkpoint_lsn >= *ckpt_lsn && rec.checkpoint_lsn <= sb.last_lsn,
+              "%s: recovery.checkpoint_lsn %llu, newest known before the close %llu, last LSN %llu",
+              ctx, (unsigned long long)rec.checkpoint_lsn, (unsigned long long)*ckpt_lsn,
+              (unsigned long long)sb.last_lsn);
+    *ckpt_lsn = rec.checkpoint_lsn;
+    cr_assert_eq(rec.records_replayed, sb.last_lsn - *ckpt_lsn,
+                 "%s: records_replayed %llu, expected %llu (last LSN %llu, checkpoint %llu)", ctx,
+                 (unsigned long long)rec.records_replayed,
+                 (unsigned long long)(sb.last_lsn - *ckpt_lsn),
+                 (unsigned long long)sb.last_lsn, (unsigned long long)*ckpt_lsn);
+    cr_assert(rec.torn_bytes == 0 && rec.corrupt_lsn == 0 && rec.blocks_dropped == 0 &&
+                  rec.sequences_dropped == 0 && rec.seq_blocks_bad == 0,
+              "%s: clean close, yet recovery reports torn %llu corrupt %llu dropped %llu/%llu "
+              "bad %llu (note: %s)",
+              ctx, (unsigned long long)rec.torn_bytes, (unsigned long long)rec.corrupt_lsn,
+              (unsigned long long)rec.blocks_dropped, (unsigned long long)rec.sequences_dropped,
+              (unsigned long long)rec.seq_blocks_bad, rec.note);
+    cr_assert_eq(rec.note[0], '\0', "%s: recovery note after a clean close: %s", ctx, rec.note);
+    cr_assert_eq(rec.sequences, w->m.n, "%s: recovery.sequences %llu, expected %zu", ctx,
+                 (unsigned long long)rec.sequences, w->m.n);
+    cr_assert_eq(rec.blocks_sealed, sb.blocks_sealed, "%s: recovery.blocks_sealed %llu, before %llu",
+                 ctx, (unsigned long long)rec.blocks_sealed, (unsigned long long)sb.blocks_sealed);
+    cr_assert_eq(sa.blocks_sealed, sb.blocks_sealed, "%s: blocks_sealed %llu, before %llu", ctx,
+                 (unsigned long long)sa.blocks_sealed, (unsigned long long)sb.blocks_sealed);
+    cr_assert_eq(sa.sequences, sb.sequences, "%s: sequences %llu, before %llu", ctx,
+                 (unsigned long long)sa.sequences, (unsigned long long)sb.sequences);
+    cr_assert_eq(sa.verify_failures, 0, "%s: verify_failures %llu", ctx,
+                 (unsigned long long)sa.verify_failures);
+    wu_probe_all(c, w->prompts, &w->m, h2, ctx);
+    for (size_t i = 0; i < np; i++)
+        cr_assert_eq(h1[i], h2[i], "%s: probe %zu hits %zu tokens, %zu before the close", ctx, i,
+                     h2[i], h1[i]);
+    free(h1);
+    free(h2);
+    return c;
+}
+
+/* ---- Close/reopen equivalence after random operations ----------------------------- */
+
+static void equivalence_run(uint64_t seed, pkv_durability mode, unsigned rounds, unsigned steps)
+{
+    char dir[512], sub[64];
+    snprintf(sub, sizeof sub, "eq-%llu-%d", (unsigned long long)seed, (int)mode);
+    cache_dir(dir, sizeof dir, sub);
+    snprintf(pt_ctx, sizeof pt_ctx, "[seed %llu mode %d] ", (unsigned long long)seed, (int)mode);
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, mode);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, seed, &ps);
+    w.allow_ckpt = true;
+    uint64_t ckpt = 0;
+    for (unsigned r = 0; r < rounds; r++) {
+        for (unsigned i = 0; i < steps; i++) wu_step(&w);
+        char what[64];
+        snprintf(what, sizeof what, "round %u", r);
+        c = close_reopen(dir, &o, c, &w, &ckpt, what);
+        w.c = c;
+    }
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+Test(wal, reopen_equivalence_random, .timeout = 120)
+{
+    uint64_t seeds = pt_env_u64("PKV_WAL_SEEDS", 4);
+    uint64_t base = pt_env_u64("PKV_SEED", 1);
+    for (uint64_t s = 0; s < seeds; s++) equivalence_run(base + s, PKV_DURABLE_GROUP, 3, 120);
+}
+
+/* A cache with evictions (small capacity) and a workload of long sequences. */
+Test(wal, reopen_equivalence_with_evictions, .timeout = 120)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "evict");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 64, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 77, &ps);
+    w.max_seqs = 3;
+    w.max_len = 48;
+    w.allow_ckpt = true;
+    uint64_t ckpt = 0, evictions = 0;
+    for (unsigned r = 0; r < 4; r++) {
+        pkv_stats_t s0 = stats(c);
+        for (unsigned i = 0; i < 150; i++) wu_step(&w);
+        evictions += stats(c).evictions - s0.evictions;
+        c = close_reopen(dir, &o, c, &w, &ckpt, "evictions");
+        w.c = c;
+    }
+    cr_assert(evictions > 0, "the workload never evicted: the test lost its point");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* ---- Recovery record ---------------------------------------------------------------- */
+
+Test(wal, recovery_fields)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "rec");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert(rec.checkpoint_lsn == 0 && rec.records_replayed == 0 && rec.last_lsn == 0 &&
+                  rec.torn_bytes == 0 && rec.corrupt_lsn == 0 && rec.blocks_sealed == 0 &&
+                  rec.sequences == 0 && rec.blocks_dropped == 0 && rec.sequences_dropped == 0 &&
+                  rec.seq_blocks_bad == 0 && rec.note[0] == '\0',
+              "fresh cache: recovery record not empty (ckpt %llu replayed %llu last %llu note %s)",
+              (unsigned long long)rec.checkpoint_lsn, (unsigned long long)rec.records_replayed,
+              (unsigned long long)rec.last_lsn, rec.note);
+    pkv_stats_t st = stats(c);
+    cr_assert(st.checkpoints == 0 && st.checkpoint_lsn == 0 && st.last_lsn == 0,
+              "fresh cache stats: checkpoints %llu checkpoint_lsn %llu last_lsn %llu",
+              (unsigned long long)st.checkpoints, (unsigned long long)st.checkpoint_lsn,
+              (unsigned long long)st.last_lsn);
+
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 5, &ps);
+    for (int i = 0; i < 40; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+    st = stats(c);
+    cr_assert_eq(st.checkpoints, 1, "checkpoints %llu after one pkv_checkpoint",
+                 (unsigned long long)st.checkpoints);
+    cr_assert_eq(st.checkpoint_lsn, st.last_lsn,
+                 "pkv_checkpoint covers LSN %llu, last LSN %llu",
+                 (unsigned long long)st.checkpoint_lsn, (unsigned long long)st.last_lsn);
+    cr_assert(st.durable_lsn >= st.last_lsn, "durable %llu < last %llu after a checkpoint",
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+    uint64_t ck = st.checkpoint_lsn;
+    cr_assert(ck > 0);
+    cr_assert_eq(wu_count(dir, "ckpt-"), 1, "ckpt-* files: %zu", wu_count(dir, "ckpt-"));
+    for (int i = 0; i < 30; i++) wu_step(&w);
+    uint64_t ckpt = 0;
+    c = close_reopen(dir, &o, c, &w, &ckpt, "after one checkpoint");
+    w.c = c;
+    cr_assert_eq(ckpt, ck);
+
+    /* A checkpoint just before the close: nothing to replay. */
+    for (int i = 0; i < 10; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+    c = close_reopen(dir, &o, c, &w, &ckpt, "checkpoint just before close");
+    w.c = c;
+    rec = recovery(c);
+    /* the probes of close_reopen logged records after the checkpoint */
+    cr_assert(rec.checkpoint_lsn > ck, "second checkpoint LSN %llu <= first %llu",
+              (unsigned long long)rec.checkpoint_lsn, (unsigned long long)ck);
+
+    WU_OK(pkv_checkpoint(c));
+    pkv_stats_t sb = stats(c);
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    wu_wl_reattach(&w, c);
+    rec = recovery(c);
+    cr_assert_eq(rec.records_replayed, 0, "records_replayed %llu right after a checkpoint",
+                 (unsigned long long)rec.records_replayed);
+    cr_assert_eq(rec.checkpoint_lsn, sb.last_lsn, "checkpoint_lsn %llu, last LSN %llu",
+                 (unsigned long long)rec.checkpoint_lsn, (unsigned long long)sb.last_lsn);
+    cr_assert_eq(rec.last_lsn, sb.last_lsn);
+    wu_verify_model(c, &w.m, "reopen after checkpoint");
+    /* Reopen once more without doing anything: the same again. */
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    rec = recovery(c);
+    cr_assert(rec.records_replayed == 0 && rec.last_lsn == sb.last_lsn &&
+                  rec.checkpoint_lsn == sb.last_lsn,
+              "idle reopen: replayed %llu last %llu checkpoint %llu (expected 0, %llu, %llu)",
+              (unsigned long long)rec.records_replayed, (unsigned long long)rec.last_lsn,
+              (unsigned long long)rec.checkpoint_lsn, (unsigned long long)sb.last_lsn,
+              (unsigned long long)sb.last_lsn);
+    wu_verify_model(c, &w.m, "idle reopen");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* pkv_stats_t.checkpoint_lsn is "LSN covered by the newest checkpoint". After a reopen
+ * the newest checkpoint is the one recovery loaded. */
+Test(wal, stats_checkpoint_lsn_after_reopen)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "ckstat");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 9, NULL);
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+    uint64_t ck = stats(c).checkpoint_lsn;
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    cr_assert_eq(recovery(c).checkpoint_lsn, ck);
+    pkv_stats_t st = stats(c);
+    pkv_close(c);
+    wu_wl_free(&w);
+    cr_expect_eq(st.checkpoint_lsn, ck,
+                 "after a reopen stats.checkpoint_lsn is %llu, but the newest checkpoint "
+                 "(ckpt-%016llx, loaded by recovery) covers LSN %llu",
+                 (unsigned long long)st.checkpoint_lsn, (unsigned long long)ck,
+                 (unsigned long long)ck);
+}
+
+/* ---- Durability modes ----------------------------------------------------------------- */
+
+static void always_hook(void *ctx, pkv_cache *c)
+{
+    (void)ctx;
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.durable_lsn >= st.last_lsn,
+              "PKV_DURABLE_ALWAYS: right after a mutating call durable_lsn %llu < last_lsn %llu",
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+static void sync_ok(pkv_cache *c, const char *what)
+{
+    WU_OK(pkv_sync(c));
+    pkv_stats_t st = stats(c);
+    WU_ASSERT(st.durable_lsn >= st.last_lsn, "%s: after pkv_sync durable_lsn %llu < last_lsn %llu",
+              what, (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+static void mode_run(pkv_durability mode, uint64_t seed)
+{
+    char dir[512], sub[32];
+    snprintf(sub, sizeof sub, "mode%d", (int)mode);
+    cache_dir(dir, sizeof dir, sub);
+    snprintf(pt_ctx, sizeof pt_ctx, "[mode %d] ", (int)mode);
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, mode);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, seed, &ps);
+    w.allow_ckpt = true;
+    if (mode == PKV_DURABLE_ALWAYS) w.after_call = always_hook;
+    uint64_t ckpt = 0;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < 100; i++) {
+            wu_step(&w);
+            if (i % 20 == 19) sync_ok(c, "mid-run");
+        }
+        sync_ok(c, "before close");
+        c = close_reopen(dir, &o, c, &w, &ckpt, "durability mode");
+        w.c = c;
+        sync_ok(c, "right after reopen");
+    }
+    /* Reopening in another mode is allowed and keeps the state. */
+    pkv_options o2 = o;
+    o2.durability = mode == PKV_DURABLE_ALWAYS ? PKV_DURABLE_NONE : mode + 1;
+    w.after_call = o2.durability == PKV_DURABLE_ALWAYS ? always_hook : NULL;
+    c = close_reopen(dir, &o2, c, &w, &ckpt, "mode change");
+    w.c = c;
+    for (int i = 0; i < 30; i++) wu_step(&w);
+    sync_ok(c, "after mode change");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+Test(wal, durable_none) { mode_run(PKV_DURABLE_NONE, 11); }
+Test(wal, durable_group) { mode_run(PKV_DURABLE_GROUP, 12); }
+Test(wal, durable_always) { mode_run(PKV_DURABLE_ALWAYS, 13); }
+
+/* pkv_sync on an idle cache and with nothing logged yet. */
+Test(wal, sync_idle_and_empty)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "sync");
+    for (int mode = 0; mode <= 2; mode++) {
+        pkv_options o;
+        wu_opts(&o, WU_BS, CAP, (pkv_durability)mode);
+        pkv_cache *c = wu_open_ok(dir, &o);
+        sync_ok(c, "empty");
+        sync_ok(c, "empty, twice");
+        WU_OK(pkv_checkpoint(c));
+        sync_ok(c, "after checkpoint");
+        pkv_close(c);
+    }
+}
+
+/* ---- Read-only open beside a writer ------------------------------------------------- */
+
+Test(wal, rdonly_open_while_writer, .timeout = 60)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "ro");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    o.group_commit_us = 10000000; /* nothing reaches the log between explicit syncs */
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 21, &ps);
+    w.allow_ckpt = true;
+    for (int i = 0; i < 80; i++) wu_step(&w);
+    /* leave pending tokens in some sequence */
+    uint32_t extra[3] = {11, 12, 13};
+    uint64_t pid = 0;
+    uint32_t prompt[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    WU_OK(wu_do_open(&w, 0, prompt, 9, 2, &pid));
+    WU_OK(wu_do_append(&w, pid, extra, 3, false));
+    WU_OK(pkv_sync(c));
+    wu_model acked;
+    wu_model_copy(&acked, &w.m);
+    wu_model_drop_pending(&acked);
+    pkv_stats_t s0 = stats(c);
+
+    /* Changes after the sync stay in the writer's buffer (10 s group commit). */
+    uint32_t p2[7] = {91, 92, 93, 94, 95, 96, 97};
+    uint64_t late = 0;
+    WU_OK(wu_do_open(&w, 0, p2, 7, 0, &late));
+    if (w.m.n > 1) WU_OK(wu_do_close(&w, w.m.s[0].id == late ? w.m.s[1].id : w.m.s[0].id));
+    pkv_stats_t s1 = stats(c);
+    bool unflushed = s1.wal_frames == s0.wal_frames && s1.durable_lsn == s0.durable_lsn;
+
+    wu_dirsnap snap;
+    wu_dirsnap_take(&snap, dir);
+    pkv_options ro = o;
+    ro.flags = PKV_OPEN_RDONLY;
+    pkv_cache *r = NULL;
+    int rc = pkv_open(dir, &ro, &r);
+    cr_assert_eq(rc, 0, "read-only open beside a writer -> %d (%s: %s)", rc, pkv_strerror(rc),
+                 pkv_last_error());
+    WU_CHECK(r, "read-only cache");
+    if (unflushed) {
+        wu_verify_model(r, &acked, "read-only view = state at the writer's last pkv_sync");
+    } else {
+        /* the writer flushed on its own (e.g. to reuse freed blocks): the reader sees a
+         * state at least as new as the sync; check the acknowledged sequences survive */
+        wu_oracle orc;
+        wu_oracle_init(&orc);
+        wu_oracle_ack(&orc, &acked);
+        wu_oracle_intent(&orc, 'O', late, 0);
+        for (size_t i = 0; i < acked.n; i++) wu_oracle_intent(&orc, 'C', acked.s[i].id, 0);
+        wu_oracle_check(&orc, r, true, NULL, "read-only view");
+        wu_oracle_free(&orc);
+    }
+    pkv_recovery_t rec = recovery(r);
+    if (unflushed)
+        cr_assert_eq(rec.last_lsn, s0.last_lsn,
+                     "read-only recovery last_lsn %llu, writer synced through %llu",
+                     (unsigned long long)rec.last_lsn, (unsigned long long)s0.last_lsn);
+
+    /* every mutating call is refused */
+    size_t nc = 0;
+    pkv_slot sl[1];
+    uint32_t t1 = 5;
+    uint64_t some = acked.n ? acked.s[0].id : 1;
+    PT_ERR(pkv_seq_open(r, 999999, 0, prompt, 9, &nc), PKV_ERDONLY);
+    PT_ERR(pkv_seq_open(r, 999999, 0, NULL, 0, &nc), PKV_ERDONLY);
+    PT_ERR(pkv_seq_append(r, some, &t1, 1, sl), PKV_ERDONLY);
+    PT_ERR(pkv_seq_commit(r, some, 1), PKV_ERDONLY);
+    PT_ERR(pkv_seq_fork(r, some, 999998), PKV_ERDONLY);
+    PT_ERR(pkv_seq_truncate(r, some, 0), PKV_ERDONLY);
+    PT_ERR(pkv_seq_close(r, some), PKV_ERDONLY);
+    PT_ERR(pkv_sync(r), PKV_ERDONLY);
+    PT_ERR(pkv_checkpoint(r), PKV_ERDONLY);
+    if (unflushed) wu_verify_model(r, &acked, "read-only view after refused calls");
+    WU_CHECK(r, "read-only cache after refused calls");
+    /* a second reader at the same time */
+    pkv_cache *r2 = NULL;
+    PT_OK(pkv_open(dir, &ro, &r2));
+    WU_CHECK(r2, "second reader");
+    pkv_close(r2);
+    pkv_close(r);
+    wu_dirsnap_same(&snap, dir, "read-only opens");
+    wu_dirsnap_free(&snap);
+
+    /* the writer is unaffected */
+    WU_CHECK(c, "writer after the reader");
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    uint64_t ckpt = stats(c).checkpoints ? stats(c).checkpoint_lsn : recovery(c).checkpoint_lsn;
+    c = close_reopen(dir, &o, c, &w, &ckpt, "writer after read-only opens");
+    pkv_close(c);
+    wu_model_free(&acked);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* A read-only open of a closed cache sees exactly what a writer would recover, and
+ * changes nothing on disk even when the log has a torn tail to cut. */
+Test(wal, rdonly_open_changes_nothing)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "ro2");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 23, &ps);
+    for (int i = 0; i < 60; i++) {
+        wu_step(&w);
+        if (i % 10 == 9) WU_OK(pkv_sync(c));
+    }
+    pkv_close(c);
+    wu_model_drop_pending(&w.m);
+    /* cut the last frame in half: a torn tail */
+    char seg[600];
+    cr_assert(wu_newest_seg(dir, seg, sizeof seg));
+    wu_frame fr[4096];
+    size_t nf = wu_frames(seg, fr, 4096);
+    cr_assert(nf >= 2);
+    size_t len = 0;
+    uint8_t *b = wu_read_file(seg, &len);
+    memset(b + fr[nf - 1].off + 40, 0, fr[nf - 1].bytes - 8);
+    wu_write_file(seg, b, len);
+    free(b);
+    wu_dirsnap snap;
+    wu_dirsnap_take(&snap, dir);
+    pkv_options ro = o;
+    ro.flags = PKV_OPEN_RDONLY;
+    pkv_cache *r = wu_open_ok(dir, &ro);
+    pkv_recovery_t rec = recovery(r);
+    cr_assert(rec.torn_bytes > 0, "torn tail not reported (torn_bytes 0, last_lsn %llu)",
+              (unsigned long long)rec.last_lsn);
+    cr_assert_eq(rec.last_lsn, fr[nf - 1].first_lsn - 1);
+    wu_model rm;
+    wu_model_read(&rm, r);
+    pkv_close(r);
+    wu_dirsnap_same(&snap, dir, "read-only open with a torn tail");
+    wu_dirsnap_free(&snap);
+    /* the writer recovers the same state */
+    c = wu_open_ok(dir, &o);
+    wu_verify_model(c, &rm, "writer after the reader");
+    pkv_close(c);
+    wu_model_free(&rm);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* ---- The directory lock ----------------------------------------------------------------- */
+
+Test(wal, second_writer_is_busy)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "busy");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 31, NULL);
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    pkv_cache *c2 = (pkv_cache *)(uintptr_t)1;
+    PT_ERR(pkv_open(dir, &o, &c2), PKV_EBUSY);
+    cr_assert_null(c2, "a failed open must set *out to NULL");
+    pkv_options o2 = o;
+    o2.flags = PKV_OPEN_POINT_IN_TIME;
+    PT_ERR(pkv_open(dir, &o2, &c2), PKV_EBUSY);
+    /* from another process too */
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        pkv_cache *x = NULL;
+        int rc = pkv_open(dir, &o, &x);
+        _exit(rc == PKV_EBUSY ? 0 : 10 + (rc < 0 ? -rc : rc));
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "open from another process while a writer holds the cache: exit %d (10 + -code)",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    WU_CHECK(c, "writer after refused opens");
+    for (int i = 0; i < 10; i++) wu_step(&w);
+    uint64_t ckpt = 0;
+    c = close_reopen(dir, &o, c, &w, &ckpt, "after EBUSY");
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
+/* ---- Automatic checkpoints ------------------------------------------------------------------ */
+
+Test(wal, automatic_checkpoint, .timeout = 60)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "auto");
+    pkv_options o;
+    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    o.checkpoint_bytes = 4096;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 41, &ps);
+    uint64_t last = 0;
+    for (int i = 0; i < 400; i++) {
+        wu_step(&w);
+        if (i % 10 == 9) {
+            WU_OK(pkv_sync(c));
+            pkv_stats_t st = stats(c);
+            cr_assert(st.checkpoints >= last);
+            last = st.checkpoints;
+            cr_assert(wu_count(dir, "ckpt-") <= 2, "%zu checkpoint files", wu_count(dir, "ckpt-"));
+            cr_assert(wu_count(dir, "wal-") <= 4, "%zu log files", wu_count(dir, "wal-"));
+        }
+    }
+    pkv_stats_t st = stats(c);
+    cr_assert(st.checkpoints >= 3, "checkpoint_bytes 4096: only %llu checkpoints after %llu log bytes",
+              (unsigned long long)st.checkpoints, (unsigned long long)st.wal_bytes);
+    cr_assert(st.checkpoint_lsn > 0 && st.checkpoint_lsn <= st.last_lsn);
+    uint64_t ckpt = 0;
+    c = close_reopen(dir, &o, c, &w, &ckpt, "automatic checkpoints");
+    w.c = c;
+    pkv_recovery_t rec = recovery(c);
+    cr_assert(rec.checkpoint_lsn > 0);
+    for (int i = 0; i < 100; i++) wu_step(&w);
+    c = close_reopen(dir, &o, c, &w, &ckpt, "automatic checkpoints, second session");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* Log segments are 32 MiB; writing several segments' worth with checkpoints in between
+ * must recycle them: at most 2 live segments (the one a checkpoint ends in and the one
+ * being written) plus 2 spares ever exist. */
+Test(wal, log_segments_stay_bounded, .timeout = 240)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "segs");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
+    o.checkpoint_bytes = 8u << 20;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 51, &ps);
+    for (int i = 0; i < 30; i++) wu_step(&w);
+    /* one long sequence: each fork of it logs a ~1.2 KiB record */
+    static uint32_t longp[1201];
+    pt_rng r = {99};
+    for (size_t i = 0; i < 1201; i++) longp[i] = pt_below(&r, 30000);
+    uint64_t lid = 0;
+    WU_OK(wu_do_open(&w, 0, longp, 1201, 0, &lid));
+    w.next_id += 2; /* wu_churn uses lid + 1 */
+    w.keep_id = lid;
+    size_t maxf = 0;
+    for (int k = 0; k < 24; k++) {
+        wu_churn(c, lid, 4u << 20);
+        size_t nf = wu_count(dir, "wal-");
+        if (nf > maxf) maxf = nf;
+        cr_assert(nf <= 4, "%zu log files (wal-*) after %d MiB of log", nf, (k + 1) * 4);
+        cr_assert(wu_count(dir, "ckpt-") <= 2);
+        if (k % 6 == 5) wu_step(&w);
+    }
+    pkv_stats_t st = stats(c);
+    cr_assert(st.checkpoints >= 8, "%llu checkpoints after %llu log bytes",
+              (unsigned long long)st.checkpoints, (unsigned long long)st.wal_bytes);
+    cr_assert(st.wal_bytes >= 96u << 20);
+    uint64_t ckpt = 0;
+    c = close_reopen(dir, &o, c, &w, &ckpt, "after recycling segments");
+    w.c = c;
+    cr_assert(wu_count(dir, "wal-") <= 4);
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
