@@ -93,7 +93,7 @@ enum { PH_ALL = 0, PH_THROUGHPUT = 1, PH_RECOVERY = 2 };
 static struct config {
     const char *dir;
     uint32_t runs, seconds_x1000, threads, group_commit_us;
-    uint64_t capacity, records, always_calls, seed;
+    uint64_t capacity, records, always_calls, seed, ckpt_bytes;
     int phase;
     bool json, payload, prefault;
 } cfg = {
@@ -438,8 +438,8 @@ static metric_def tp_defs[TP_COUNT] = {
     [TP_MS_PER_SYNC] = {"ms_per_sync", "    wall time per sync group", "ms/sync", T_NONE, 0},
     [TP_FRAMES] = {"wal_frames", "log frames written (stats.wal_frames)", "frames", T_NONE, 0},
     [TP_BYTES_PER_CALL] = {"log_bytes_per_call", "log bytes per call", "B/call", T_NONE, 0},
-    [TP_CHECKPOINTS] = {"checkpoints", "automatic checkpoints (64 MiB of log each)", "ckpts",
-                        T_NONE, 0},
+    [TP_CHECKPOINTS] = {"checkpoints", "automatic checkpoints (every checkpoint_bytes of log)",
+                        "ckpts", T_NONE, 0},
     [TP_SEALS] = {"seals", "blocks sealed", "blocks", T_NONE, 0},
     [TP_EVICTIONS] = {"evictions", "blocks evicted", "blocks", T_NONE, 0},
     [TP_LAT_MED_MS] = {"durable_delay_median_ms", "delay to durable: median", "ms", T_NONE, 0},
@@ -654,7 +654,7 @@ static void tp_run(const tp_config *tc, unsigned run, tp_result *res, FILE *info
     snprintf(dir, sizeof dir, "%s/%s-%u", g_root, tc->key, run);
     snprintf(g_phase, sizeof g_phase, "%s, run %u: pkv_open", tc->title, run);
     pkv_options opt;
-    options(&opt, tc->mode, 0);
+    options(&opt, tc->mode, cfg.ckpt_bytes);
     PKV(pkv_open(dir, &opt, &g_cache));
     pkv_cache *c = g_cache;
 
@@ -1298,10 +1298,11 @@ static void report_json(const machine *mc, const char *cmd, double clock_ns, con
             mc->mem_gib, clock_ns);
     fprintf(f, "  \"config\": {\"capacity\": %" PRIu64 ", \"block_size\": %u, \"runs\": %u, "
                "\"seconds\": %.3f, \"threads\": %u, \"always_calls\": %" PRIu64
-               ", \"records\": %" PRIu64 ", \"group_commit_us\": %u, \"payload\": %s, "
-               "\"prefault\": %s, \"seed\": %" PRIu64 ", \"dir\": ",
+               ", \"records\": %" PRIu64 ", \"group_commit_us\": %u, \"checkpoint_bytes\": %"
+               PRIu64 ", \"payload\": %s, \"prefault\": %s, \"seed\": %" PRIu64 ", \"dir\": ",
             cfg.capacity, BLOCK_SIZE, cfg.runs, cfg.seconds_x1000 / 1000.0, cfg.threads,
             cfg.always_calls, cfg.records, cfg.group_commit_us ? cfg.group_commit_us : 2000,
+            cfg.ckpt_bytes ? cfg.ckpt_bytes : (uint64_t)64 << 20,
             cfg.payload ? "true" : "false", cfg.prefault ? "true" : "false", cfg.seed);
     json_str(f, cfg.dir);
     fputs("},\n  \"throughput\": [\n", f);
@@ -1363,6 +1364,8 @@ static void usage(FILE *f) {
             "  --records N         log records after the checkpoint (default 1000000)\n"
             "  --always-calls N    calls per ALWAYS-mode run (default 2000)\n"
             "  --group-commit-us N pkv_options.group_commit_us (default 0: the library's 2000)\n"
+            "  --checkpoint-mib N  pkv_options.checkpoint_bytes in MiB for part 1 (default 0:\n"
+            "                      the library's 64 MiB)\n"
             "  --payload           also write each token's K/V row through pkv_kv()\n"
             "  --prefault          open every cache with PKV_OPEN_PREFAULT\n"
             "  --only WHAT         run only 'throughput' or 'recovery'\n"
@@ -1409,7 +1412,7 @@ static uint32_t parse_seconds(const char *s) {
 
 int main(int argc, char **argv) {
     enum { O_DIR = 256, O_RUNS, O_SECONDS, O_THREADS, O_CAPACITY, O_RECORDS, O_ALWAYS_CALLS,
-           O_GROUP_US, O_PAYLOAD, O_PREFAULT, O_ONLY, O_SEED, O_JSON };
+           O_GROUP_US, O_CKPT_MIB, O_PAYLOAD, O_PREFAULT, O_ONLY, O_SEED, O_JSON };
     static const struct option longopts[] = {
         {"dir", required_argument, NULL, O_DIR},
         {"runs", required_argument, NULL, O_RUNS},
@@ -1419,6 +1422,7 @@ int main(int argc, char **argv) {
         {"records", required_argument, NULL, O_RECORDS},
         {"always-calls", required_argument, NULL, O_ALWAYS_CALLS},
         {"group-commit-us", required_argument, NULL, O_GROUP_US},
+        {"checkpoint-mib", required_argument, NULL, O_CKPT_MIB},
         {"payload", no_argument, NULL, O_PAYLOAD},
         {"prefault", no_argument, NULL, O_PREFAULT},
         {"only", required_argument, NULL, O_ONLY},
@@ -1446,6 +1450,9 @@ int main(int argc, char **argv) {
             break;
         case O_GROUP_US:
             cfg.group_commit_us = (uint32_t)parse_u64("--group-commit-us", optarg, 0, 10000000);
+            break;
+        case O_CKPT_MIB:
+            cfg.ckpt_bytes = parse_u64("--checkpoint-mib", optarg, 0, 1ull << 30) << 20;
             break;
         case O_PAYLOAD: cfg.payload = true; break;
         case O_PREFAULT: cfg.prefault = true; break;
@@ -1499,8 +1506,12 @@ int main(int argc, char **argv) {
                "8, f16; 512 B payload in a 4096 B slot; arena %.2f GiB; payload %s\n",
                cfg.capacity, BLOCK_SIZE, arena_gib,
                cfg.payload ? "written through pkv_kv" : "not written");
-        printf("log:      group_commit_us %u; checkpoint_bytes default (64 MiB) in part 1; "
-               "%s\n", gc_us, cfg.prefault ? "PKV_OPEN_PREFAULT" : "no prefault");
+        if (cfg.ckpt_bytes)
+            printf("log:      group_commit_us %u; checkpoint_bytes %" PRIu64 " MiB in part 1; %s\n",
+                   gc_us, cfg.ckpt_bytes >> 20, cfg.prefault ? "PKV_OPEN_PREFAULT" : "no prefault");
+        else
+            printf("log:      group_commit_us %u; checkpoint_bytes default (64 MiB) in part 1; "
+                   "%s\n", gc_us, cfg.prefault ? "PKV_OPEN_PREFAULT" : "no prefault");
         printf("runs:     %u; throughput runs of %.2f s (ALWAYS: %" PRIu64
                " calls); clock_gettime costs ~%.0f ns\n\n",
                cfg.runs, cfg.seconds_x1000 / 1000.0, cfg.always_calls, clock_ns);

@@ -312,6 +312,77 @@ typedef struct pkv_io_ops {
 /* The default backend (writes and syncs through io_uring, linked). */
 const pkv_io_ops *pkv_io_default(void);
 
+/* ==== CPU paged decode attention (src/attention.c) ======================== */
+/* A reference attention over the paged K/V (docs/api.md, "Attention"). Exact and
+ * simple: f32 arithmetic, max-subtracted softmax, results independent of the
+ * block size, the block table and the thread count. */
+
+/* f32 <-> storage element conversion. Round to nearest even; NaN stays NaN
+ * (quieted), f16 overflow gives +-inf, subnormals are kept. */
+uint16_t pkv_f32_to_f16(float x);
+float    pkv_f16_to_f32(uint16_t h);
+uint16_t pkv_f32_to_bf16(float x);
+float    pkv_bf16_to_f32(uint16_t h);
+
+/* Convert n elements between f32 and `dtype` storage (PKV_F32 copies).
+ * PKV_EINVAL on an unknown dtype or NULL buffers with n > 0. */
+int pkv_kv_store(pkv_dtype dtype, void *dst, const float *src, size_t n);
+int pkv_kv_load(pkv_dtype dtype, float *dst, const void *src, size_t n);
+
+/* Where paged K/V lives: geometry and byte strides. The head_dim elements of one
+ * token row are contiguous; the row of (block b, layer l, kind k, head h, token t) is
+ *   base + b*block_stride + l*layer_stride + k*kind_stride + h*head_stride
+ *        + t*token_stride.
+ * pkv_kv_view_of() describes a cache's arena; a caller may describe its own buffer,
+ * e.g. a contiguous KV buffer as a single block of block_size = max context. */
+typedef struct pkv_kv_view {
+    const void *base;
+    pkv_dtype dtype;
+    uint32_t num_layers, num_kv_heads, head_dim;
+    uint32_t block_size;  /* tokens per block, >= 1 (not capped at PKV_BLOCK_SIZE_MAX) */
+    uint64_t num_blocks;  /* valid block ids are 0..num_blocks-1 */
+    size_t block_stride, layer_stride, kind_stride, head_stride, token_stride;
+} pkv_kv_view;
+
+/* Describe the arena of `cache` (valid until pkv_close). */
+int pkv_kv_view_of(const pkv_cache *cache, pkv_kv_view *out);
+
+/* One sequence of a batch: token t (0 <= t < len) lives at offset t % block_size of
+ * block blocks[t / block_size]. */
+typedef struct pkv_attn_seq {
+    const uint32_t *blocks; /* the block table (e.g. from pkv_seq_blocks) */
+    size_t n_blocks;        /* its entries, >= ceil(len / block_size) */
+    size_t len;             /* context length: tokens attended, >= 1 */
+} pkv_attn_seq;
+
+/* pkv_attn_params.flags */
+#define PKV_ATTN_PORTABLE 0x1u /* use the portable C path even where the CPU has
+                                  AVX2+FMA+F16C (results then depend on nothing
+                                  but the inputs) */
+
+typedef struct pkv_attn_params {
+    uint32_t layer;        /* < view->num_layers */
+    uint32_t num_q_heads;  /* a multiple of num_kv_heads; query head h reads kv head
+                              h / (num_q_heads / num_kv_heads) */
+    float scale;           /* finite; usually 1 / sqrt(head_dim) */
+    uint32_t num_threads;  /* 0 or 1: the calling thread only; at most 256 */
+    uint32_t flags;        /* PKV_ATTN_* */
+} pkv_attn_params;
+
+/* Batched decode attention: one query token per sequence. For sequence s and query
+ * head h, with g = num_q_heads / num_kv_heads and kv head j = h / g:
+ *   out[s][h] = sum_t softmax_t(scale * q[s][h] . K_j[t]) * V_j[t],  t < seqs[s].len
+ * q and out are f32 [n_seqs][num_q_heads][head_dim]; out may equal q but must not
+ * overlap it otherwise. Reads only the len token rows of each sequence, nothing
+ * else. n_seqs == 0 does nothing. Returns 0, PKV_EINVAL (NULL pointer, bad view,
+ * params or len 0), PKV_ERANGE (a table shorter than len needs, or a block id
+ * >= num_blocks) or PKV_ENOMEM; out is unspecified after an error. */
+int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
+                    const pkv_attn_seq *seqs, size_t n_seqs, const float *q,
+                    float *out);
+
+/* ==== end of CPU paged decode attention ==================================== */
+
 #ifdef __cplusplus
 }
 #endif

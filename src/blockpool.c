@@ -153,5 +153,8 @@ bool pkv_block_verify(pkv_cache *c, uint32_t b) {
     }
     x->flags = BLKF_BAD;
     c->ctr.verify_failures++;
+    /* Persist the verdict, so no later recovery serves or indexes it again
+     * (callers that can verify while the log runs reserve room for this). */
+    if (c->wal.running) pkv_log_bad(c, b);
     return false;
 }

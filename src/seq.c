@@ -150,7 +150,7 @@ int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *promp
         goto out;
     }
     if ((rc = pkv_seqmap_reserve(&c->seqs)) ||
-        (rc = pkv_wal_reserve(c, pkv_log_seq_set_size(maxb, bs))))
+        (rc = pkv_wal_reserve(c, pkv_log_seq_set_size(maxb, bs) + pkv_log_bad_size())))
         goto out;
     if (!(s = seq_alloc(id, salt, maxb))) {
         rc = pkv_err(PKV_ENOMEM, "sequence %llu", (unsigned long long)id);

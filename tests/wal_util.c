@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 bool wu_in_child;
+jmp_buf *wu_catch;
+char wu_caught[2048];
 
 void wu_fail_at(const char *file, int line, const char *fmt, ...)
 {
@@ -18,6 +20,14 @@ void wu_fail_at(const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (wu_catch) {
+        jmp_buf *j = wu_catch;
+        wu_catch = NULL;
+        int k = snprintf(wu_caught, sizeof wu_caught, "%s:%d: ", file, line);
+        if (k < 0 || (size_t)k >= sizeof wu_caught) k = 0;
+        snprintf(wu_caught + k, sizeof wu_caught - (size_t)k, "%.1900s", msg);
+        longjmp(*j, 1);
+    }
     if (wu_in_child) {
         fprintf(stderr, "%s%s:%d: (child %d) %s\n", pt_ctx, file, line, (int)getpid(), msg);
         fflush(stderr);

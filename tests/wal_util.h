@@ -31,6 +31,12 @@
 /* ---- Assertions usable in a fork()ed child --------------------------------- */
 
 extern bool wu_in_child;
+/* Sweeps: while wu_catch is set, a WU_ failure copies its message to wu_caught and
+ * longjmp()s there instead of ending the test, so one run can report every failing
+ * case. */
+#include <setjmp.h>
+extern jmp_buf *wu_catch;
+extern char wu_caught[2048];
 _Noreturn void wu_fail_at(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 #define WU_FAIL(...) wu_fail_at(__FILE__, __LINE__, __VA_ARGS__)

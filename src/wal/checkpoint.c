@@ -204,6 +204,10 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     uint8_t *body = NULL, *raw = NULL;
     int rc;
     long r = io->pread(io->ctx, fd, h, CKPT_HDR, 0);
+    if (r < 0) {
+        rc = io_err((int)r, "read", path);
+        goto out;
+    }
     if (r != (long)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
         pkv_get_u64(h + 56) != XXH3_64bits(h, 56)) {
         rc = pkv_err(PKV_ECORRUPT, "%s: bad checkpoint header", path);
@@ -228,6 +232,10 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         goto out;
     }
     r = io->pread(io->ctx, fd, body, bodylen, CKPT_HDR);
+    if (r < 0) {
+        rc = io_err((int)r, "read", path);
+        goto out;
+    }
     if (r != (long)bodylen || XXH3_64bits(body, bodylen) != pkv_get_u64(h + 48)) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated or checksum mismatch",
                      path);

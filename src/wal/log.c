@@ -72,10 +72,9 @@ static int io_fail(pkv_cache *c, int neg_errno, const char *what) {
     int e = -neg_errno;
     int code = (e == ENOSPC || e == EDQUOT) ? PKV_ENOSPC : PKV_EIO;
     pkv_err(code, "%s: %s", what, strerror(e));
-    if (!c->wal.failed) {
+    if (!c->wal.failed) { /* first failure wins; never retried (fsyncgate) */
         c->wal.failed = code;
-        fprintf(stderr, "pagedkv: %s: %s; the cache refuses changes (PKV_EFAILED) "
-                "until it is reopened\n", what, strerror(e));
+        snprintf(c->wal.fail_msg, sizeof c->wal.fail_msg, "%s: %s", what, strerror(e));
     }
     return code;
 }
@@ -352,8 +351,8 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
 int pkv_wal_writable(pkv_cache *c) {
     if (c->rdonly) return pkv_err(PKV_ERDONLY, "cache opened read-only");
     if (c->wal.failed)
-        return pkv_err(PKV_EFAILED, "cache failed after an I/O error (%s); reopen it",
-                       pkv_strerror(c->wal.failed));
+        return pkv_err(PKV_EFAILED, "cache failed after an I/O error (%s); reopen it "
+                       "to recover from the log", c->wal.fail_msg);
     return 0;
 }
 

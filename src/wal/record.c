@@ -27,6 +27,7 @@ const char *pkv_rec_type_name(unsigned type) {
     case REC_SEQ_BLOCK: return "SEQ_BLOCK";
     case REC_TRUNC:     return "TRUNC";
     case REC_SEQ_CLOSE: return "SEQ_CLOSE";
+    case REC_BAD:       return "BAD";
     default:            return "UNKNOWN";
     }
 }
@@ -65,6 +66,7 @@ int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t bs, pkv_rec *r) {
         r->tokens = q + 48;
         break;
     case REC_EVICT:
+    case REC_BAD:
         NEED(8);
         r->block = pkv_get_u32(q);
         break;
@@ -226,4 +228,11 @@ size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
 void pkv_log_close(pkv_cache *c, uint64_t id) {
     uint8_t *q = pkv_wal_append(c, REC_SEQ_CLOSE, 8);
     pkv_put_u64(q, id);
+}
+
+size_t pkv_log_bad_size(void) { return pkv_rec_size(8); }
+
+void pkv_log_bad(pkv_cache *c, uint32_t b) {
+    uint8_t *q = pkv_wal_append(c, REC_BAD, 8);
+    pkv_put_u32(q, b);
 }

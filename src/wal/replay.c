@@ -78,7 +78,13 @@ int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
     const uint32_t bs = p->block_size;
     pkv_seq *s = NULL;
     int rc;
-    if (r->type != REC_SEAL && r->type != REC_EVICT) s = pkv_seqmap_get(&c->seqs, r->seq);
+    if (r->type != REC_SEAL && r->type != REC_EVICT && r->type != REC_BAD)
+        s = pkv_seqmap_get(&c->seqs, r->seq);
+    /* A committed length whose ceil(committed / B) overflows would index a block
+     * table at -1 (a damaged or forged record that still passed its checksum). */
+    if ((r->type == REC_SEQ_SET || r->type == REC_COMMIT || r->type == REC_TRUNC) &&
+        r->committed > (uint64_t)UINT32_MAX * bs)
+        return bad_rec(r, "committed length out of range");
     switch (r->type) {
     case REC_SEAL: {
         if (r->block >= p->capacity || (r->parent != PKV_NONE && r->parent >= p->capacity) ||
@@ -98,6 +104,10 @@ int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
     case REC_EVICT:
         if (r->block >= p->capacity) return bad_rec(r, "block out of range");
         p->b[r->block].state = BLK_FREE;
+        return 0;
+    case REC_BAD:
+        if (r->block >= p->capacity) return bad_rec(r, "block out of range");
+        if (p->b[r->block].state == BLK_SEALED) p->b[r->block].flags |= BLKF_BAD;
         return 0;
     case REC_SEQ_SET: {
         if (r->nblocks != (r->committed + bs - 1) / bs || r->ntok != r->committed % bs)
@@ -202,6 +212,10 @@ static int seg_load(pkv_cache *c, const char *dir, uint64_t no, seg *s, bool hea
     if (fd < 0) return pkv_err(PKV_EIO, "open %s: %s", path, strerror(-fd));
     uint8_t h[SEG_HDR];
     long r = io->pread(io->ctx, fd, h, SEG_HDR, 0);
+    if (r < 0) {
+        io->close(io->ctx, fd);
+        return pkv_err(PKV_EIO, "read %s: %s", path, strerror((int)-r));
+    }
     if (r == (long)SEG_HDR && !memcmp(h, SEG_MAGIC, 8) &&
         pkv_get_u64(h + 56) == XXH3_64bits(h, 56) && pkv_get_u32(h + 8) == WAL_VERSION &&
         pkv_get_u64(h + 16) == no && pkv_get_u64(h + 40) <= (16ull << 30)) {
@@ -221,7 +235,13 @@ static int seg_load(pkv_cache *c, const char *dir, uint64_t no, seg *s, bool hea
             return pkv_err(PKV_ENOMEM, "reading %s", path);
         }
         r = io->pread(io->ctx, fd, s->data, s->size, 0);
-        s->len = r > 0 ? (size_t)r : 0;
+        if (r < 0) {
+            io->close(io->ctx, fd);
+            free(s->data);
+            s->data = NULL;
+            return pkv_err(PKV_EIO, "read %s: %s", path, strerror((int)-r));
+        }
+        s->len = (size_t)r;
     }
     io->close(io->ctx, fd);
     return 0;
@@ -282,6 +302,20 @@ static bool later_valid(const seg *s, size_t from, uint64_t want, uint64_t *lsn)
         if (pkv_get_u32(s->data + o) != FRAME_MAGIC) continue;
         if (frame_ok(s, o, &f, &n, &b) && f + n - 1 >= want) {
             *lsn = f;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Find a valid frame after `from` whose LSNs include `lsn`. */
+static bool frame_holding(const seg *s, size_t from, uint64_t lsn, size_t *at) {
+    for (size_t o = (from + 8) & ~(size_t)7; o + FRAME_HDR <= s->len; o += 8) {
+        uint64_t f;
+        uint32_t n, b;
+        if (pkv_get_u32(s->data + o) != FRAME_MAGIC) continue;
+        if (frame_ok(s, o, &f, &n, &b) && f <= lsn && lsn <= f + n - 1) {
+            *at = o;
             return true;
         }
     }
@@ -363,17 +397,26 @@ static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t
                            (unsigned long long)(expect - 1));
         }
         size_t off = SEG_HDR;
-        bool stop = false;
-
+        bool stop = false, reached = s.start >= expect;
         for (;;) {
             uint64_t first;
             uint32_t nrec, bytes;
-            if (!frame_ok(&s, off, &first, &nrec, &bytes)) break;
+            if (!frame_ok(&s, off, &first, &nrec, &bytes)) {
+                /* Damage in frames the checkpoint already covers is harmless: skip
+                 * to the valid frame holding the first LSN still needed. */
+                size_t o2;
+                if (!reached && frame_holding(&s, off, expect, &o2)) {
+                    off = o2;
+                    continue;
+                }
+                break;
+            }
             if (first + nrec - 1 < expect) { /* wholly before: already in checkpoint */
                 off += FRAME_HDR + bytes;
                 continue;
             }
             if (first > expect) break; /* not a continuation: treat as invalid */
+            reached = true;
             rc = frame_apply(c, &s, off, first, nrec, bytes, expect - 1, &rec->records_replayed);
             if (rc) {
                 free(s.data);
@@ -397,7 +440,8 @@ static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t
                 return e;
             }
             stop = true;
-        } else if (off + FRAME_HDR <= s.len && pkv_get_u32(s.data + off) == FRAME_MAGIC &&
+        } else if ((reached || s.start >= expect) && off + FRAME_HDR <= s.len &&
+                   pkv_get_u32(s.data + off) == FRAME_MAGIC &&
                    pkv_get_u32(s.data + off + 4) == s.epoch) {
             uint32_t nb = pkv_get_u32(s.data + off + 20);
             rec->torn_bytes += FRAME_HDR + (nb < s.len - off ? nb : s.len - off);

@@ -36,7 +36,8 @@ enum {
     REC_TRUNC = 6,     /* u64 seq, u64 committed, u32 tail block, u32 ntail,
                           u32 tokens[ntail]                                         */
     REC_SEQ_CLOSE = 7, /* u64 seq                                                    */
-    REC_TYPE_MAX = 7,
+    REC_BAD = 8,       /* u32 block, u32 0: payload failed its checksum, never serve  */
+    REC_TYPE_MAX = 8,
 };
 
 #define REC_HDR 16u     /* u32 len, u16 type, u16 0, u64 lsn */
@@ -111,6 +112,7 @@ typedef struct pkv_wal {
     uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
     pthread_cond_t cv_work, cv_done;
     int failed; /* 0 or the error that put the cache in its failed state */
+    char fail_msg[256]; /* what failed, for every later PKV_EFAILED */
     uint64_t bytes_since_ckpt;
 
     uint64_t records, frames, syncs, bytes, checkpoints;
@@ -165,6 +167,8 @@ size_t pkv_log_trunc_size(uint32_t bs);
 void pkv_log_trunc(pkv_cache *c, const struct pkv_seq *s, uint32_t tail_block);
 size_t pkv_log_close_size(void);
 void pkv_log_close(pkv_cache *c, uint64_t id);
+size_t pkv_log_bad_size(void);
+void pkv_log_bad(pkv_cache *c, uint32_t b);
 void pkv_wal_drain_limbo(pkv_cache *c);
 
 /* ---- wal/checkpoint.c ---- */

@@ -1,0 +1,667 @@
+/*
+ * pkv-trace.c — replay request traces (Mooncake JSONL format, or a seeded
+ * synthetic one) through pagedkv and through a block-level policy simulator, and
+ * report prefix-cache hit rates per capacity against Belady's offline optimum.
+ *
+ * For each capacity of the sweep:
+ *  - the engine (the real library, leaf-first LRU) replays the whole trace: each
+ *    request opens a sequence with its prompt (hash ids mapped to deterministic
+ *    512-token runs, cut into the cache's blocks), appends and commits the rest of
+ *    the prompt and then the request's output tokens in batches, and closes. The
+ *    cache is opened with PKV_DURABLE_NONE and a tiny geometry (1 layer, 1 KV
+ *    head, head_dim 8, f16), and K/V payload is not written unless --payload: what
+ *    is measured is the metadata path (lookup, block tables, refcounts, hashing,
+ *    prefix index, LRU, log records). Hit rates come from pkv_stats();
+ *  - the simulator (trace_sim.c) replays the same operations for each policy:
+ *    leaf-first LRU (must reproduce the engine's counters exactly: checked and
+ *    reported), plain LRU, Belady, and the frequency-aware leaf policies.
+ * Output: a table on stdout, and with --csv FILE one row per (capacity, policy)
+ * for scripts/plot-trace.sh. See docs/trace.md.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "pagedkv.h"
+#include "trace_data.h"
+#include "trace_sim.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Command line ----------------------------------------------------------- */
+
+#define MAX_CAPS 64
+
+static struct config {
+    const char *trace_path;
+    bool synthetic;
+    trace_synth_opts syn;
+    const char *write_trace;
+    uint64_t seed;
+    uint32_t block_size;
+    uint32_t batch;
+    const char *capacities;
+    const char *policies;
+    uint64_t engine_max;
+    bool no_engine, no_sim;
+    bool payload, prefault, check;
+    uint64_t checkpoint_mib;
+    const char *dir;
+    const char *csv;
+    const char *label;
+    size_t limit;
+    double protect, ghost;
+} cfg = {
+    .seed = 1,
+    .block_size = 16,
+    .batch = 8192,
+    .engine_max = 2u << 20,
+    .dir = "/tmp",
+};
+
+static const char *default_capacities = "1%,2%,3%,5%,7.5%,10%,15%,20%,30%,40%,50%,70%,100%";
+
+static void usage(FILE *f) {
+    fprintf(f,
+"usage: pkv-trace (--trace FILE | --synthetic) [options]\n"
+"  --trace FILE         replay a JSONL trace (Mooncake format)\n"
+"  --synthetic          generate a seeded synthetic trace instead\n"
+"  --requests N         synthetic: requests (default 12000)\n"
+"  --write-trace FILE   write the trace replayed (after --limit) as JSONL\n"
+"  --seed N             token ids and synthetic trace (default 1)\n"
+"  --block-size N       tokens per block, a divisor of 512 (default 16)\n"
+"  --batch N            tokens per append+commit call (default 8192)\n"
+"  --capacities LIST    comma-separated capacities: N blocks (k/M suffixes: 2M =\n"
+"                       2*2^20), or P%% of the trace's distinct blocks\n"
+"                       (default %s)\n"
+"  --policies LIST      simulated policies (default all: leaf-lru,lru,belady,\n"
+"                       leaf-slru,leaf-slru-ghost)\n"
+"  --protect F          leaf-slru*: protected share of capacity (default 0.8)\n"
+"  --ghost F            leaf-slru-ghost: ghost window, share of capacity (default 1)\n"
+"  --engine-max N       replay the engine only at capacities <= N blocks\n"
+"                       (default 2M; 0 = every capacity)\n"
+"  --no-engine          simulator only        --no-sim   engine only\n"
+"  --limit N            replay only the first N requests\n"
+"  --payload            also write K/V through pkv_kv() (off: metadata path only)\n"
+"  --prefault           open the cache with PKV_OPEN_PREFAULT\n"
+"  --checkpoint-mib N   log size that triggers a checkpoint (default: the\n"
+"                       engine's, 64 MiB)\n"
+"  --check              pkv_check() after each engine replay\n"
+"  --dir DIR            where the temporary cache directory goes (default /tmp);\n"
+"                       it is removed after each capacity\n"
+"  --csv FILE           write one row per (capacity, policy) for plot-trace.sh\n"
+"  --label NAME         trace name in the CSV (default: file name or 'synthetic')\n",
+            default_capacities);
+}
+
+/* ---- Errors and clean-up ------------------------------------------------------ */
+
+static pkv_cache *g_cache;
+static char g_root[PATH_MAX - 16];
+static volatile sig_atomic_t g_stop;
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    if (remove(path) != 0 && errno != ENOENT)
+        fprintf(stderr, "pkv-trace: warning: cannot remove %s: %s\n", path, strerror(errno));
+    return 0;
+}
+
+static void cleanup(void) {
+    if (g_cache) {
+        pkv_close(g_cache);
+        g_cache = NULL;
+    }
+    if (g_root[0]) {
+        nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        g_root[0] = '\0';
+    }
+}
+
+static _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static _Noreturn void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pkv-trace: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    cleanup();
+    exit(1);
+}
+
+static _Noreturn void die_pkv(int rc, const char *call, int line, size_t req) {
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", pkv_last_error());
+    fprintf(stderr, "pkv-trace: error at request %zu: %s failed (pkv-trace.c:%d): %s (%d)%s%s\n",
+            req, call, line, pkv_strerror(rc), rc, detail[0] ? ": " : "", detail);
+    cleanup();
+    exit(1);
+}
+
+#define PKV(call, req)                                                          \
+    do {                                                                        \
+        int rc_ = (call);                                                       \
+        if (__builtin_expect(rc_ < 0, 0)) die_pkv(rc_, #call, __LINE__, (req)); \
+    } while (0)
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static void check_stop(void) {
+    if (g_stop) {
+        fprintf(stderr, "pkv-trace: interrupted\n");
+        cleanup();
+        exit(130);
+    }
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of memory (%zu bytes)", n);
+    return p;
+}
+
+static inline double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- Parsing ----------------------------------------------------------------- */
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') return false;
+    *out = v;
+    return true;
+}
+
+/* "123", "2M", "64k", "5%", "7.5%"; percentages resolve against `distinct`. */
+static bool parse_capacity(const char *s, uint64_t distinct, uint64_t *out, double *pct) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v <= 0 || s[0] == '-') return false;
+    *pct = -1;
+    if (strcmp(end, "%") == 0) {
+        *pct = v;
+        *out = (uint64_t)llround(v / 100.0 * (double)distinct);
+    } else if (*end == '\0') {
+        if (v != floor(v)) return false;
+        *out = (uint64_t)v;
+    } else if (strcmp(end, "k") == 0 || strcmp(end, "K") == 0) {
+        *out = (uint64_t)llround(v * 1024);
+    } else if (strcmp(end, "M") == 0) {
+        *out = (uint64_t)llround(v * 1048576);
+    } else {
+        return false;
+    }
+    return *out > 0 && *out < (1ull << 31);
+}
+
+/* ---- Engine replay ------------------------------------------------------------ */
+
+typedef struct engine_result {
+    pkv_stats_t st;
+    double open_s, replay_s, close_s; /* replay: the request loop, token generation too */
+    double gen_s;                     /* of which generating token ids */
+    uint64_t calls;                   /* pkv_* calls in the loop */
+    uint64_t requests;
+    uint64_t appended;                /* tokens appended */
+} engine_result;
+
+static void write_payload(pkv_cache *c, const pkv_cache_info *in, const pkv_slot *slots,
+                          const uint32_t *tokens, size_t n) {
+    uint64_t row = (uint64_t)in->head_dim * in->elem_size;
+    uint8_t pat[64];
+    for (size_t i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++) {
+            uint8_t *p = pkv_kv(c, slots[i].block, 0, (pkv_kind)k, 0);
+            if (!p) die("pkv_kv(block %" PRIu32 ") returned NULL", slots[i].block);
+            p += (uint64_t)slots[i].offset * row;
+            for (uint64_t j = 0; j < row; j += sizeof pat) {
+                uint64_t len = row - j < sizeof pat ? row - j : sizeof pat;
+                for (uint64_t b = 0; b < len; b++) pat[b] = (uint8_t)(tokens[i] * 31u + b + (unsigned)k);
+                memcpy(p + j, pat, len);
+            }
+        }
+    }
+}
+
+static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) {
+    memset(er, 0, sizeof *er);
+    int k = snprintf(g_root, sizeof g_root, "%s/pkv-trace-XXXXXX", cfg.dir);
+    if (k < 0 || (size_t)k >= sizeof g_root) die("--dir path too long");
+    if (!mkdtemp(g_root)) {
+        int e = errno;
+        g_root[0] = '\0';
+        die("mkdtemp under %s: %s", cfg.dir, strerror(e));
+    }
+    char cachedir[PATH_MAX];
+    snprintf(cachedir, sizeof cachedir, "%s/cache", g_root);
+
+    pkv_options opt;
+    pkv_options_init(&opt);
+    opt.num_layers = 1;
+    opt.num_kv_heads = 1;
+    opt.head_dim = 8;
+    opt.block_size = cfg.block_size;
+    opt.dtype = PKV_F16;
+    opt.capacity = capacity;
+    opt.model_id = "pkv-trace/1L-1H-d8-f16";
+    opt.durability = PKV_DURABLE_NONE;
+    opt.checkpoint_bytes = cfg.checkpoint_mib << 20;
+    opt.flags = cfg.prefault ? PKV_OPEN_PREFAULT : 0;
+    double t0 = now_s();
+    PKV(pkv_open(cachedir, &opt, &g_cache), 0);
+    er->open_s = now_s() - t0;
+    pkv_cache *c = g_cache;
+    pkv_cache_info info;
+    PKV(pkv_info(c, &info), 0);
+
+    size_t batch = cfg.batch;
+    uint32_t *prompt = xmalloc(((size_t)t->max_in + 1) * sizeof *prompt);
+    uint32_t *out = xmalloc(batch * sizeof *out);
+    pkv_slot *slots = xmalloc(batch * sizeof *slots);
+    size_t n = cfg.limit && cfg.limit < t->n ? cfg.limit : t->n;
+    uint64_t calls = 0, appended = 0;
+    double gen = 0;
+    t0 = now_s();
+    for (size_t r = 0; r < n; r++) {
+        if ((r & 255) == 0) check_stop();
+        const trace_req *q = &t->req[r];
+        double g0 = now_s();
+        trace_prompt(t, cfg.seed, r, prompt);
+        gen += now_s() - g0;
+        size_t hit = 0;
+        PKV(pkv_seq_open(c, r, 0, q->in_len ? prompt : NULL, q->in_len, &hit), r);
+        calls++;
+        for (size_t pos = hit; pos < q->in_len; pos += batch) {
+            size_t m = q->in_len - pos < batch ? q->in_len - pos : batch;
+            PKV(pkv_seq_append(c, r, prompt + pos, m, slots), r);
+            if (cfg.payload) write_payload(c, &info, slots, prompt + pos, m);
+            PKV(pkv_seq_commit(c, r, m), r);
+            calls += 2;
+            appended += m;
+        }
+        for (size_t pos = 0; pos < q->out_len; pos += batch) {
+            size_t m = q->out_len - pos < batch ? q->out_len - pos : batch;
+            g0 = now_s();
+            trace_output(cfg.seed, r, pos, m, out);
+            gen += now_s() - g0;
+            PKV(pkv_seq_append(c, r, out, m, slots), r);
+            if (cfg.payload) write_payload(c, &info, slots, out, m);
+            PKV(pkv_seq_commit(c, r, m), r);
+            calls += 2;
+            appended += m;
+        }
+        PKV(pkv_seq_close(c, r), r);
+        calls++;
+    }
+    er->replay_s = now_s() - t0;
+    er->gen_s = gen;
+    er->calls = calls;
+    er->requests = n;
+    er->appended = appended;
+    PKV(pkv_stats(c, &er->st), n);
+    if (cfg.check) {
+        char why[512];
+        int rc = pkv_check(c, why, sizeof why);
+        if (rc) die("pkv_check after the replay at capacity %" PRIu64 ": %s", capacity, why);
+    }
+    free(prompt);
+    free(out);
+    free(slots);
+    t0 = now_s();
+    pkv_close(c);
+    g_cache = NULL;
+    er->close_s = now_s() - t0;
+    cleanup(); /* removes the directory */
+}
+
+/* ---- Report -------------------------------------------------------------------- */
+
+static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
+
+static FILE *g_csv;
+
+static void csv_row(const char *label, uint64_t cap, double share, const char *policy,
+                    uint64_t ht, uint64_t mt, uint64_t hb, uint64_t mb, uint64_t ev,
+                    uint64_t strands, uint64_t dead, double secs, uint64_t calls) {
+    if (!g_csv) return;
+    fprintf(g_csv,
+            "%s,%u,%" PRIu64 ",%.4f,%s,%.4f,%.4f,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+            ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f,%" PRIu64 "\n",
+            label, cfg.block_size, cap, share, policy, pct(ht, ht + mt), pct(hb, hb + mb), ht, mt,
+            hb, mb, ev, strands, dead, secs, calls);
+    fflush(g_csv);
+}
+
+static bool sim_equals_engine(const sim_result *s, const pkv_stats_t *e) {
+    return s->hit_tokens == e->hit_tokens && s->miss_tokens == e->miss_tokens &&
+           s->hit_blocks == e->hit_blocks && s->miss_blocks == e->miss_blocks &&
+           s->evictions == e->evictions && s->seals == e->seals && s->dedupes == e->dedupes;
+}
+
+int main(int argc, char **argv) {
+    trace_synth_defaults(&cfg.syn);
+    enum {
+        O_TRACE = 256, O_SYN, O_REQ, O_WRITE, O_SEED, O_BS, O_BATCH, O_CAPS, O_POL, O_EMAX,
+        O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_CKPT, O_CHECK, O_DIR, O_CSV,
+        O_LABEL, O_PROTECT, O_GHOST, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"trace", required_argument, 0, O_TRACE},
+        {"synthetic", no_argument, 0, O_SYN},
+        {"requests", required_argument, 0, O_REQ},
+        {"write-trace", required_argument, 0, O_WRITE},
+        {"seed", required_argument, 0, O_SEED},
+        {"block-size", required_argument, 0, O_BS},
+        {"batch", required_argument, 0, O_BATCH},
+        {"capacities", required_argument, 0, O_CAPS},
+        {"policies", required_argument, 0, O_POL},
+        {"engine-max", required_argument, 0, O_EMAX},
+        {"no-engine", no_argument, 0, O_NOENG},
+        {"no-sim", no_argument, 0, O_NOSIM},
+        {"limit", required_argument, 0, O_LIMIT},
+        {"payload", no_argument, 0, O_PAYLOAD},
+        {"prefault", no_argument, 0, O_PREFAULT},
+        {"checkpoint-mib", required_argument, 0, O_CKPT},
+        {"check", no_argument, 0, O_CHECK},
+        {"dir", required_argument, 0, O_DIR},
+        {"csv", required_argument, 0, O_CSV},
+        {"label", required_argument, 0, O_LABEL},
+        {"protect", required_argument, 0, O_PROTECT},
+        {"ghost", required_argument, 0, O_GHOST},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    int o;
+    uint64_t v;
+    while ((o = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (o) {
+        case O_TRACE: cfg.trace_path = optarg; break;
+        case O_SYN: cfg.synthetic = true; break;
+        case O_REQ:
+            ok = parse_u64(optarg, &v) && v > 0 && v <= UINT32_MAX;
+            cfg.syn.requests = (uint32_t)v;
+            break;
+        case O_WRITE: cfg.write_trace = optarg; break;
+        case O_SEED: ok = parse_u64(optarg, &cfg.seed); break;
+        case O_BS:
+            ok = parse_u64(optarg, &v) && v > 0 && TRACE_HASH_TOKENS % v == 0;
+            cfg.block_size = (uint32_t)v;
+            break;
+        case O_BATCH:
+            ok = parse_u64(optarg, &v) && v > 0 && v <= (1u << 24);
+            cfg.batch = (uint32_t)v;
+            break;
+        case O_CAPS: cfg.capacities = optarg; break;
+        case O_POL: cfg.policies = optarg; break;
+        case O_EMAX: ok = parse_u64(optarg, &cfg.engine_max); break;
+        case O_NOENG: cfg.no_engine = true; break;
+        case O_NOSIM: cfg.no_sim = true; break;
+        case O_LIMIT:
+            ok = parse_u64(optarg, &v) && v > 0;
+            cfg.limit = (size_t)v;
+            break;
+        case O_PAYLOAD: cfg.payload = true; break;
+        case O_PREFAULT: cfg.prefault = true; break;
+        case O_CKPT: ok = parse_u64(optarg, &cfg.checkpoint_mib) && cfg.checkpoint_mib < (1ull << 40); break;
+        case O_CHECK: cfg.check = true; break;
+        case O_DIR: cfg.dir = optarg; break;
+        case O_CSV: cfg.csv = optarg; break;
+        case O_LABEL: cfg.label = optarg; break;
+        case O_PROTECT:
+            cfg.protect = strtod(optarg, NULL);
+            ok = cfg.protect > 0 && cfg.protect <= 1;
+            break;
+        case O_GHOST:
+            cfg.ghost = strtod(optarg, NULL);
+            ok = cfg.ghost > 0 && cfg.ghost <= 64;
+            break;
+        case O_HELP: usage(stdout); return 0;
+        default: ok = false; break;
+        }
+        if (!ok) {
+            if (o != '?') fprintf(stderr, "pkv-trace: bad value for option: %s\n", optarg ? optarg : "");
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc || (!cfg.trace_path == !cfg.synthetic)) {
+        fprintf(stderr, "pkv-trace: give exactly one of --trace FILE and --synthetic\n");
+        usage(stderr);
+        return 2;
+    }
+    bool pol_on[SIM_NPOLICIES];
+    for (int i = 0; i < SIM_NPOLICIES; i++) pol_on[i] = cfg.policies == NULL;
+    if (cfg.policies) {
+        char *list = strdup(cfg.policies), *save = NULL;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int p = sim_policy_parse(tok);
+            if (p < 0) {
+                fprintf(stderr, "pkv-trace: unknown policy '%s'\n", tok);
+                usage(stderr);
+                return 2;
+            }
+            pol_on[p] = true;
+        }
+        free(list);
+    }
+    /* The engine comparison needs the simulator's leaf-lru. */
+    if (!cfg.no_engine) pol_on[SIM_LEAF_LRU] = true;
+    if (cfg.no_sim)
+        for (int i = 0; i < SIM_NPOLICIES; i++) pol_on[i] = false;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    /* The trace. */
+    trace t;
+    double t0 = now_s();
+    if (cfg.synthetic) {
+        cfg.syn.seed = cfg.seed;
+        if (trace_synthesize(&t, &cfg.syn)) die("synthetic trace: %s", t.err);
+    } else if (trace_load(&t, cfg.trace_path)) {
+        die("%s", t.err);
+    }
+    if (cfg.limit && cfg.limit < t.n && trace_truncate(&t, cfg.limit)) die("%s", t.err);
+    double load_s = now_s() - t0;
+    if (cfg.write_trace && trace_write(&t, cfg.write_trace)) die("%s", t.err);
+    const char *label = cfg.label;
+    if (!label) {
+        if (cfg.synthetic) {
+            label = "synthetic";
+        } else {
+            const char *sl = strrchr(cfg.trace_path, '/');
+            label = sl ? sl + 1 : cfg.trace_path;
+        }
+    }
+    trace_blocks tb;
+    char err[256];
+    t0 = now_s();
+    if (trace_blocks_build(&t, cfg.block_size, &tb, err, sizeof err)) die("%s", err);
+    double view_s = now_s() - t0;
+    uint64_t distinct = trace_distinct_blocks(&tb);
+    uint64_t inf_hits = tb.candidate_refs - tb.cold_candidate_refs;
+
+    printf("pkv-trace: %s%s: %zu requests over %.1f min, %" PRIu64
+           " prompt tokens (max %u), %" PRIu64 " output tokens\n",
+           label, cfg.synthetic ? " (seeded)" : "", t.n,
+           t.n ? (double)t.req[t.n - 1].ts / 60000.0 : 0.0, t.prompt_tokens, t.max_in,
+           t.output_tokens);
+    printf("  %u prefix nodes (512-token blocks), %" PRIu64 " distinct hash ids; loaded in %.2f s\n",
+           t.nnodes, t.distinct_ids, load_s);
+    printf("  %u-token blocks: %" PRIu64 " distinct prompt blocks + %" PRIu64
+           " output blocks = %" PRIu64 " distinct; %" PRIu64
+           " hit candidates (block view %.2f s)\n",
+           cfg.block_size, tb.distinct_prompt, tb.unique_blocks, distinct, tb.candidate_refs,
+           view_s);
+    printf("  infinite cache: %.2f%% of prompt tokens, %.2f%% of candidate blocks hit; "
+           "largest request holds %" PRIu64 " blocks\n",
+           pct(inf_hits * cfg.block_size, t.prompt_tokens), pct(inf_hits, tb.candidate_refs),
+           tb.max_req_blocks);
+    printf("  engine: %s, durability NONE, payload %s, prefault %s, batch %u tokens, "
+           "checkpoint every %" PRIu64 " MiB of log\n",
+           cfg.no_engine ? "off" : "on", cfg.payload ? "on" : "off", cfg.prefault ? "on" : "off",
+           cfg.batch, cfg.checkpoint_mib ? cfg.checkpoint_mib : 64);
+
+    if (cfg.csv) {
+        g_csv = fopen(cfg.csv, "w");
+        if (!g_csv) die("%s: %s", cfg.csv, strerror(errno));
+        fprintf(g_csv, "trace,block_size,capacity,share_pct,policy,token_hit_pct,block_hit_pct,"
+                       "hit_tokens,miss_tokens,hit_blocks,miss_blocks,evictions,strands,"
+                       "dead_evicted,seconds,calls\n");
+        csv_row(label, distinct, 100.0, "infinite", inf_hits * cfg.block_size,
+                t.prompt_tokens - inf_hits * cfg.block_size, inf_hits, tb.cold_candidate_refs, 0,
+                0, 0, 0, 0);
+    }
+
+    /* Capacities. */
+    uint64_t caps[MAX_CAPS];
+    double shares[MAX_CAPS];
+    size_t ncaps = 0;
+    {
+        char *list = strdup(cfg.capacities ? cfg.capacities : default_capacities), *save = NULL;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            double p;
+            if (ncaps == MAX_CAPS) die("more than %d capacities", MAX_CAPS);
+            if (!parse_capacity(tok, distinct, &caps[ncaps], &p)) {
+                fprintf(stderr, "pkv-trace: bad capacity '%s'\n", tok);
+                usage(stderr);
+                return 2;
+            }
+            if (caps[ncaps] < tb.max_req_blocks) {
+                fprintf(stderr,
+                        "pkv-trace: capacity %s = %" PRIu64 " blocks is below the largest "
+                        "request (%" PRIu64 " blocks); skipped\n",
+                        tok, caps[ncaps], tb.max_req_blocks);
+                continue;
+            }
+            shares[ncaps] = 100.0 * (double)caps[ncaps] / (double)distinct;
+            ncaps++;
+        }
+        free(list);
+    }
+
+    printf("\n%10s %7s  %-16s %8s %8s %7s %10s %8s %8s\n", "capacity", "share", "policy",
+           "tok-hit", "blk-hit", "gap-pp", "evictions", "strands", "time-s");
+    bool all_match = true;
+    for (size_t ci = 0; ci < ncaps; ci++) {
+        uint64_t cap = caps[ci];
+        sim_result res[SIM_NPOLICIES];
+        bool have[SIM_NPOLICIES] = {0};
+        for (int p = 0; p < SIM_NPOLICIES; p++) {
+            if (!pol_on[p]) continue;
+            check_stop();
+            sim_params sp = {.capacity = cap, .batch = cfg.batch, .policy = (sim_policy)p,
+                             .protect = cfg.protect, .ghost = cfg.ghost, .limit = cfg.limit};
+            if (sim_run(&t, &tb, &sp, &res[p]) != 0) {
+                if (res[p].failed_request >= 0)
+                    die("simulator: request %" PRId64 " does not fit in %" PRIu64 " blocks",
+                        res[p].failed_request, cap);
+                die("simulator: out of memory at capacity %" PRIu64, cap);
+            }
+            have[p] = true;
+        }
+        double best = have[SIM_BELADY] ? pct(res[SIM_BELADY].hit_tokens,
+                                             res[SIM_BELADY].hit_tokens + res[SIM_BELADY].miss_tokens)
+                                       : NAN;
+        bool first = true;
+        for (int p = 0; p < SIM_NPOLICIES; p++) {
+            if (!have[p]) continue;
+            const sim_result *s = &res[p];
+            double th = pct(s->hit_tokens, s->hit_tokens + s->miss_tokens);
+            if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
+            else printf("%10s %7s  ", "", "");
+            first = false;
+            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8" PRIu64 " %8.2f\n",
+                   sim_policy_name((sim_policy)p), th,
+                   pct(s->hit_blocks, s->hit_blocks + s->miss_blocks), best - th, s->evictions,
+                   s->strands, s->seconds);
+            csv_row(label, cap, shares[ci], sim_policy_name((sim_policy)p), s->hit_tokens,
+                    s->miss_tokens, s->hit_blocks, s->miss_blocks, s->evictions, s->strands,
+                    s->dead_evicted, s->seconds, 0);
+        }
+        if (!cfg.no_engine && (cfg.engine_max == 0 || cap <= cfg.engine_max)) {
+            engine_result er;
+            fflush(stdout);
+            engine_replay(&t, cap, &er);
+            const pkv_stats_t *st = &er.st;
+            double th = pct(st->hit_tokens, st->hit_tokens + st->miss_tokens);
+            if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
+            else printf("%10s %7s  ", "", "");
+            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8s %8.2f\n", "engine", th,
+                   pct(st->hit_blocks, st->hit_blocks + st->miss_blocks), best - th,
+                   st->evictions, "-", er.replay_s);
+            const char *verdict = "";
+            if (have[SIM_LEAF_LRU]) {
+                bool eq = sim_equals_engine(&res[SIM_LEAF_LRU], st);
+                all_match = all_match && eq;
+                verdict = eq ? "engine == simulated leaf-lru (hits, misses, evictions, seals, "
+                               "dedupes)"
+                             : "MISMATCH with simulated leaf-lru";
+                if (!eq) {
+                    const sim_result *s = &res[SIM_LEAF_LRU];
+                    fprintf(stderr,
+                            "pkv-trace: capacity %" PRIu64 ": engine hit/miss tokens %" PRIu64
+                            "/%" PRIu64 " blocks %" PRIu64 "/%" PRIu64 " evictions %" PRIu64
+                            " seals %" PRIu64 " dedupes %" PRIu64 "; simulator %" PRIu64
+                            "/%" PRIu64 " %" PRIu64 "/%" PRIu64 " %" PRIu64 " %" PRIu64
+                            " %" PRIu64 "\n",
+                            cap, st->hit_tokens, st->miss_tokens, st->hit_blocks,
+                            st->miss_blocks, st->evictions, st->seals, st->dedupes,
+                            s->hit_tokens, s->miss_tokens, s->hit_blocks, s->miss_blocks,
+                            s->evictions, s->seals, s->dedupes);
+                }
+            }
+            double wall = er.open_s + er.replay_s + er.close_s;
+            printf("%20s engine: %.2f s replay (%.2f s generating token ids), open %.2f s, "
+                   "close %.2f s; %.0f calls/s, %.0f requests/s, %.1f M appended tokens/s; "
+                   "%" PRIu64 " seals, %" PRIu64 " dedupes, %" PRIu64 " log records, %" PRIu64
+                   " checkpoints\n%20s %s\n",
+                   "", er.replay_s, er.gen_s, er.open_s, er.close_s,
+                   (double)er.calls / er.replay_s, (double)er.requests / er.replay_s,
+                   (double)er.appended / er.replay_s / 1e6, st->seals, st->dedupes,
+                   st->wal_records, st->checkpoints, "", verdict);
+            csv_row(label, cap, shares[ci], "engine", st->hit_tokens, st->miss_tokens,
+                    st->hit_blocks, st->miss_blocks, st->evictions, 0, 0, wall, er.calls);
+        }
+        fflush(stdout);
+    }
+    if (g_csv) fclose(g_csv);
+    trace_blocks_free(&tb);
+    trace_free(&t);
+    if (!all_match) {
+        fprintf(stderr, "pkv-trace: the engine and the simulated leaf-lru differ\n");
+        return 3;
+    }
+    return 0;
+}

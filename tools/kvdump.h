@@ -1,0 +1,221 @@
+/*
+ * kvdump.h — shared declarations of the kvdump tool (tools/kvdump*.c).
+ *
+ * kvdump links a private static build of the library and reads its internal
+ * structures (src/internal.h, src/wal/wal.h) after a read-only open
+ * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). The
+ * log scanner (kvdump_wal.c) re-implements the reading rules of src/wal/replay.c
+ * so that it can show every record and say why the valid log ends; the bundle
+ * code (kvdump_bundle.c) exports through the internals and imports through the
+ * public API only. docs/kvdump.md is the reference.
+ */
+#ifndef KVDUMP_H
+#define KVDUMP_H
+
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes (docs/kvdump.md). */
+enum {
+    KD_OK = 0,       /* success; verify: no problem found */
+    KD_PROBLEMS = 1, /* verify found problems */
+    KD_USAGE = 2,    /* usage error, or an input that cannot be read (missing,
+                        truncated, corrupted, hostile directory or bundle) */
+    KD_FAILED = 3,   /* the operation could not be carried out (export: nothing to
+                        export or the bundle cannot be written; import: the cache
+                        is busy, full or cannot be written) */
+};
+
+#define KD_SCHEMA 1 /* "kvdump" member of every JSON document */
+
+/* ---- JSON writer (kvdump_out.c) ------------------------------------------ */
+
+typedef struct kj {
+    FILE *f;
+    int depth;
+    bool first[64];
+    int inline_from; /* depth from which containers print on one line (0: none) */
+} kj;
+
+void kj_init(kj *j, FILE *f);
+/* key is NULL inside an array. `inl`: print this container on one line. */
+void kj_obj(kj *j, const char *key, bool inl);
+void kj_arr(kj *j, const char *key, bool inl);
+void kj_end_obj(kj *j);
+void kj_end_arr(kj *j);
+void kj_u64(kj *j, const char *key, uint64_t v);
+void kj_i64(kj *j, const char *key, int64_t v);
+void kj_dbl(kj *j, const char *key, double v); /* non-finite: null */
+void kj_bool(kj *j, const char *key, bool v);
+void kj_null(kj *j, const char *key);
+void kj_str(kj *j, const char *key, const char *s);
+void kj_strf(kj *j, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kj_hex64(kj *j, const char *key, uint64_t v); /* "0x%016llx" string */
+void kj_block(kj *j, const char *key, uint32_t b);  /* number, or null for PKV_NONE */
+/* Start / end the document: { "kvdump": 1, "command": cmd, ... } */
+void kj_begin_doc(kj *j, const char *cmd);
+void kj_end_doc(kj *j);
+
+/* ---- Arena header, read by kvdump itself ------------------------------------ */
+
+typedef struct kd_hdr {
+    uint32_t version, header_bytes;
+    uint32_t num_layers, num_kv_heads, head_dim, block_size, dtype, elem_size;
+    uint64_t capacity, block_bytes, slot_bytes, data_offset, secret, created_ns;
+    uint32_t model_len;
+    char model_id[PKV_MODEL_ID_MAX + 1];
+    uint64_t file_size;
+} kd_hdr;
+
+/* ---- The context of one invocation --------------------------------------- */
+
+typedef struct kd_ctx {
+    const char *cmd;
+    bool json;
+    bool pit;          /* --point-in-time */
+    kj j;
+    bool doc_open;     /* the JSON document has been started on stdout */
+    const char *dir;
+    kd_hdr hdr;
+    pkv_cache *c;
+    double open_ms;
+    int retries;       /* reopens because a live writer changed the directory */
+} kd_ctx;
+
+/* Print an error (stderr; with --json also an error document on stdout unless one
+ * was started) and return `code`. */
+int kd_fail(kd_ctx *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Print a warning to stderr (never to stdout). */
+void kd_warn(kd_ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Read and validate the arena header of dir: 0, or KD_USAGE with a message in
+ * why (the directory is not a readable cache) or KD_PROBLEMS (it is one, but its
+ * header is damaged or of an unsupported version). */
+int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t why_len);
+/* Read the header and open the cache read-only (retrying while a live writer
+ * changes the directory underneath). 0, or an exit code after kd_fail. */
+int kd_open(kd_ctx *x);
+/* Same, but return the library error code and message instead of failing. */
+int kd_open_quiet(kd_ctx *x, uint32_t extra_flags, char *why, size_t why_len);
+void kd_close(kd_ctx *x);
+
+const char *kd_dtype_name(uint32_t dtype);
+/* Human-readable byte count ("1.5 MiB") into buf. */
+const char *kd_bytes(char *buf, size_t n, uint64_t v);
+/* UTC time "2025-11-29 20:37:00" of Unix nanoseconds into buf. */
+const char *kd_time(char *buf, size_t n, uint64_t ns);
+/* Strict unsigned parse (decimal or 0x hex); false on garbage or overflow. */
+bool kd_parse_u64(const char *s, uint64_t *out);
+
+/* State of a block as kvdump reports it. */
+const char *kd_block_state(const pkv_block *x); /* "free" "cached" "used" */
+/* Per block, the number of its tokens known from the tables: B for a sealed
+ * block, the committed tokens in it for an open one, 0 for a free one. A
+ * malloc'd array of capacity entries, or NULL (out of memory). */
+uint32_t *kd_ntok_table(const pkv_cache *c);
+
+/* Convert one element to float. */
+float kd_elem(const uint8_t *p, uint32_t dtype);
+
+/* SIGBUS (a mapped file shrank under us): a clean error instead of a crash. */
+void kd_install_sigbus(void);
+
+/* ---- Command-line parsing ------------------------------------------------- */
+
+typedef struct kd_opt {
+    const char *name; /* "--state" */
+    bool has_arg;
+    const char *val;  /* set by kd_parse: the argument, or "" for a flag */
+} kd_opt;
+
+/* Parse argv[first..] into positional arguments (pos, at most maxpos) and the
+ * options of `opts` (NULL-terminated by name). --json, --help and
+ * --point-in-time are handled here. Returns -1 on --help (usage printed), the
+ * number of positionals, or -2 after a usage error (message printed). */
+int kd_parse(kd_ctx *x, int argc, char **argv, int first, kd_opt *opts, const char **pos,
+             int maxpos, const char *usage);
+const char *kd_optval(const kd_opt *opts, const char *name);
+
+/* ---- Log scanner (kvdump_wal.c) -------------------------------------------- */
+
+enum kd_end {
+    KD_END_NONE = 0,   /* no log segment was read */
+    KD_END_CLEAN,      /* only zeros follow the last frame */
+    KD_END_EOF,        /* the segment file ends (full, or too short for a frame) */
+    KD_END_STALE,      /* a frame of the segment's previous life (another epoch) */
+    KD_END_GARBAGE,    /* bytes that are not a frame header */
+    KD_END_TORN,       /* a frame of this epoch that fails its length or checksum */
+    KD_END_NOT_NEXT,   /* a valid frame that does not continue the log */
+    KD_END_CORRUPT,    /* damage followed by valid frames: recovery fails */
+    KD_END_GAP,        /* a later segment starts after a hole in the LSNs */
+    KD_END_BAD_RECORD, /* an invalid record inside a valid frame: recovery fails */
+    KD_END_IN_PROGRESS,/* a frame completed while it was read (a live writer) */
+};
+const char *kd_end_name(int reason);
+
+typedef struct kd_seg {
+    uint64_t no;
+    uint64_t file_size;
+    bool valid;        /* header valid and of this arena */
+    bool foreign;      /* header valid, another arena's secret */
+    char why[96];      /* why the header is invalid */
+    uint32_t epoch;
+    uint64_t start, size;
+    bool read;         /* recovery reads this segment */
+    uint64_t frames, records;
+    uint64_t end_off;  /* where the valid frames end (read segments) */
+    int end_reason;
+    char end_detail[200];
+} kd_seg;
+
+typedef struct kd_logrec {
+    uint64_t seg, off;  /* segment number, byte offset of the record in its file */
+    uint32_t len;       /* record bytes, header and trailer included */
+    bool in_ckpt;       /* LSN <= checkpoint LSN: recovery skips it */
+    pkv_rec r;          /* decoded */
+} kd_logrec;
+
+typedef struct kd_log {
+    bool have_ckpt, ckpt_ok;
+    uint64_t ckpt_lsn, ckpt_secret, ckpt_file_size, ckpt_raw, ckpt_body;
+    uint64_t ckpt_mtime_ns;
+    char ckpt_err[200];
+    size_t nckpt_files;    /* ckpt-* files (normally 0 or 1) */
+    kd_seg *segs;
+    size_t nsegs;
+    size_t nspare;
+    bool arena_tmp, ckpt_tmp;
+    uint64_t seg_bytes;    /* allocated bytes of every wal-* file */
+    uint64_t used_bytes;   /* bytes up to the end of the valid frames, read segments */
+    uint64_t first_lsn;    /* first record LSN read (0: none) */
+    uint64_t last_lsn;     /* last valid LSN (checkpoint LSN if the log adds none) */
+    uint64_t frames, records, rec_bytes;
+    uint64_t replay_records, replay_bytes; /* after the checkpoint */
+    uint64_t torn_bytes;
+    uint64_t skipped_bytes; /* damaged frames covered by the checkpoint, skipped */
+    uint64_t corrupt_lsn, corrupt_next_lsn; /* corruption: LSN missing, next valid */
+    int end_reason;
+    uint64_t end_seg, end_off;
+    char end_detail[256];
+} kd_log;
+
+typedef int (*kd_rec_cb)(void *ctx, const kd_log *L, const kd_logrec *r);
+/* Scan the directory's checkpoint and log like recovery does; call cb for every
+ * record read (in LSN order). 0, or an error from cb, or a negative PKV_E* code
+ * with a message in why (directory unreadable, out of memory). */
+int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,
+                char *why, size_t why_len);
+void kd_log_free(kd_log *L);
+
+/* ---- Commands -------------------------------------------------------------- */
+
+int kd_cmd_wal(kd_ctx *x, int argc, char **argv);
+int kd_cmd_export(kd_ctx *x, int argc, char **argv);
+int kd_cmd_import(kd_ctx *x, int argc, char **argv);
+
+#endif /* KVDUMP_H */

@@ -1,0 +1,869 @@
+/*
+ * kvdump_wal.c — the log scanner and `kvdump wal`.
+ *
+ * kd_log_scan() reads the checkpoint header and the log segments of a directory
+ * with exactly the rules of pkv_recover() (src/wal/replay.c, docs/format.md
+ * "Recovery", step 3): the same file names, segment header validity, start
+ * segment, frame validity, record checks, torn-tail and corruption tests. Unlike
+ * recovery it applies nothing: it hands every record to a callback and records
+ * where and why the valid log ends. Every length and offset read from disk is
+ * checked against the bytes actually read before it is used.
+ */
+#include "kvdump.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+const char *kd_end_name(int r) {
+    switch (r) {
+    case KD_END_NONE:       return "no_log";
+    case KD_END_CLEAN:      return "clean";
+    case KD_END_EOF:        return "end_of_segment";
+    case KD_END_STALE:      return "stale_frame";
+    case KD_END_GARBAGE:    return "garbage";
+    case KD_END_TORN:       return "torn_frame";
+    case KD_END_NOT_NEXT:   return "not_continuation";
+    case KD_END_CORRUPT:    return "corrupt";
+    case KD_END_GAP:        return "gap";
+    case KD_END_BAD_RECORD: return "bad_record";
+    case KD_END_IN_PROGRESS: return "in_progress";
+    default:                return "unknown";
+    }
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The segment being read: its bytes [0, len). */
+typedef struct segdata {
+    const uint8_t *d;
+    size_t len;
+    uint32_t epoch;
+} segdata;
+
+/* Same test as frame_ok() in replay.c. */
+static bool frame_ok(const segdata *s, size_t off, uint64_t *first, uint32_t *nrec,
+                     uint32_t *bytes) {
+    if (off > s->len || s->len - off < FRAME_HDR) return false;
+    const uint8_t *f = s->d + off;
+    if (pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
+    uint32_t nb = pkv_get_u32(f + 20);
+    if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, s->epoch);
+    XXH3_64bits_update(&st, f, 24);
+    XXH3_64bits_update(&st, f + FRAME_HDR, nb);
+    if (XXH3_64bits_digest(&st) != pkv_get_u64(f + 24)) return false;
+    *first = pkv_get_u64(f + 8);
+    *nrec = pkv_get_u32(f + 16);
+    *bytes = nb;
+    return *nrec > 0;
+}
+
+/* Same test as later_valid() in replay.c. */
+static bool later_valid(const segdata *s, size_t from, uint64_t want, uint64_t *lsn,
+                        size_t *at) {
+    for (size_t o = (from + 8) & ~(size_t)7; o <= s->len && s->len - o >= FRAME_HDR; o += 8) {
+        uint64_t f;
+        uint32_t n, b;
+        if (pkv_get_u32(s->d + o) != FRAME_MAGIC) continue;
+        if (frame_ok(s, o, &f, &n, &b) && f + n - 1 >= want) {
+            *lsn = f;
+            *at = o;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Same test as frame_holding() in replay.c: a valid frame after `from` whose
+ * LSNs include lsn. */
+static bool frame_holding(const segdata *s, size_t from, uint64_t lsn, size_t *at) {
+    for (size_t o = (from + 8) & ~(size_t)7; o <= s->len && s->len - o >= FRAME_HDR; o += 8) {
+        uint64_t f;
+        uint32_t n, b;
+        if (pkv_get_u32(s->d + o) != FRAME_MAGIC) continue;
+        if (frame_ok(s, o, &f, &n, &b) && f <= lsn && lsn <= f + n - 1) {
+            *at = o;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void read_ckpt_header(const char *dir, kd_log *L) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)L->ckpt_lsn);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(L->ckpt_err, sizeof L->ckpt_err, "cannot open ckpt-%016llx: %s",
+                 (unsigned long long)L->ckpt_lsn, strerror(errno));
+        return;
+    }
+    struct stat st;
+    if (!fstat(fd, &st)) {
+        L->ckpt_file_size = (uint64_t)st.st_size;
+        L->ckpt_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+    }
+    uint8_t h[CKPT_HDR];
+    ssize_t r = pread(fd, h, CKPT_HDR, 0);
+    close(fd);
+    if (r != (ssize_t)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
+        pkv_get_u64(h + 56) != XXH3_64bits(h, 56)) {
+        snprintf(L->ckpt_err, sizeof L->ckpt_err, "ckpt-%016llx: bad checkpoint header",
+                 (unsigned long long)L->ckpt_lsn);
+        return;
+    }
+    if (pkv_get_u32(h + 8) != WAL_VERSION) {
+        snprintf(L->ckpt_err, sizeof L->ckpt_err, "ckpt-%016llx: checkpoint version %u",
+                 (unsigned long long)L->ckpt_lsn, pkv_get_u32(h + 8));
+        return;
+    }
+    L->ckpt_lsn = pkv_get_u64(h + 16); /* the LSN inside wins over the name */
+    L->ckpt_secret = pkv_get_u64(h + 24);
+    L->ckpt_raw = pkv_get_u64(h + 32);
+    L->ckpt_body = pkv_get_u64(h + 40);
+    L->ckpt_ok = true;
+}
+
+static void load_seg_header(const char *dir, const kd_hdr *h, kd_seg *s) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)s->no);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(s->why, sizeof s->why, "cannot open: %s", strerror(errno));
+        return;
+    }
+    struct stat st;
+    if (!fstat(fd, &st)) s->file_size = (uint64_t)st.st_size;
+    uint8_t b[SEG_HDR];
+    ssize_t r = pread(fd, b, SEG_HDR, 0);
+    close(fd);
+    if (r != (ssize_t)SEG_HDR) {
+        snprintf(s->why, sizeof s->why, "shorter than its 64-byte header");
+        return;
+    }
+    if (memcmp(b, SEG_MAGIC, 8)) {
+        snprintf(s->why, sizeof s->why, "bad magic");
+        return;
+    }
+    if (pkv_get_u64(b + 56) != XXH3_64bits(b, 56)) {
+        snprintf(s->why, sizeof s->why, "header checksum mismatch");
+        return;
+    }
+    if (pkv_get_u32(b + 8) != WAL_VERSION) {
+        snprintf(s->why, sizeof s->why, "version %u", pkv_get_u32(b + 8));
+        return;
+    }
+    if (pkv_get_u64(b + 16) != s->no) {
+        snprintf(s->why, sizeof s->why, "header names segment %llu",
+                 (unsigned long long)pkv_get_u64(b + 16));
+        return;
+    }
+    if (pkv_get_u64(b + 40) > (16ull << 30)) {
+        snprintf(s->why, sizeof s->why, "implausible size %llu",
+                 (unsigned long long)pkv_get_u64(b + 40));
+        return;
+    }
+    s->epoch = pkv_get_u32(b + 12);
+    s->start = pkv_get_u64(b + 24);
+    s->size = pkv_get_u64(b + 40);
+    if (pkv_get_u64(b + 32) != h->secret) {
+        s->foreign = true;
+        snprintf(s->why, sizeof s->why, "written for another arena (secret differs)");
+        return;
+    }
+    s->valid = true;
+}
+
+static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(why, wl, "open directory %s: %s", dir, strerror(errno));
+        return PKV_EIO;
+    }
+    size_t cap = 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        unsigned long long n;
+        size_t l = strlen(e->d_name);
+        /* The same name rules as list_dir() in replay.c. */
+        if (l == 20 && sscanf(e->d_name, "wal-%16llx", &n) == 1) {
+            if (L->nsegs == cap) {
+                cap = cap ? cap * 2 : 16;
+                kd_seg *ns = realloc(L->segs, cap * sizeof *ns);
+                if (!ns) {
+                    snprintf(why, wl, "out of memory listing %s", dir);
+                    rc = PKV_ENOMEM;
+                    break;
+                }
+                L->segs = ns;
+            }
+            kd_seg *s = &L->segs[L->nsegs++];
+            memset(s, 0, sizeof *s);
+            s->no = n;
+        } else if (l == 21 && sscanf(e->d_name, "ckpt-%16llx", &n) == 1) {
+            if (!L->have_ckpt || n > L->ckpt_lsn) L->ckpt_lsn = n;
+            L->have_ckpt = true;
+            L->nckpt_files++;
+        } else if (!strncmp(e->d_name, "wal-spare-", 10)) {
+            L->nspare++;
+        } else if (!strcmp(e->d_name, "arena.tmp")) {
+            L->arena_tmp = true;
+        } else if (!strcmp(e->d_name, "ckpt.tmp")) {
+            L->ckpt_tmp = true;
+        }
+    }
+    closedir(d);
+    if (!rc && L->nsegs) {
+        /* Sort by number (kd_seg starts with its number). */
+        uint64_t *nos = malloc(L->nsegs * sizeof *nos);
+        if (!nos) {
+            snprintf(why, wl, "out of memory");
+            return PKV_ENOMEM;
+        }
+        for (size_t i = 0; i < L->nsegs; i++) nos[i] = L->segs[i].no;
+        qsort(nos, L->nsegs, sizeof *nos, cmp_u64);
+        for (size_t i = 0; i < L->nsegs; i++) {
+            memset(&L->segs[i], 0, sizeof L->segs[i]);
+            L->segs[i].no = nos[i];
+        }
+        free(nos);
+    }
+    return rc;
+}
+
+static void set_end(kd_log *L, kd_seg *s, int reason, uint64_t off, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void set_end(kd_log *L, kd_seg *s, int reason, uint64_t off, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->end_detail, sizeof s->end_detail, fmt, ap);
+    va_end(ap);
+    s->end_reason = reason;
+    s->end_off = off;
+    L->end_reason = reason;
+    L->end_seg = s->no;
+    L->end_off = off;
+    snprintf(L->end_detail, sizeof L->end_detail, "%s", s->end_detail);
+}
+
+/* Records of one valid frame. `strict`: recovery applies this frame, so a bad
+ * record is fatal (KD_END_BAD_RECORD); otherwise it is covered by the checkpoint
+ * and recovery never looks inside. Returns 1 on a fatal record, a callback
+ * error, or 0. */
+static int frame_records(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t first,
+                         uint32_t nrec, uint32_t bytes, uint64_t covered, bool strict,
+                         uint32_t bs, kd_rec_cb cb, void *ctx, int *cbrc) {
+    const uint8_t *base = sd->d + off + FRAME_HDR;
+    size_t pos = 0;
+    const char *bad = NULL;
+    uint64_t bad_lsn = first;
+    for (uint32_t i = 0; i < nrec; i++) {
+        bad_lsn = first + i;
+        if (bytes - pos < REC_HDR + REC_TRAILER) {
+            bad = "frame truncated: too short for its next record";
+            break;
+        }
+        const uint8_t *p = base + pos;
+        uint32_t rl = pkv_get_u32(p);
+        uint64_t lsn = pkv_get_u64(p + 8);
+        if (rl < REC_HDR + REC_TRAILER || (rl & 7) || rl > bytes - pos) {
+            bad = "record length out of bounds";
+            break;
+        }
+        if (lsn != first + i) {
+            bad = "record LSN does not follow the frame's";
+            break;
+        }
+        if (pkv_get_u64(p + rl - REC_TRAILER) != XXH3_64bits_withSeed(p, rl - REC_TRAILER, sd->epoch)) {
+            bad = "record checksum mismatch";
+            break;
+        }
+        kd_logrec r;
+        memset(&r, 0, sizeof r);
+        int drc = pkv_rec_decode(p, rl - REC_HDR - REC_TRAILER, bs, &r.r);
+        if (drc) {
+            bad = "record does not decode";
+            break;
+        }
+        r.seg = s->no;
+        r.off = off + FRAME_HDR + pos;
+        r.len = rl;
+        r.in_ckpt = lsn <= covered;
+        s->records++;
+        L->records++;
+        L->rec_bytes += rl;
+        if (!r.in_ckpt) {
+            L->replay_records++;
+            L->replay_bytes += rl;
+        }
+        if (!L->first_lsn) L->first_lsn = lsn;
+        if (cb) {
+            int rc = cb(ctx, L, &r);
+            if (rc) {
+                *cbrc = rc;
+                return 1;
+            }
+        }
+        pos += rl;
+    }
+    if (!bad && pos != bytes) bad = "frame has trailing bytes after its last record";
+    if (!bad) return 0;
+    if (!strict) return 0; /* recovery never reads inside a frame it skips */
+    char last[300];
+    snprintf(last, sizeof last, "%s", pkv_last_error());
+    set_end(L, s, KD_END_BAD_RECORD, off,
+            "record at LSN %llu invalid inside a valid frame (%s%s%s): recovery fails "
+            "(a writer bug or a forged frame)", (unsigned long long)bad_lsn, bad,
+            !strcmp(bad, "record does not decode") ? ": " : "",
+            !strcmp(bad, "record does not decode") ? last : "");
+    L->corrupt_lsn = bad_lsn;
+    return 1;
+}
+
+/* Why the frames of a read segment stop at `off`. Mirrors the torn-tail /
+ * corruption decision of replay_log(). Returns true if recovery stops here for
+ * good (corruption). */
+static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t expect,
+                         bool reached) {
+    uint64_t f;
+    size_t at;
+    if (off <= sd->len && sd->len - off >= FRAME_HDR && later_valid(sd, off, expect, &f, &at)) {
+        L->corrupt_lsn = expect;
+        L->corrupt_next_lsn = f;
+        set_end(L, s, KD_END_CORRUPT, off,
+                "damaged at LSN %llu, but a valid frame with LSN %llu follows at offset %zu: "
+                "recovery fails unless opened point-in-time (--point-in-time), which stops "
+                "before LSN %llu", (unsigned long long)expect, (unsigned long long)f, at,
+                (unsigned long long)expect);
+        return true;
+    }
+    if (off > sd->len || sd->len - off < FRAME_HDR) {
+        if (off >= sd->len)
+            set_end(L, s, KD_END_EOF, off, "end of the segment file%s",
+                    sd->len < s->size ? " (the file is shorter than its allocated size)" : "");
+        else
+            set_end(L, s, KD_END_EOF, off, "%zu bytes left, too few for a frame header",
+                    sd->len - off);
+        return false;
+    }
+    bool zero = true;
+    for (size_t o = off; zero && o < sd->len; o++) zero = sd->d[o] == 0;
+    if (zero) {
+        set_end(L, s, KD_END_CLEAN, off, "only zeros follow (clean end)");
+        return false;
+    }
+    const uint8_t *p = sd->d + off;
+    if (pkv_get_u32(p) != FRAME_MAGIC) {
+        set_end(L, s, KD_END_GARBAGE, off, "bytes that are not a frame header follow "
+                "(ignored)");
+        return false;
+    }
+    if (pkv_get_u32(p + 4) != sd->epoch) {
+        set_end(L, s, KD_END_STALE, off, "a frame of epoch %08x from the segment's previous "
+                "life follows (ignored)", pkv_get_u32(p + 4));
+        return false;
+    }
+    uint32_t nb = pkv_get_u32(p + 20);
+    uint64_t first;
+    uint32_t nrec, bytes;
+    if (frame_ok(sd, off, &first, &nrec, &bytes) && first <= expect && first + nrec - 1 >= expect) {
+        set_end(L, s, KD_END_IN_PROGRESS, off, "a frame starting at LSN %llu was completed "
+                "while it was read (a live writer); a later read includes it",
+                (unsigned long long)first);
+        return false;
+    }
+    if (!reached) {
+        set_end(L, s, KD_END_TORN, off, "a damaged frame among those the checkpoint covers "
+                "(harmless: recovery needs none of them)");
+        return false;
+    }
+    L->torn_bytes += FRAME_HDR + (nb < sd->len - off ? nb : sd->len - off);
+    if (nb > sd->len - off - FRAME_HDR || (nb & 7))
+        set_end(L, s, KD_END_TORN, off, "torn frame: its length %u runs past the file or is "
+                "not a multiple of 8; recovery cuts it", nb);
+    else if (frame_ok(sd, off, &first, &nrec, &bytes))
+        set_end(L, s, KD_END_NOT_NEXT, off, "a valid frame starting at LSN %llu does not "
+                "continue the log (expected LSN %llu); recovery cuts it",
+                (unsigned long long)first, (unsigned long long)expect);
+    else if (pkv_get_u32(p + 16) == 0)
+        set_end(L, s, KD_END_TORN, off, "frame holds no records; recovery cuts it");
+    else
+        set_end(L, s, KD_END_TORN, off, "torn frame: checksum mismatch (a write cut short); "
+                "recovery cuts it");
+    return false;
+}
+
+int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,
+                char *why, size_t wl) {
+    memset(L, 0, sizeof *L);
+    int rc = list_dir(dir, L, why, wl);
+    if (rc) return rc;
+    if (L->have_ckpt) read_ckpt_header(dir, L);
+    uint64_t after = L->ckpt_ok ? L->ckpt_lsn : 0;
+    uint64_t expect = after + 1;
+    L->last_lsn = after;
+    size_t i0 = 0;
+    for (size_t i = 0; i < L->nsegs; i++) {
+        kd_seg *s = &L->segs[i];
+        load_seg_header(dir, h, s);
+        L->seg_bytes += s->file_size;
+        if (s->valid && s->start <= expect) i0 = i;
+    }
+    uint8_t *buf = NULL;
+    size_t buflen = 0;
+    int cbrc = 0;
+    bool stop = false;
+    for (size_t i = i0; i < L->nsegs && !stop; i++) {
+        kd_seg *s = &L->segs[i];
+        if (!s->valid) continue;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)s->no);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            snprintf(why, wl, "open %s: %s", path, strerror(errno));
+            rc = PKV_EIO;
+            break;
+        }
+        /* Map rather than read: a 32 MiB segment is mostly zeros, and faulting in
+         * fresh anonymous memory for a copy costs far more than mapping the
+         * page cache. A file truncated while mapped raises SIGBUS, which
+         * kd_install_sigbus() turns into a clean error. */
+        size_t want = (size_t)(s->size < s->file_size ? s->size : s->file_size);
+        if (buf) munmap(buf, buflen);
+        buf = NULL;
+        buflen = 0;
+        size_t got = 0;
+        if (want) {
+            void *m = mmap(NULL, want, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (m == MAP_FAILED) {
+                snprintf(why, wl, "map %s: %s", path, strerror(errno));
+                close(fd);
+                rc = PKV_EIO;
+                break;
+            }
+            madvise(m, want, MADV_SEQUENTIAL);
+            buf = m;
+            buflen = got = want;
+        }
+        close(fd);
+        segdata sd = {buf, got, s->epoch};
+        if (s->start > expect) { /* a gap */
+            uint64_t f;
+            size_t at;
+            if (!later_valid(&sd, SEG_HDR - 8, 0, &f, &at)) {
+                snprintf(s->end_detail, sizeof s->end_detail, "skipped: starts at LSN %llu "
+                         "after a hole (expected %llu) and holds no valid frame",
+                         (unsigned long long)s->start, (unsigned long long)expect);
+                continue;
+            }
+            s->read = true;
+            L->corrupt_lsn = expect;
+            L->corrupt_next_lsn = s->start;
+            set_end(L, s, KD_END_GAP, SEG_HDR, "records from LSN %llu are missing: segment "
+                    "%llu starts at LSN %llu and holds valid frames; recovery fails unless "
+                    "opened point-in-time (--point-in-time)", (unsigned long long)expect,
+                    (unsigned long long)s->no, (unsigned long long)s->start);
+            break;
+        }
+        s->read = true;
+        size_t off = SEG_HDR;
+        bool reached = s->start >= expect;
+        for (;;) {
+            uint64_t first;
+            uint32_t nrec, bytes;
+            if (!frame_ok(&sd, off, &first, &nrec, &bytes)) {
+                /* Damage among frames the checkpoint covers is harmless: recovery
+                 * skips to the valid frame holding the first LSN it needs. */
+                size_t o2;
+                if (!reached && frame_holding(&sd, off, expect, &o2)) {
+                    L->skipped_bytes += o2 - off;
+                    off = o2;
+                    continue;
+                }
+                break;
+            }
+            if (first + nrec - 1 < expect) { /* wholly before: recovery skips it */
+                s->frames++;
+                L->frames++;
+                if (frame_records(&sd, s, L, off, first, nrec, bytes, expect - 1, false,
+                                  h->block_size, cb, ctx, &cbrc)) {
+                    stop = true;
+                    break;
+                }
+                off += FRAME_HDR + bytes;
+                continue;
+            }
+            if (first > expect) break;
+            reached = true;
+            s->frames++;
+            L->frames++;
+            if (frame_records(&sd, s, L, off, first, nrec, bytes, expect - 1, true,
+                              h->block_size, cb, ctx, &cbrc)) {
+                stop = true;
+                break;
+            }
+            expect = first + nrec;
+            off += FRAME_HDR + bytes;
+        }
+        L->used_bytes += off;
+        if (stop) break;
+        if (classify_end(&sd, s, L, off, expect, reached)) break;
+    }
+    if (buf) munmap(buf, buflen);
+    L->last_lsn = expect - 1;
+    if (cbrc) return cbrc;
+    return rc;
+}
+
+void kd_log_free(kd_log *L) {
+    free(L->segs);
+    L->segs = NULL;
+}
+
+/* ---- kvdump wal ---------------------------------------------------------------- */
+
+static const char wal_usage[] =
+    "usage: kvdump wal DIR [--from LSN] [--to LSN] [--type T[,T...]] [--stats] [--json]\n"
+    "\n"
+    "Print the records of the log one per line, in LSN order, as recovery reads them\n"
+    "(from the segment that holds the checkpoint's LSN + 1), then the LSN where the\n"
+    "valid log ends and why. Records covered by the checkpoint are marked.\n"
+    "\n"
+    "  --from LSN   only records with LSN >= LSN\n"
+    "  --to LSN     only records with LSN <= LSN\n"
+    "  --type T     only records of these types: seal, evict, seq_set, commit,\n"
+    "               seq_block, trunc, seq_close, bad (or their numbers)\n"
+    "  --stats      per-type counts and bytes instead of the records\n"
+    "  --json       one JSON document (see docs/kvdump.md)\n";
+
+typedef struct walctx {
+    kd_ctx *x;
+    uint64_t from, to;
+    uint32_t types; /* bit per type; 0 = all */
+    bool stats;
+    uint64_t count[REC_TYPE_MAX + 1], bytes[REC_TYPE_MAX + 1];
+    uint64_t shown;
+} walctx;
+
+static bool parse_types(const char *s, uint32_t *mask) {
+    *mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        for (char *q = t; *q; q++) *q = (char)(*q == '-' ? '_' : toupper((unsigned char)*q));
+        unsigned k = 0;
+        for (unsigned i = 1; i <= REC_TYPE_MAX; i++)
+            if (!strcmp(t, pkv_rec_type_name(i))) k = i;
+        uint64_t n;
+        if (!k && kd_parse_u64(t, &n) && n >= 1 && n <= REC_TYPE_MAX) k = (unsigned)n;
+        if (!k) return false;
+        *mask |= 1u << k;
+    }
+    return *mask != 0;
+}
+
+static void print_list(const uint8_t *p, uint32_t n) {
+    enum { SHOW = 16 };
+    putchar('[');
+    for (uint32_t i = 0; i < n && i < SHOW; i++)
+        printf(i ? " %u" : "%u", pkv_get_u32(p + 4ull * i));
+    if (n > SHOW) printf(" ...+%u", n - SHOW);
+    putchar(']');
+}
+
+static void json_list(kj *j, const char *key, const uint8_t *p, uint32_t n) {
+    kj_arr(j, key, true);
+    for (uint32_t i = 0; i < n; i++) kj_u64(j, NULL, pkv_get_u32(p + 4ull * i));
+    kj_end_arr(j);
+}
+
+static int wal_rec(void *vctx, const kd_log *L, const kd_logrec *lr) {
+    (void)L;
+    walctx *w = vctx;
+    const pkv_rec *r = &lr->r;
+    if (r->lsn < w->from || r->lsn > w->to) return 0;
+    if (w->types && !(w->types & (1u << r->type))) return 0;
+    if (r->type <= REC_TYPE_MAX) {
+        w->count[r->type]++;
+        w->bytes[r->type] += lr->len;
+    }
+    w->shown++;
+    if (w->stats) return 0;
+    kd_ctx *x = w->x;
+    if (x->json) {
+        kj *j = &x->j;
+        kj_obj(j, NULL, true);
+        kj_u64(j, "lsn", r->lsn);
+        kj_u64(j, "segment", lr->seg);
+        kj_u64(j, "offset", lr->off);
+        kj_u64(j, "len", lr->len);
+        kj_str(j, "type", pkv_rec_type_name(r->type));
+        kj_bool(j, "in_checkpoint", lr->in_ckpt);
+        switch (r->type) {
+        case REC_SEAL:
+            kj_u64(j, "block", r->block);
+            kj_block(j, "parent", r->parent);
+            kj_u64(j, "salt", r->salt);
+            kj_strf(j, "hash", "%016llx%016llx", (unsigned long long)r->hash_hi,
+                    (unsigned long long)r->hash_lo);
+            kj_hex64(j, "payload_sum", r->payload_sum);
+            json_list(j, "tokens", r->tokens, r->ntok);
+            break;
+        case REC_EVICT:
+        case REC_BAD:
+            kj_u64(j, "block", r->block);
+            break;
+        case REC_SEQ_SET:
+            kj_u64(j, "seq", r->seq);
+            kj_u64(j, "salt", r->salt);
+            kj_u64(j, "committed", r->committed);
+            json_list(j, "blocks", r->blocks, r->nblocks);
+            json_list(j, "tokens", r->tokens, r->ntok);
+            break;
+        case REC_COMMIT:
+            kj_u64(j, "seq", r->seq);
+            kj_u64(j, "committed", r->committed);
+            kj_u64(j, "first", r->first);
+            json_list(j, "blocks", r->blocks, r->nblocks);
+            kj_u64(j, "tail_off", r->tail_off);
+            json_list(j, "tokens", r->tokens, r->ntok);
+            break;
+        case REC_SEQ_BLOCK:
+            kj_u64(j, "seq", r->seq);
+            kj_u64(j, "index", r->index);
+            kj_u64(j, "block", r->block);
+            json_list(j, "tokens", r->tokens, r->ntok);
+            break;
+        case REC_TRUNC:
+            kj_u64(j, "seq", r->seq);
+            kj_u64(j, "committed", r->committed);
+            kj_block(j, "tail_block", r->block);
+            json_list(j, "tokens", r->tokens, r->ntok);
+            break;
+        case REC_SEQ_CLOSE:
+            kj_u64(j, "seq", r->seq);
+            break;
+        default:
+            break;
+        }
+        kj_end_obj(j);
+        return 0;
+    }
+    printf("lsn %-8llu seg %llu off 0x%-6llx len %-5u %-9s ", (unsigned long long)r->lsn,
+           (unsigned long long)lr->seg, (unsigned long long)lr->off, lr->len,
+           pkv_rec_type_name(r->type));
+    switch (r->type) {
+    case REC_SEAL:
+        printf("block %u parent ", r->block);
+        if (r->parent == PKV_NONE) printf("-");
+        else printf("%u", r->parent);
+        printf(" salt %llu hash %016llx%016llx sum %016llx tokens ", (unsigned long long)r->salt,
+               (unsigned long long)r->hash_hi, (unsigned long long)r->hash_lo,
+               (unsigned long long)r->payload_sum);
+        print_list(r->tokens, r->ntok);
+        break;
+    case REC_EVICT:
+    case REC_BAD:
+        printf("block %u", r->block);
+        break;
+    case REC_SEQ_SET:
+        printf("seq %llu salt %llu committed %llu blocks ", (unsigned long long)r->seq,
+               (unsigned long long)r->salt, (unsigned long long)r->committed);
+        print_list(r->blocks, r->nblocks);
+        printf(" tail ");
+        print_list(r->tokens, r->ntok);
+        break;
+    case REC_COMMIT:
+        printf("seq %llu committed %llu first %u blocks ", (unsigned long long)r->seq,
+               (unsigned long long)r->committed, r->first);
+        print_list(r->blocks, r->nblocks);
+        printf(" tail_off %u tail ", r->tail_off);
+        print_list(r->tokens, r->ntok);
+        break;
+    case REC_SEQ_BLOCK:
+        printf("seq %llu index %u block %u tokens ", (unsigned long long)r->seq, r->index,
+               r->block);
+        print_list(r->tokens, r->ntok);
+        break;
+    case REC_TRUNC:
+        printf("seq %llu committed %llu tail_block ", (unsigned long long)r->seq,
+               (unsigned long long)r->committed);
+        if (r->block == PKV_NONE) printf("-");
+        else printf("%u", r->block);
+        printf(" tail ");
+        print_list(r->tokens, r->ntok);
+        break;
+    case REC_SEQ_CLOSE:
+        printf("seq %llu", (unsigned long long)r->seq);
+        break;
+    default:
+        break;
+    }
+    if (lr->in_ckpt) printf("  (in checkpoint)");
+    putchar('\n');
+    return ferror(stdout) ? KD_FAILED : 0;
+}
+
+int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
+    kd_opt opts[] = {{"--from", true, NULL}, {"--to", true, NULL}, {"--type", true, NULL},
+                     {"--stats", false, NULL}, {NULL, false, NULL}};
+    const char *pos[1];
+    int np = kd_parse(x, argc, argv, 2, opts, pos, 1, wal_usage);
+    if (np == -1) return KD_OK;
+    if (np < 0) return KD_USAGE;
+    if (np != 1) return kd_fail(x, KD_USAGE, "missing DIR (see kvdump wal --help)");
+    x->dir = pos[0];
+    walctx w;
+    memset(&w, 0, sizeof w);
+    w.x = x;
+    w.to = UINT64_MAX;
+    const char *v;
+    if ((v = kd_optval(opts, "--from")) && !kd_parse_u64(v, &w.from))
+        return kd_fail(x, KD_USAGE, "--from: '%s' is not an LSN", v);
+    if ((v = kd_optval(opts, "--to")) && !kd_parse_u64(v, &w.to))
+        return kd_fail(x, KD_USAGE, "--to: '%s' is not an LSN", v);
+    if ((v = kd_optval(opts, "--type")) && !parse_types(v, &w.types))
+        return kd_fail(x, KD_USAGE, "--type: '%s' is not a list of record types", v);
+    w.stats = kd_optval(opts, "--stats") != NULL;
+    char why[1024];
+    int rc = kd_read_header(x->dir, &x->hdr, why, sizeof why);
+    if (rc) return kd_fail(x, KD_USAGE, "%s", why);
+
+    kd_log L;
+    kj *j = &x->j;
+    if (x->json) {
+        kj_init(j, stdout);
+        kj_begin_doc(j, "wal");
+        x->doc_open = true;
+        kj_str(j, "dir", x->dir);
+        if (!w.stats) kj_arr(j, "records", false);
+    }
+    rc = kd_log_scan(x->dir, &x->hdr, &L, wal_rec, &w, why, sizeof why);
+    if (x->json && !w.stats) kj_end_arr(j);
+    if (rc) {
+        kd_log_free(&L);
+        if (rc == KD_FAILED) {
+            if (x->json) kj_end_doc(j);
+            return kd_fail(x, KD_FAILED, "writing the output failed");
+        }
+        if (x->json) {
+            kj_obj(j, "error", false);
+            kj_i64(j, "exit", KD_USAGE);
+            kj_str(j, "message", why);
+            kj_end_obj(j);
+            kj_end_doc(j);
+        }
+        return kd_fail(x, KD_USAGE, "%s", why);
+    }
+    uint64_t tot_n = 0, tot_b = 0;
+    for (unsigned t = 1; t <= REC_TYPE_MAX; t++) {
+        tot_n += w.count[t];
+        tot_b += w.bytes[t];
+    }
+    if (x->json) {
+        if (L.have_ckpt) {
+            kj_obj(j, "checkpoint", false);
+            kj_u64(j, "lsn", L.ckpt_lsn);
+            kj_bool(j, "ok", L.ckpt_ok);
+            kj_str(j, "error", L.ckpt_ok ? NULL : L.ckpt_err);
+            kj_end_obj(j);
+        } else {
+            kj_null(j, "checkpoint");
+        }
+        kj_arr(j, "segments", false);
+        for (size_t i = 0; i < L.nsegs; i++) {
+            const kd_seg *s = &L.segs[i];
+            kj_obj(j, NULL, true);
+            kj_u64(j, "no", s->no);
+            kj_u64(j, "file_bytes", s->file_size);
+            kj_bool(j, "valid", s->valid);
+            kj_bool(j, "foreign", s->foreign);
+            kj_str(j, "invalid_why", s->valid ? NULL : s->why);
+            if (s->valid || s->foreign) {
+                kj_strf(j, "epoch", "%08x", s->epoch);
+                kj_u64(j, "first_lsn", s->start);
+                kj_u64(j, "size", s->size);
+            }
+            kj_bool(j, "read", s->read);
+            if (s->read) {
+                kj_u64(j, "frames", s->frames);
+                kj_u64(j, "records", s->records);
+                kj_u64(j, "end_offset", s->end_off);
+                kj_str(j, "end_reason", kd_end_name(s->end_reason));
+                kj_str(j, "end_detail", s->end_detail);
+            }
+            kj_end_obj(j);
+        }
+        kj_end_arr(j);
+        kj_obj(j, "stats", false);
+        kj_u64(j, "records", tot_n);
+        kj_u64(j, "bytes", tot_b);
+        kj_u64(j, "frames", L.frames);
+        kj_obj(j, "by_type", false);
+        for (unsigned t = 1; t <= REC_TYPE_MAX; t++) {
+            kj_obj(j, pkv_rec_type_name(t), true);
+            kj_u64(j, "count", w.count[t]);
+            kj_u64(j, "bytes", w.bytes[t]);
+            kj_end_obj(j);
+        }
+        kj_end_obj(j);
+        kj_end_obj(j);
+        kj_obj(j, "end", false);
+        kj_u64(j, "last_lsn", L.last_lsn);
+        if (L.end_reason != KD_END_NONE) {
+            kj_u64(j, "segment", L.end_seg);
+            kj_u64(j, "offset", L.end_off);
+        } else {
+            kj_null(j, "segment");
+            kj_null(j, "offset");
+        }
+        kj_str(j, "reason", kd_end_name(L.end_reason));
+        kj_str(j, "detail", L.end_reason == KD_END_NONE ? "no log segment to read" : L.end_detail);
+        kj_u64(j, "torn_bytes", L.torn_bytes);
+        if (L.corrupt_lsn) kj_u64(j, "corrupt_lsn", L.corrupt_lsn);
+        else kj_null(j, "corrupt_lsn");
+        kj_end_obj(j);
+        kj_end_doc(j);
+    } else {
+        size_t nread = 0;
+        for (size_t i = 0; i < L.nsegs; i++) nread += L.segs[i].read;
+        if (w.stats) {
+            printf("%-10s %10s %12s %8s\n", "type", "records", "bytes", "avg");
+            for (unsigned t = 1; t <= REC_TYPE_MAX; t++)
+                printf("%-10s %10llu %12llu %8.1f\n", pkv_rec_type_name(t),
+                       (unsigned long long)w.count[t], (unsigned long long)w.bytes[t],
+                       w.count[t] ? (double)w.bytes[t] / (double)w.count[t] : 0.0);
+            printf("%-10s %10llu %12llu %8.1f\n", "total", (unsigned long long)tot_n,
+                   (unsigned long long)tot_b, tot_n ? (double)tot_b / (double)tot_n : 0.0);
+            printf("frames %llu (%.1f records per frame), segments %zu read of %zu\n",
+                   (unsigned long long)L.frames,
+                   L.frames ? (double)L.records / (double)L.frames : 0.0,
+                   nread, L.nsegs);
+        }
+        if (L.have_ckpt && !L.ckpt_ok) printf("checkpoint: %s\n", L.ckpt_err);
+        if (L.end_reason == KD_END_NONE)
+            printf("end of log: no log segment to read; last LSN %llu%s\n",
+                   (unsigned long long)L.last_lsn, L.have_ckpt ? " (from the checkpoint)" : "");
+        else
+            printf("end of log: last valid LSN %llu (segment %llu, offset 0x%llx): %s\n",
+                   (unsigned long long)L.last_lsn, (unsigned long long)L.end_seg,
+                   (unsigned long long)L.end_off, L.end_detail);
+    }
+    kd_log_free(&L);
+    fflush(stdout);
+    if (ferror(stdout)) return kd_fail(x, KD_FAILED, "writing the output failed");
+    return KD_OK;
+}

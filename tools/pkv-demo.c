@@ -1,0 +1,2 @@
+#include "model.h"
+int main(void) { return 0; }
