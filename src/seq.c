@@ -36,6 +36,13 @@
         pkv_lock(c);                                                            \
     } while (0)
 
+/* The sequence named `id`, or NULL with *rc = PKV_ENOSEQ. */
+static pkv_seq *find_seq(pkv_cache *c, uint64_t id, int *rc) {
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s) *rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+    return s;
+}
+
 /* Mutating calls: also refuse a read-only or failed cache. */
 #define MUTATING_ENTRY(c)                                                       \
     do {                                                                        \
@@ -197,10 +204,8 @@ int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
     const uint32_t bs = p->block_size;
     pkv_seq *s;
 retry:
-    if (!(s = pkv_seqmap_get(&c->seqs, id))) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if (n > (uint64_t)p->capacity * bs) {
         rc = pkv_err(PKV_EFULL, "%zu tokens exceed the whole cache", n);
         goto out;
@@ -278,11 +283,8 @@ int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
     MUTATING_ENTRY(c);
     int rc = 0;
     const uint32_t bs = c->pool.block_size;
-    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-    if (!s) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    pkv_seq *s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if (n > s->len - s->committed) {
         rc = pkv_err(PKV_ESTATE, "commit of %zu tokens, only %llu pending", n,
                      (unsigned long long)(s->len - s->committed));
@@ -308,11 +310,8 @@ out:
 int pkv_seq_fork(pkv_cache *c, uint64_t parent, uint64_t child) {
     MUTATING_ENTRY(c);
     int rc = 0;
-    pkv_seq *p = pkv_seqmap_get(&c->seqs, parent), *s;
-    if (!p) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)parent);
-        goto out;
-    }
+    pkv_seq *p = find_seq(c, parent, &rc), *s;
+    if (!p) goto out;
     if (pkv_seqmap_get(&c->seqs, child)) {
         rc = pkv_err(PKV_EEXIST, "sequence %llu already exists", (unsigned long long)child);
         goto out;
@@ -354,10 +353,8 @@ int pkv_seq_truncate(pkv_cache *c, uint64_t id, size_t new_len) {
     const uint32_t bs = p->block_size;
     pkv_seq *s;
 retry:
-    if (!(s = pkv_seqmap_get(&c->seqs, id))) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if (new_len > s->len) {
         rc = pkv_err(PKV_ERANGE, "truncate to %zu beyond length %llu", new_len,
                      (unsigned long long)s->len);
@@ -400,11 +397,8 @@ out:
 int pkv_seq_close(pkv_cache *c, uint64_t id) {
     MUTATING_ENTRY(c);
     int rc = 0;
-    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-    if (!s) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    pkv_seq *s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if ((rc = pkv_wal_reserve(c, pkv_log_close_size()))) goto out;
     pkv_log_close(c, id);
     release_from(c, s, 0);
@@ -420,10 +414,8 @@ int pkv_seq_info(pkv_cache *c, uint64_t id, pkv_seq_info_t *out) {
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
     LOCKED_ENTRY(c);
     int rc = 0;
-    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-    if (!s) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-    } else {
+    pkv_seq *s = find_seq(c, id, &rc);
+    if (s) {
         out->len = s->len;
         out->committed = s->committed;
         out->n_blocks = s->nblocks;
@@ -437,11 +429,8 @@ int pkv_seq_blocks(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t 
     if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
     LOCKED_ENTRY(c);
     int rc = 0;
-    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-    if (!s) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    pkv_seq *s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if (n) *n = s->nblocks;
     size_t m = s->nblocks < cap ? s->nblocks : cap;
     if (m) memcpy(out, s->blocks, m * sizeof *out);
@@ -457,11 +446,8 @@ int pkv_seq_tokens(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t 
     LOCKED_ENTRY(c);
     int rc = 0;
     const uint32_t bs = c->pool.block_size;
-    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-    if (!s) {
-        rc = pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
-        goto out;
-    }
+    pkv_seq *s = find_seq(c, id, &rc);
+    if (!s) goto out;
     if (n) *n = s->len;
     uint64_t m = s->len < cap ? s->len : cap;
     for (uint64_t i = 0; i < m; i += bs) {
