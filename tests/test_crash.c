@@ -27,7 +27,13 @@
  * (c) fault injection: a backend that fails its k-th call with -EIO or -ENOSPC, swept
  *     over k: the failure surfaces as PKV_EFAILED / PKV_EIO / PKV_ENOSPC, after which
  *     every mutating call returns PKV_EFAILED; pkv_check passes; nothing crashes; a
- *     reopen with the default backend recovers the acknowledged state. */
+ *     reopen with the default backend recovers the acknowledged state.
+ *
+ * The sweeps report every failing case at the end instead of stopping at the first.
+ * Environment: PKV_SEED (kill test seed), PKV_KILL_ITERS (kill iterations, default 30),
+ * PKV_POWER_N (crash points per power-loss sweep), PKV_FAULT_K (fault sweep limit),
+ * PKV_KEEP_FAIL=1 (copy the directory of a failing kill / power-loss case to
+ * /tmp/pkvkill.<pid> or /tmp/pkvfail.<pid>.<k>, with the oracle in pl-pre/oracle.txt). */
 #include "wal_util.h"
 
 #include <dirent.h>
@@ -105,6 +111,12 @@ static void sweep_case(sweep *s, void (*fn)(void *arg, int k), void *arg, int k)
     }
     wu_catch = NULL;
     if (g_cache) pkv_close(g_cache); /* its backend object is leaked on purpose */
+    if (getenv("PKV_KEEP_FAIL")) {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "rm -rf /tmp/pkvfail.%d.%d && cp -a %s /tmp/pkvfail.%d.%d",
+                 (int)getpid(), k, pt_dir, (int)getpid(), k);
+        if (system(cmd)) {}
+    }
     g_cache = NULL;
     if (s->failures < 10) snprintf(s->msg[s->failures], sizeof s->msg[0], "%.690s", wu_caught);
     s->failures++;
@@ -289,7 +301,7 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-Test(crash, kill_during_workload, .timeout = 280)
+Test(crash, kill_during_workload)
 {
     uint64_t iters = pt_env_u64("PKV_KILL_ITERS", 30);
     uint64_t seed0 = pt_env_u64("PKV_SEED", 1);
@@ -373,7 +385,8 @@ Test(crash, kill_during_workload, .timeout = 280)
     pt_ctx[0] = 0;
     cr_log_info("kill test: %llu iterations, %zu messages, %zu acks, %zu probes, %.0f ms",
                 (unsigned long long)iters, total_msgs, total_acks, total_probes, now_ms() - t0);
-    cr_assert(total_acks > iters / 2, "the children acknowledged only %zu syncs", total_acks);
+    cr_assert(iters < 10 || total_acks > iters / 2, "the children acknowledged only %zu syncs",
+              total_acks);
     wu_model_free(&prev);
     wu_prompts_free(&ps);
 }
@@ -667,13 +680,16 @@ typedef struct damage {
 
 /* Power is lost: resolve every write that was not durable. Runs after pkv_close, when
  * no library thread touches the files any more. */
-static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
+/* force_log: -1 random, else the action for every unsynced write (0 keep, 1 drop);
+ * force_arena: -1 random, 0 keep every changed sector, 1 restore every one. */
+static void crashfs_apply_forced(crashfs *fs, const char *dir, pt_rng *r, damage *d,
+                                 int force_log, int force_arena)
 {
     memset(d, 0, sizeof *d);
     int *act = calloc(fs->nw + 1, sizeof *act);
     size_t *cut = calloc(fs->nw + 1, sizeof *cut);
     for (size_t i = 0; i < fs->nw; i++) {
-        act[i] = (int)pt_below(r, 4);
+        act[i] = force_log >= 0 ? force_log : (int)pt_below(r, 4);
         cut[i] = pt_below(r, (uint32_t)fs->w[i].n);
     }
     /* restores newest first, so overlapping writes unwind correctly */
@@ -719,7 +735,7 @@ static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
     WU_ASSERT(len == fs->arena_len, "arena size changed %zu -> %zu", fs->arena_len, len);
     for (size_t off = 0; off < len; off += 512) {
         if (!memcmp(cur + off, fs->durable + off, 512)) continue;
-        uint32_t a = pt_below(r, 10);
+        uint32_t a = force_arena == 0 ? 0 : force_arena == 1 ? 5 : pt_below(r, 10);
         if (a < 4) {
             d->sec_kept++;
         } else if (a < 8) {
@@ -735,6 +751,11 @@ static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
     WU_ASSERT(fd >= 0 && pwrite(fd, cur, len, 0) == (ssize_t)len, "arena write");
     close(fd);
     free(cur);
+}
+
+static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
+{
+    crashfs_apply_forced(fs, dir, r, d, -1, -1);
 }
 
 /* ---- Shared by (b) and (c): the setup phase and the workload under a backend ----------- */
@@ -807,6 +828,7 @@ static bool faulty_workload(pkv_cache *c, wu_oracle *o, wu_prompts *ps, uint64_t
     run_ctx rc = {o, false};
     wu_wl w;
     wu_wl_init(&w, c, seed, ps);
+    if (w.next_id < 1000000) w.next_id = 1000000; /* never an id of the setup phase */
     w.max_seqs = 6;
     w.tolerant = true;
     w.allow_ckpt = true;
@@ -914,7 +936,6 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
                            pl_stats *ps_out, int *nsync_out)
 {
     char dir[512], what[160];
-    double T0 = now_ms();
     pt_path(dir, sizeof dir, "pl");
     pt_rmrf(dir);
     wu_copy_dir(p1->dir, dir);
@@ -946,7 +967,6 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
         close_tracked(c);
     }
     if (nsync_out) *nsync_out = fs.nsync;
-    if (getenv("PKV_DEBUG")) fprintf(stderr, "workload done %.1f ms\n", now_ms() - T0);
     pt_rng r = {(uint64_t)crash_at * 31 + (uint64_t)mode};
     damage d;
     crashfs_apply(&fs, dir, &r, &d);
@@ -958,9 +978,27 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
     snprintf(w2, sizeof w2, "%s [unsynced log writes: %zu kept %zu dropped %zu torn %zu garbled; "
              "arena sectors: %zu kept %zu restored %zu garbled]", what, d.kept, d.dropped, d.torn,
              d.garbled, d.sec_kept, d.sec_restored, d.sec_garbled);
-    if (getenv("PKV_DEBUG")) fprintf(stderr, "apply done %.1f ms\n", now_ms() - T0);
+    if (getenv("PKV_KEEP_FAIL")) { /* the damaged directory and the oracle, before recovery */
+        char keep[600], path[700];
+        snprintf(keep, sizeof keep, "%s/pl-pre", pt_dir);
+        pt_rmrf(keep);
+        wu_copy_dir(dir, keep);
+        snprintf(path, sizeof path, "%s/oracle.txt", keep);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            for (size_t i = 0; i < o.ack.n; i++) {
+                fprintf(f, "ack %llu salt %llu committed %zu:", (unsigned long long)o.ack.s[i].id,
+                        (unsigned long long)o.ack.s[i].salt, o.ack.s[i].committed);
+                for (size_t j = 0; j < o.ack.s[i].committed; j++) fprintf(f, " %u", o.ack.s[i].tok[j]);
+                fprintf(f, "\n");
+            }
+            for (size_t i = 0; i < o.nit; i++)
+                fprintf(f, "intent %c %llu %llu\n", o.it[i].kind, (unsigned long long)o.it[i].id,
+                        (unsigned long long)o.it[i].arg);
+            fclose(f);
+        }
+    }
     verify_recovery(dir, mode, &o, &ps, mode == PKV_DURABLE_NONE, crash_at % 4 == 1, w2);
-    if (getenv("PKV_DEBUG")) fprintf(stderr, "verify done %.1f ms\n", now_ms() - T0);
     crashfs_free(&fs);
 #undef fs
     free(fsp);
@@ -1002,19 +1040,19 @@ static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
     phase1_free(&p1);
 }
 
-Test(crash, power_loss_group, .timeout = 280)
+Test(crash, power_loss_group)
 {
     /* 10 s group commit: the log is written only at pkv_sync, checkpoints and when
      * freed blocks are needed, so the N-th sync call is the same call in every run */
     power_loss_sweep(PKV_DURABLE_GROUP, 10000000, (int)pt_env_u64("PKV_POWER_N", 40));
 }
 
-Test(crash, power_loss_group_async_flush, .timeout = 280)
+Test(crash, power_loss_group_async_flush)
 {
     power_loss_sweep(PKV_DURABLE_GROUP, 100, (int)pt_env_u64("PKV_POWER_N", 20));
 }
 
-Test(crash, power_loss_none, .timeout = 280)
+Test(crash, power_loss_none)
 {
     /* a 50 us group commit: many frames reach the OS unsynced between pkv_sync calls */
     power_loss_sweep(PKV_DURABLE_NONE, 50, (int)pt_env_u64("PKV_POWER_N", 24));
@@ -1200,7 +1238,7 @@ static void fault_case(void *arg, int k)
     fault_run(arg, k, k % 2 ? EIO : ENOSPC, NULL);
 }
 
-Test(crash, fault_injection, .timeout = 280)
+Test(crash, fault_injection)
 {
     phase1 p1;
     phase1_build(&p1, 600);
@@ -1213,4 +1251,77 @@ Test(crash, fault_injection, .timeout = 280)
     cr_log_info("fault injection: %d I/O calls swept", total);
     sweep_report(&sw, "fault injection");
     phase1_free(&p1);
+}
+
+/* ---- pkv_sync's promise in PKV_DURABLE_NONE ---------------------------------------------
+ * pkv_sync: "returns once every mutation made before the call is durable ... in every
+ * durability mode". A sequence with 21 committed tokens (5 full blocks + 1 token in a
+ * partial block) is synced. Then 3 more tokens fill the partial block, which is sealed;
+ * in NONE mode the flusher hands that frame (SEAL + COMMIT) to the OS without syncing
+ * the arena first. Power is lost: the frame happens to reach the disk, the new K/V of the
+ * block does not. Recovery verifies the sealed block, finds its payload checksum wrong,
+ * and cuts the sequence before the block -- dropping token 20, which pkv_sync had made
+ * durable. (GROUP and ALWAYS sync the arena before each frame, so it cannot happen
+ * there.) */
+Test(crash, none_mode_sync_survives_a_later_seal)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "none");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 64, PKV_DURABLE_NONE);
+    pkv_cache *c = wu_open_ok(dir, &o); /* create the files */
+    pkv_close(c);
+    crashfs *fs = calloc(1, sizeof *fs);
+    crashfs_init(fs, dir, 0);
+    o.io = &fs->ops;
+    o.group_commit_us = 1000;
+    c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 3, NULL);
+    uint32_t a[21];
+    for (int i = 0; i < 21; i++) a[i] = 300 + (uint32_t)i;
+    uint64_t id = 0;
+    WU_OK(wu_do_open(&w, 0, a, 21, 0, &id));
+    WU_OK(pkv_sync(c)); /* 21 committed tokens are durable now */
+    uint32_t t[3] = {900, 901, 902};
+    WU_OK(wu_do_append(&w, id, t, 3, true)); /* block 5 full: SEAL + COMMIT */
+    for (int i = 0; i < 200; i++) { /* the flusher writes the frame (unsynced) */
+        pthread_mutex_lock(&fs->mu);
+        bool written = fs->nw > 0;
+        pthread_mutex_unlock(&fs->mu);
+        if (written) break;
+        usleep(1000);
+    }
+    pthread_mutex_lock(&fs->mu);
+    size_t nw = fs->nw;
+    fs->crash_at = fs->nsync + 1; /* the next sync-type call loses power */
+    pthread_mutex_unlock(&fs->mu);
+    cr_assert(nw > 0, "the flusher did not write the frame within 200 ms");
+    int rc = pkv_sync(c);
+    cr_assert_neq(rc, 0, "pkv_sync after the power loss returned 0");
+    pkv_close(c);
+    pt_rng r = {1};
+    damage d;
+    crashfs_apply_forced(fs, dir, &r, &d, 0 /* the frame reached the disk */,
+                         1 /* the block's new K/V did not */);
+    /* With the arena flushed before every frame that seals (log.c), nothing of the
+     * block's K/V is left unsynced here (d.sec_restored == 0); without that flush
+     * the new K/V is lost while the frame survives. Either way the synced tokens
+     * must come back. */
+    (void)d;
+    o.io = NULL;
+    o.group_commit_us = 0;
+    c = wu_open_ok(dir, &o);
+    pkv_seq_info_t si;
+    WU_OK(pkv_seq_info(c, id, &si));
+    pkv_recovery_t rec = recovery(c);
+    pkv_close(c);
+    crashfs_free(fs);
+    free(fs);
+    wu_wl_free(&w);
+    cr_assert(si.committed >= 21,
+              "PKV_DURABLE_NONE: a sequence synced with 21 committed tokens comes back with %llu "
+              "after a power loss (seq_blocks_bad %llu: the block sealed after the sync failed "
+              "verification and took the synced token with it)",
+              (unsigned long long)si.committed, (unsigned long long)rec.seq_blocks_bad);
 }

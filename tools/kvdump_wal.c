@@ -59,7 +59,12 @@ static bool frame_ok(const segdata *s, size_t off, uint64_t *first, uint32_t *nr
     if (pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
     uint32_t nb = pkv_get_u32(f + 20);
     if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
+    /* A stack state must be cleared before a seeded reset: libxxhash derives the
+     * seeded secret only when the seed differs from the one already in the state,
+     * so leftover stack bytes could leave a stale secret (XXH3_INITSTATE). */
     XXH3_state_t st;
+    memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
+    memset(&st, 0, sizeof st);
     XXH3_64bits_reset_withSeed(&st, s->epoch);
     XXH3_64bits_update(&st, f, 24);
     XXH3_64bits_update(&st, f + FRAME_HDR, nb);
@@ -298,6 +303,11 @@ static int frame_records(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
             bad = "record does not decode";
             break;
         }
+        if ((r.r.type == REC_SEQ_SET || r.r.type == REC_COMMIT || r.r.type == REC_TRUNC) &&
+            r.r.committed > (uint64_t)UINT32_MAX * bs) {
+            bad = "committed length out of range";
+            break;
+        }
         r.seg = s->no;
         r.off = off + FRAME_HDR + pos;
         r.len = rl;
@@ -432,6 +442,13 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
         char path[4200];
         snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)s->no);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            /* Renamed or removed since the listing: a live writer recycled a
+             * segment that a newer checkpoint covers. */
+            s->valid = false;
+            snprintf(s->why, sizeof s->why, "vanished while being read (recycled by a live writer)");
+            continue;
+        }
         if (fd < 0) {
             snprintf(why, wl, "open %s: %s", path, strerror(errno));
             rc = PKV_EIO;

@@ -158,6 +158,7 @@ static void frame_seal(uint8_t *buf, size_t len, uint32_t epoch, uint64_t first,
     pkv_put_u32(buf + 16, nrec);
     pkv_put_u32(buf + 20, (uint32_t)(len - FRAME_HDR));
     XXH3_state_t st;
+    memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
     XXH3_64bits_reset_withSeed(&st, epoch);
     XXH3_64bits_update(&st, buf, 24);
     XXH3_64bits_update(&st, buf + FRAME_HDR, len - FRAME_HDR);
@@ -174,6 +175,10 @@ static void flush_once(pkv_cache *c, bool hard) {
     uint32_t nrec = w->nrec;
     uint64_t first = w->buf_first_lsn, last = w->next_lsn - 1;
     bool dirty = w->arena_dirty;
+    /* The arena is flushed before a frame that seals blocks in every mode: in NONE
+     * mode too, or a frame reaching the disk ahead of the payload it checksums
+     * would turn blocks (and the synced tokens in them) into verification misses. */
+    bool arena_sync = dirty && (sync || w->seal_dirty);
     if (nrec == 0 && (!sync || w->durable_lsn >= w->written_lsn) && !(hard && dirty))
         return;
     /* Swap buffers: appenders continue into the other one. */
@@ -185,12 +190,12 @@ static void flush_once(pkv_cache *c, bool hard) {
     w->fcap = fcap;
     w->len = FRAME_HDR;
     w->nrec = 0;
-    if (sync) w->arena_dirty = false;
+    if (arena_sync) w->arena_dirty = w->seal_dirty = false;
     pthread_mutex_unlock(&c->lock);
 
     int rc = 0;
     const char *what = NULL;
-    if (sync && dirty && w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
+    if (arena_sync && w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
         what = "flush arena";
     if (!rc && nrec) {
         if (w->seg_off + len > w->seg_cap) {

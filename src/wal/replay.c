@@ -256,6 +256,7 @@ static bool frame_ok(const seg *s, size_t off, uint64_t *first, uint32_t *nrec,
     uint32_t nb = pkv_get_u32(f + 20);
     if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
     XXH3_state_t st;
+    memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
     XXH3_64bits_reset_withSeed(&st, s->epoch);
     XXH3_64bits_update(&st, f, 24);
     XXH3_64bits_update(&st, f + FRAME_HDR, nb);

@@ -105,7 +105,8 @@ typedef struct pkv_wal {
     uint64_t written_lsn; /* handed to the OS (survives a process crash) */
     uint64_t durable_lsn; /* synced (survives a power loss) */
     uint64_t ckpt_lsn;
-    bool arena_dirty;     /* payload written since the last swap */
+    bool arena_dirty;     /* payload written since the last arena flush */
+    bool seal_dirty;      /* ... and blocks sealed since then */
 
     pthread_t thr;
     bool running, stop, sync_req, hard_req, ckpt_req;
