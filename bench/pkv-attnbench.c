@@ -109,6 +109,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t cpu_ns(void) { /* CPU time of the process (all threads) */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static uint64_t rs = 0x1234;
 static uint64_t rnd(void) {
     uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
@@ -211,35 +217,31 @@ static void parse_args(int argc, char **argv) {
     }
 }
 
-/* Best bytes/s of memcpy over `bytes`, reps times. */
-static double memcpy_bw(size_t bytes, double *median) {
-    uint8_t *a = xmalloc(bytes), *b = xmalloc(bytes);
-    memset(a, 1, bytes);
-    memset(b, 2, bytes);
-    double best = 0, *r = xmalloc(cfg.reps * sizeof(double));
-    for (uint32_t i = 0; i < cfg.reps; i++) {
-        uint64_t t0 = now_ns();
-        memcpy(i & 1 ? a : b, i & 1 ? b : a, bytes);
-        uint64_t t1 = now_ns();
-        r[i] = (double)bytes / ((double)(t1 - t0) * 1e-9);
-        if (r[i] > best) best = r[i];
-    }
-    for (uint32_t i = 1; i < cfg.reps; i++) /* insertion sort for the median */
+static void sort_dbl(double *r, uint32_t n) { /* insertion sort */
+    for (uint32_t i = 1; i < n; i++)
         for (uint32_t j = i; j > 0 && r[j] < r[j - 1]; j--) {
             double t = r[j];
             r[j] = r[j - 1], r[j - 1] = t;
         }
-    *median = r[cfg.reps / 2];
-    free(r);
-    free(a);
-    free(b);
-    return best;
+}
+
+/* The memcpy buffers: as large as the K/V working set, touched once. */
+static uint8_t *mc_a, *mc_b;
+static size_t mc_bytes;
+
+/* Bytes copied per second by one memcpy of the whole buffer. */
+static double memcpy_once(uint32_t i) {
+    uint64_t t0 = now_ns();
+    memcpy(i & 1 ? mc_a : mc_b, i & 1 ? mc_b : mc_a, mc_bytes);
+    uint64_t t1 = now_ns();
+    __asm__ volatile("" : : "r"(mc_a), "r"(mc_b) : "memory"); /* keep the copy */
+    return (double)mc_bytes / ((double)(t1 - t0) * 1e-9);
 }
 
 typedef struct result {
     int dtype;
     size_t ctx, n_seqs;
-    double kv_bytes, best_bps, median_bps, ms_best;
+    double kv_bytes, best_bps, median_bps, ms_best, cpu_bps, mc_best, mc_median;
 } result;
 
 int main(int argc, char **argv) {
@@ -247,18 +249,22 @@ int main(int argc, char **argv) {
     const size_t ws = cfg.ws_mib << 20;
     const uint32_t H = cfg.kv_heads, D = cfg.head_dim, bs = cfg.block_size, nq = cfg.q_heads;
 
-    double mc_median, mc_best = memcpy_bw(ws, &mc_median);
+    mc_bytes = ws;
+    mc_a = xmalloc(ws);
+    mc_b = xmalloc(ws);
+    memset(mc_a, 1, ws);
+    memset(mc_b, 2, ws);
     if (!cfg.json)
         printf("pkv-attnbench: %u kv heads, %u query heads, head_dim %u, block_size %u, "
                "%u thread%s, %zu MiB of K/V per measurement, %s%s\n"
-               "memcpy (%zu MiB): best %.2f GB/s, median %.2f GB/s\n\n"
-               "%-5s %8s %6s %12s %10s %12s %12s %9s\n",
+               "each row: %u attention runs interleaved with %u memcpy runs of %zu MiB; best "
+               "of each\n\n"
+               "%-5s %8s %6s %10s %10s %12s %12s %11s %9s %12s\n",
                H, nq, D, bs, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.ws_mib,
                cfg.mem ? "anonymous memory" : "pagedkv arena",
-               cfg.portable ? ", portable path" : "", cfg.ws_mib, mc_best / 1e9,
-               mc_median / 1e9, "dtype", "context", "seqs", "K/V MiB", "best ms", "best GB/s",
-               "median GB/s", "vs memcpy");
-
+               cfg.portable ? ", portable path" : "", cfg.reps, cfg.reps, cfg.ws_mib, "dtype",
+               "context", "seqs", "K/V MiB", "best ms", "best GB/s", "median GB/s",
+               "memcpy GB/s", "vs memcpy", "GB/CPU-s");
     result res[3 * MAX_CTX];
     int n_res = 0;
     for (int di = 0; di < cfg.n_dtypes; di++) {
@@ -282,6 +288,7 @@ int main(int argc, char **argv) {
             anon = mmap(NULL, anon_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                         -1, 0);
             if (anon == MAP_FAILED) die("mmap %zu bytes: %s", anon_bytes, strerror(errno));
+            if (getenv("PKV_BENCH_HUGE")) madvise(anon, anon_bytes, MADV_HUGEPAGE);
             view = (pkv_kv_view){.base = anon, .dtype = dt, .num_layers = 1, .num_kv_heads = H,
                                  .head_dim = D, .block_size = bs, .num_blocks = blocks,
                                  .block_stride = block, .layer_stride = block,
@@ -340,29 +347,32 @@ int main(int argc, char **argv) {
                                  .scale = 1.0f / sqrtf((float)D), .num_threads = cfg.threads,
                                  .flags = cfg.portable ? PKV_ATTN_PORTABLE : 0};
             PKV(pkv_attn_decode(&view, &p, seqs, n_seqs, q, out)); /* warm-up */
-            double *r = xmalloc(cfg.reps * sizeof(double));
+            double *r = xmalloc(cfg.reps * sizeof(double)), *mr = xmalloc(cfg.reps * sizeof(double));
             const double bytes = (double)n_seqs * (double)ctx * (double)tok_bytes;
-            double best = 0, best_ms = 0;
+            double best = 0, best_ms = 0, cpu_best = 0, mc_best = 0;
             for (uint32_t i = 0; i < cfg.reps; i++) {
-                uint64_t t0 = now_ns();
+                mr[i] = memcpy_once(i);
+                if (mr[i] > mc_best) mc_best = mr[i];
+                uint64_t c0 = cpu_ns(), t0 = now_ns();
                 PKV(pkv_attn_decode(&view, &p, seqs, n_seqs, q, out));
-                uint64_t t1 = now_ns();
+                uint64_t t1 = now_ns(), c1 = cpu_ns();
                 r[i] = bytes / ((double)(t1 - t0) * 1e-9);
                 if (r[i] > best) best = r[i], best_ms = (double)(t1 - t0) * 1e-6;
+                const double cb = bytes / ((double)(c1 - c0 ? c1 - c0 : 1) * 1e-9);
+                if (cb > cpu_best) cpu_best = cb;
             }
-            for (uint32_t i = 1; i < cfg.reps; i++)
-                for (uint32_t j = i; j > 0 && r[j] < r[j - 1]; j--) {
-                    double t = r[j];
-                    r[j] = r[j - 1], r[j - 1] = t;
-                }
+            sort_dbl(r, cfg.reps);
+            sort_dbl(mr, cfg.reps);
             for (size_t i = 0; i < n_seqs * nq * D; i++)
                 if (!isfinite(out[i])) die("non-finite attention output");
-            res[n_res] = (result){dt, ctx, n_seqs, bytes, best, r[cfg.reps / 2], best_ms};
+            res[n_res] = (result){dt,       ctx,      n_seqs, bytes, best, r[cfg.reps / 2],
+                                  best_ms, cpu_best, mc_best, mr[cfg.reps / 2]};
             if (!cfg.json)
-                printf("%-5s %8zu %6zu %12.1f %10.2f %12.2f %12.2f %9.2f\n", dname(dt), ctx,
-                       n_seqs, bytes / 1048576.0, best_ms, best / 1e9, r[cfg.reps / 2] / 1e9,
-                       best / mc_best);
+                printf("%-5s %8zu %6zu %10.1f %10.2f %12.2f %12.2f %11.2f %9.2f %12.2f\n",
+                       dname(dt), ctx, n_seqs, bytes / 1048576.0, best_ms, best / 1e9,
+                       r[cfg.reps / 2] / 1e9, mc_best / 1e9, best / mc_best, cpu_best / 1e9);
             fflush(stdout);
+            free(mr);
             n_res++;
             free(r);
             free(q);
@@ -377,19 +387,21 @@ int main(int argc, char **argv) {
     if (cfg.json) {
         printf("{\n  \"config\": {\"kv_heads\": %u, \"q_heads\": %u, \"head_dim\": %u, "
                "\"block_size\": %u, \"threads\": %u, \"working_set_mib\": %zu, \"memory\": \"%s\", "
-               "\"portable\": %s},\n",
+               "\"portable\": %s, \"reps\": %u},\n  \"results\": [\n",
                H, nq, D, bs, cfg.threads, cfg.ws_mib, cfg.mem ? "anonymous" : "arena",
-               cfg.portable ? "true" : "false");
-        printf("  \"memcpy_gbps\": {\"best\": %.3f, \"median\": %.3f},\n  \"results\": [\n",
-               mc_best / 1e9, mc_median / 1e9);
+               cfg.portable ? "true" : "false", cfg.reps);
         for (int i = 0; i < n_res; i++)
             printf("    {\"dtype\": \"%s\", \"context\": %zu, \"seqs\": %zu, \"kv_bytes\": %.0f, "
                    "\"best_ms\": %.3f, \"best_gbps\": %.3f, \"median_gbps\": %.3f, "
-                   "\"ratio_to_memcpy\": %.3f}%s\n",
+                   "\"memcpy_best_gbps\": %.3f, \"memcpy_median_gbps\": %.3f, "
+                   "\"ratio_to_memcpy\": %.3f, \"gb_per_cpu_second\": %.3f}%s\n",
                    dname(res[i].dtype), res[i].ctx, res[i].n_seqs, res[i].kv_bytes,
                    res[i].ms_best, res[i].best_bps / 1e9, res[i].median_bps / 1e9,
-                   res[i].best_bps / mc_best, i + 1 < n_res ? "," : "");
+                   res[i].mc_best / 1e9, res[i].mc_median / 1e9, res[i].best_bps / res[i].mc_best,
+                   res[i].cpu_bps / 1e9, i + 1 < n_res ? "," : "");
         printf("  ]\n}\n");
     }
+    free(mc_a);
+    free(mc_b);
     return 0;
 }

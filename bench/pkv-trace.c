@@ -11,7 +11,8 @@
  *    cache is opened with PKV_DURABLE_NONE and a tiny geometry (1 layer, 1 KV
  *    head, head_dim 8, f16), and K/V payload is not written unless --payload: what
  *    is measured is the metadata path (lookup, block tables, refcounts, hashing,
- *    prefix index, LRU, log records). Hit rates come from pkv_stats();
+ *    prefix index, LRU, log records and checkpoints) and the first touch of each
+ *    arena slot. Hit rates come from pkv_stats();
  *  - the simulator (trace_sim.c) replays the same operations for each policy:
  *    leaf-first LRU (must reproduce the engine's counters exactly: checked and
  *    reported), plain LRU, Belady, and the frequency-aware leaf policies.
@@ -24,6 +25,7 @@
 
 #include "pagedkv.h"
 #include "trace_data.h"
+#include "trace_replay.h"
 #include "trace_sim.h"
 
 #include <errno.h>
@@ -72,9 +74,13 @@ static struct config {
     .batch = 8192,
     .engine_max = 2u << 20,
     .dir = "/tmp",
+    .protect = 0.5,
+    .ghost = 2.0,
 };
 
-static const char *default_capacities = "1%,2%,3%,5%,7.5%,10%,15%,20%,30%,40%,50%,70%,100%";
+static const char *default_capacities =
+    "1%,2%,3%,5%,7.5%,10%,15%,20%,30%,2M,40%,50%,70%,100%";
+static const char *default_policies = "leaf-lru,lru,belady,leaf-slru";
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -89,10 +95,11 @@ static void usage(FILE *f) {
 "  --capacities LIST    comma-separated capacities: N blocks (k/M suffixes: 2M =\n"
 "                       2*2^20), or P%% of the trace's distinct blocks\n"
 "                       (default %s)\n"
-"  --policies LIST      simulated policies (default all: leaf-lru,lru,belady,\n"
-"                       leaf-slru,leaf-slru-ghost)\n"
-"  --protect F          leaf-slru*: protected share of capacity (default 0.8)\n"
-"  --ghost F            leaf-slru-ghost: ghost window, share of capacity (default 1)\n"
+"  --policies LIST      simulated policies (default %s;\n"
+"                       also leaf-mq)\n"
+"  --protect F          leaf-slru, leaf-mq: protected share of capacity (default 0.5)\n"
+"  --ghost F            leaf-slru, leaf-mq: ghost window in evictions, as a multiple\n"
+"                       of capacity (default 2; 0 = no ghosts)\n"
 "  --engine-max N       replay the engine only at capacities <= N blocks\n"
 "                       (default 2M; 0 = every capacity)\n"
 "  --no-engine          simulator only        --no-sim   engine only\n"
@@ -106,7 +113,7 @@ static void usage(FILE *f) {
 "                       it is removed after each capacity\n"
 "  --csv FILE           write one row per (capacity, policy) for plot-trace.sh\n"
 "  --label NAME         trace name in the CSV (default: file name or 'synthetic')\n",
-            default_capacities);
+            default_capacities, default_policies);
 }
 
 /* ---- Errors and clean-up ------------------------------------------------------ */
@@ -175,12 +182,6 @@ static void check_stop(void) {
     }
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) die("out of memory (%zu bytes)", n);
-    return p;
-}
-
 static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -194,6 +195,15 @@ static bool parse_u64(const char *s, uint64_t *out) {
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-') return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
     *out = v;
     return true;
 }
@@ -225,30 +235,9 @@ static bool parse_capacity(const char *s, uint64_t distinct, uint64_t *out, doub
 
 typedef struct engine_result {
     pkv_stats_t st;
-    double open_s, replay_s, close_s; /* replay: the request loop, token generation too */
-    double gen_s;                     /* of which generating token ids */
-    uint64_t calls;                   /* pkv_* calls in the loop */
-    uint64_t requests;
-    uint64_t appended;                /* tokens appended */
+    trace_replay_stats rs;
+    double open_s, close_s;
 } engine_result;
-
-static void write_payload(pkv_cache *c, const pkv_cache_info *in, const pkv_slot *slots,
-                          const uint32_t *tokens, size_t n) {
-    uint64_t row = (uint64_t)in->head_dim * in->elem_size;
-    uint8_t pat[64];
-    for (size_t i = 0; i < n; i++) {
-        for (int k = 0; k < 2; k++) {
-            uint8_t *p = pkv_kv(c, slots[i].block, 0, (pkv_kind)k, 0);
-            if (!p) die("pkv_kv(block %" PRIu32 ") returned NULL", slots[i].block);
-            p += (uint64_t)slots[i].offset * row;
-            for (uint64_t j = 0; j < row; j += sizeof pat) {
-                uint64_t len = row - j < sizeof pat ? row - j : sizeof pat;
-                for (uint64_t b = 0; b < len; b++) pat[b] = (uint8_t)(tokens[i] * 31u + b + (unsigned)k);
-                memcpy(p + j, pat, len);
-            }
-        }
-    }
-}
 
 static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) {
     memset(er, 0, sizeof *er);
@@ -277,65 +266,26 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
     double t0 = now_s();
     PKV(pkv_open(cachedir, &opt, &g_cache), 0);
     er->open_s = now_s() - t0;
-    pkv_cache *c = g_cache;
-    pkv_cache_info info;
-    PKV(pkv_info(c, &info), 0);
 
-    size_t batch = cfg.batch;
-    uint32_t *prompt = xmalloc(((size_t)t->max_in + 1) * sizeof *prompt);
-    uint32_t *out = xmalloc(batch * sizeof *out);
-    pkv_slot *slots = xmalloc(batch * sizeof *slots);
-    size_t n = cfg.limit && cfg.limit < t->n ? cfg.limit : t->n;
-    uint64_t calls = 0, appended = 0;
-    double gen = 0;
-    t0 = now_s();
-    for (size_t r = 0; r < n; r++) {
-        if ((r & 255) == 0) check_stop();
-        const trace_req *q = &t->req[r];
-        double g0 = now_s();
-        trace_prompt(t, cfg.seed, r, prompt);
-        gen += now_s() - g0;
-        size_t hit = 0;
-        PKV(pkv_seq_open(c, r, 0, q->in_len ? prompt : NULL, q->in_len, &hit), r);
-        calls++;
-        for (size_t pos = hit; pos < q->in_len; pos += batch) {
-            size_t m = q->in_len - pos < batch ? q->in_len - pos : batch;
-            PKV(pkv_seq_append(c, r, prompt + pos, m, slots), r);
-            if (cfg.payload) write_payload(c, &info, slots, prompt + pos, m);
-            PKV(pkv_seq_commit(c, r, m), r);
-            calls += 2;
-            appended += m;
-        }
-        for (size_t pos = 0; pos < q->out_len; pos += batch) {
-            size_t m = q->out_len - pos < batch ? q->out_len - pos : batch;
-            g0 = now_s();
-            trace_output(cfg.seed, r, pos, m, out);
-            gen += now_s() - g0;
-            PKV(pkv_seq_append(c, r, out, m, slots), r);
-            if (cfg.payload) write_payload(c, &info, slots, out, m);
-            PKV(pkv_seq_commit(c, r, m), r);
-            calls += 2;
-            appended += m;
-        }
-        PKV(pkv_seq_close(c, r), r);
-        calls++;
+    trace_replay_opts ro = {.seed = cfg.seed, .batch = cfg.batch, .payload = cfg.payload,
+                            .limit = cfg.limit, .stop = &g_stop};
+    int rc = trace_replay(g_cache, t, &ro, &er->rs);
+    if (rc == 1) check_stop();
+    if (rc < 0) {
+        fprintf(stderr, "pkv-trace: error at request %zu: %s failed: %s (%d)%s%s\n",
+                er->rs.failed_request, er->rs.failed_call, pkv_strerror(rc), rc,
+                er->rs.error[0] ? ": " : "", er->rs.error);
+        cleanup();
+        exit(1);
     }
-    er->replay_s = now_s() - t0;
-    er->gen_s = gen;
-    er->calls = calls;
-    er->requests = n;
-    er->appended = appended;
-    PKV(pkv_stats(c, &er->st), n);
+    PKV(pkv_stats(g_cache, &er->st), er->rs.requests);
     if (cfg.check) {
         char why[512];
-        int rc = pkv_check(c, why, sizeof why);
+        rc = pkv_check(g_cache, why, sizeof why);
         if (rc) die("pkv_check after the replay at capacity %" PRIu64 ": %s", capacity, why);
     }
-    free(prompt);
-    free(out);
-    free(slots);
     t0 = now_s();
-    pkv_close(c);
+    pkv_close(g_cache);
     g_cache = NULL;
     er->close_s = now_s() - t0;
     cleanup(); /* removes the directory */
@@ -430,19 +380,15 @@ int main(int argc, char **argv) {
             break;
         case O_PAYLOAD: cfg.payload = true; break;
         case O_PREFAULT: cfg.prefault = true; break;
-        case O_CKPT: ok = parse_u64(optarg, &cfg.checkpoint_mib) && cfg.checkpoint_mib < (1ull << 40); break;
+        case O_CKPT:
+            ok = parse_u64(optarg, &cfg.checkpoint_mib) && cfg.checkpoint_mib < (1ull << 40);
+            break;
         case O_CHECK: cfg.check = true; break;
         case O_DIR: cfg.dir = optarg; break;
         case O_CSV: cfg.csv = optarg; break;
         case O_LABEL: cfg.label = optarg; break;
-        case O_PROTECT:
-            cfg.protect = strtod(optarg, NULL);
-            ok = cfg.protect > 0 && cfg.protect <= 1;
-            break;
-        case O_GHOST:
-            cfg.ghost = strtod(optarg, NULL);
-            ok = cfg.ghost > 0 && cfg.ghost <= 64;
-            break;
+        case O_PROTECT: ok = parse_double(optarg, 1e-6, 1.0, &cfg.protect); break;
+        case O_GHOST: ok = parse_double(optarg, 0.0, 64.0, &cfg.ghost); break;
         case O_HELP: usage(stdout); return 0;
         default: ok = false; break;
         }
@@ -458,9 +404,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     bool pol_on[SIM_NPOLICIES];
-    for (int i = 0; i < SIM_NPOLICIES; i++) pol_on[i] = cfg.policies == NULL;
-    if (cfg.policies) {
-        char *list = strdup(cfg.policies), *save = NULL;
+    for (int i = 0; i < SIM_NPOLICIES; i++) pol_on[i] = false;
+    {
+        char *list = strdup(cfg.policies ? cfg.policies : default_policies), *save = NULL;
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             int p = sim_policy_parse(tok);
             if (p < 0) {
@@ -604,8 +550,8 @@ int main(int argc, char **argv) {
             first = false;
             printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8" PRIu64 " %8.2f\n",
                    sim_policy_name((sim_policy)p), th,
-                   pct(s->hit_blocks, s->hit_blocks + s->miss_blocks), best - th, s->evictions,
-                   s->strands, s->seconds);
+                   pct(s->hit_blocks, s->hit_blocks + s->miss_blocks),
+                   isnan(best) ? 0.0 : best - th, s->evictions, s->strands, s->seconds);
             csv_row(label, cap, shares[ci], sim_policy_name((sim_policy)p), s->hit_tokens,
                     s->miss_tokens, s->hit_blocks, s->miss_blocks, s->evictions, s->strands,
                     s->dead_evicted, s->seconds, 0);
@@ -618,9 +564,11 @@ int main(int argc, char **argv) {
             double th = pct(st->hit_tokens, st->hit_tokens + st->miss_tokens);
             if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
             else printf("%10s %7s  ", "", "");
+            const trace_replay_stats *rs = &er.rs;
             printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8s %8.2f\n", "engine", th,
-                   pct(st->hit_blocks, st->hit_blocks + st->miss_blocks), best - th,
-                   st->evictions, "-", er.replay_s);
+                   pct(st->hit_blocks, st->hit_blocks + st->miss_blocks),
+                   isnan(best) ? 0.0 : best - th,
+                   st->evictions, "-", rs->seconds);
             const char *verdict = "";
             if (have[SIM_LEAF_LRU]) {
                 bool eq = sim_equals_engine(&res[SIM_LEAF_LRU], st);
@@ -642,17 +590,18 @@ int main(int argc, char **argv) {
                             s->evictions, s->seals, s->dedupes);
                 }
             }
-            double wall = er.open_s + er.replay_s + er.close_s;
-            printf("%20s engine: %.2f s replay (%.2f s generating token ids), open %.2f s, "
-                   "close %.2f s; %.0f calls/s, %.0f requests/s, %.1f M appended tokens/s; "
-                   "%" PRIu64 " seals, %" PRIu64 " dedupes, %" PRIu64 " log records, %" PRIu64
-                   " checkpoints\n%20s %s\n",
-                   "", er.replay_s, er.gen_s, er.open_s, er.close_s,
-                   (double)er.calls / er.replay_s, (double)er.requests / er.replay_s,
-                   (double)er.appended / er.replay_s / 1e6, st->seals, st->dedupes,
-                   st->wal_records, st->checkpoints, "", verdict);
+            double wall = er.open_s + rs->seconds + er.close_s;
+            printf("%20s engine: open %.2f s + replay %.2f s (%.2f s of it generating token "
+                   "ids) + close %.2f s = %.2f s; %.0f calls/s, %.0f requests/s, %.2f M "
+                   "appended tokens/s; %" PRIu64 " seals, %" PRIu64 " dedupes; log: %" PRIu64
+                   " records, %.0f MiB in %" PRIu64 " writes, %" PRIu64 " checkpoints\n%20s %s\n",
+                   "", er.open_s, rs->seconds, rs->gen_seconds, er.close_s, wall,
+                   (double)rs->calls / rs->seconds, (double)rs->requests / rs->seconds,
+                   (double)rs->appended / rs->seconds / 1e6, st->seals, st->dedupes,
+                   st->wal_records, (double)st->wal_bytes / 1048576.0, st->wal_frames,
+                   st->checkpoints, "", verdict);
             csv_row(label, cap, shares[ci], "engine", st->hit_tokens, st->miss_tokens,
-                    st->hit_blocks, st->miss_blocks, st->evictions, 0, 0, wall, er.calls);
+                    st->hit_blocks, st->miss_blocks, st->evictions, 0, 0, wall, rs->calls);
         }
         fflush(stdout);
     }

@@ -49,6 +49,11 @@ typedef struct sblk {
     uint8_t state, list, cnt, pad; /* cnt: reuses while cached (saturating) */
 } sblk;
 
+typedef struct hent {
+    uint64_t key; /* next use << 32 | depth */
+    uint32_t x;
+} hent;
+
 typedef struct slist {
     uint32_t head, tail;
     uint64_t count;
@@ -71,7 +76,7 @@ typedef struct sim {
     slist l[NLEVELS]; /* lru lists, or the levels of a segmented policy */
     uint64_t nprot;   /* cached blocks on levels >= 1 */
     uint64_t protect_max;
-    uint32_t *heap;
+    hent *heap;
     uint32_t hn;
     uint64_t evictable;
     uint32_t serial;
@@ -106,55 +111,52 @@ static void list_remove(sim *s, uint32_t x) {
 
 /* ---- Belady heap: max on (next use, depth) ----------------------------------- */
 
-static inline uint64_t hkey(const sim *s, uint32_t x) {
-    return (uint64_t)s->b[x].key << 32 | s->b[x].depth;
-}
+/* Entries carry their key, so sifting reads only the heap array. */
+static inline uint64_t bkey(const sblk *b) { return (uint64_t)b->key << 32 | b->depth; }
 
-static void heap_set(sim *s, uint32_t i, uint32_t x) {
-    s->heap[i] = x;
-    s->b[x].hpos = i;
+static inline void heap_set(sim *s, uint32_t i, hent e) {
+    s->heap[i] = e;
+    s->b[e.x].hpos = i;
 }
 
 static void heap_up(sim *s, uint32_t i) {
-    uint32_t x = s->heap[i];
-    uint64_t k = hkey(s, x);
+    hent e = s->heap[i];
     while (i > 0) {
         uint32_t pi = (i - 1) / 2;
-        if (hkey(s, s->heap[pi]) >= k) break;
+        if (s->heap[pi].key >= e.key) break;
         heap_set(s, i, s->heap[pi]);
         i = pi;
     }
-    heap_set(s, i, x);
+    heap_set(s, i, e);
 }
 
 static void heap_down(sim *s, uint32_t i) {
-    uint32_t x = s->heap[i];
-    uint64_t k = hkey(s, x);
+    hent e = s->heap[i];
     for (;;) {
         uint32_t c = 2 * i + 1;
         if (c >= s->hn) break;
-        if (c + 1 < s->hn && hkey(s, s->heap[c + 1]) > hkey(s, s->heap[c])) c++;
-        if (hkey(s, s->heap[c]) <= k) break;
+        if (c + 1 < s->hn && s->heap[c + 1].key > s->heap[c].key) c++;
+        if (s->heap[c].key <= e.key) break;
         heap_set(s, i, s->heap[c]);
         i = c;
     }
-    heap_set(s, i, x);
+    heap_set(s, i, e);
 }
 
 static void heap_push(sim *s, uint32_t x) {
-    s->heap[s->hn] = x;
-    s->b[x].hpos = s->hn++;
+    hent e = {bkey(&s->b[x]), x};
+    heap_set(s, s->hn++, e);
     heap_up(s, s->hn - 1);
 }
 
 static void heap_remove(sim *s, uint32_t x) {
     uint32_t i = s->b[x].hpos;
-    uint32_t last = s->heap[--s->hn];
+    hent last = s->heap[--s->hn];
     s->b[x].hpos = NONE;
     if (i == s->hn) return;
     heap_set(s, i, last);
     heap_up(s, i);
-    heap_down(s, s->b[last].hpos);
+    heap_down(s, s->b[last.x].hpos);
 }
 
 /* ---- Policy hooks -------------------------------------------------------------- */
@@ -217,7 +219,7 @@ static void pol_remove(sim *s, uint32_t x) {
 static uint32_t pol_victim(sim *s) {
     uint32_t x;
     if (s->p.policy == SIM_BELADY) {
-        x = s->heap[0];
+        x = s->heap[0].x;
         heap_remove(s, x);
     } else {
         int k = 0;
@@ -412,20 +414,19 @@ int sim_run(const trace *t, const trace_blocks *tb, const sim_params *p, sim_res
     s.cap = (uint32_t)p->capacity;
     s.ncontent = tb->prompt_ids + tb->unique_blocks;
     s.next_unique = tb->prompt_ids;
-    double prot = p->protect > 0 ? p->protect : 0.8;
+    double prot = p->protect > 0 ? p->protect : 0.5;
     s.protect_max = (uint64_t)(prot * (double)s.cap);
-    double gw = p->ghost > 0 ? p->ghost : 1.0;
-    s.ghost_window = (uint64_t)(gw * (double)s.cap);
+    s.ghost_window = (uint64_t)(p->ghost * (double)s.cap);
     for (int k = 0; k < NLEVELS; k++) s.l[k].head = s.l[k].tail = NONE;
     s.b = calloc(s.cap, sizeof *s.b);
     s.freestk = malloc(s.cap * sizeof *s.freestk);
     s.cur = malloc((s.ncontent ? s.ncontent : 1) * sizeof *s.cur);
     s.tbl = malloc((tb->max_req_blocks + 1) * sizeof *s.tbl);
     if (p->policy == SIM_BELADY) s.heap = malloc(s.cap * sizeof *s.heap);
-    if (segmented(&s) && p->ghost >= 0) s.ghost = calloc(s.ncontent ? s.ncontent : 1, sizeof *s.ghost);
+    if (segmented(&s) && p->ghost > 0) s.ghost = calloc(s.ncontent ? s.ncontent : 1, sizeof *s.ghost);
     int rc = -1;
     if (!s.b || !s.freestk || !s.cur || !s.tbl || (p->policy == SIM_BELADY && !s.heap) ||
-        (segmented(&s) && p->ghost >= 0 && !s.ghost))
+        (segmented(&s) && p->ghost > 0 && !s.ghost))
         goto out;
     for (uint64_t i = 0; i < s.ncontent; i++) s.cur[i] = NONE;
     for (uint32_t i = 0; i < s.cap; i++) {

@@ -29,14 +29,20 @@
  *  belady     evict the cached block whose next use as a hit candidate lies
  *             furthest in the future (clairvoyant), deeper block first on ties;
  *             blocks never used again go first;
- *  leaf-slru  leaf-first segmented LRU: blocks that were reused (hit or dedupe)
- *             while cached go to a protected segment of at most `protect` of the
- *             capacity, others to probation; evict the probation head, else the
- *             protected head; the protected head is demoted to probation when the
- *             segment is over its quota;
- *  leaf-slru-ghost  leaf-slru, and a block whose content was evicted in the last
- *             `ghost` evictions is protected when it is sealed again (with its
- *             ancestors in the same table).
+ *  leaf-slru  leaf-first segmented LRU: a block reused while cached (hit or
+ *             dedupe) is protected, others are on probation; protected blocks may
+ *             fill `protect` of the capacity, beyond that the protected LRU head is
+ *             demoted to the probation tail; evict the probation head (or, with
+ *             probation empty, the protected head). With a ghost window (`ghost` >
+ *             0), a block sealed again within `ghost` x capacity evictions of its
+ *             eviction counts as reused (protected), as in 2Q/ARC;
+ *  leaf-mq    the same with four levels by reuse count (0, 1, 2-3, 4+): evict from
+ *             the lowest level, demote the head of the lowest protected level.
+ * Why the segmented policies stay leaf-first in O(1): a parent is counted at least
+ * as often as each child (enforced at release), so levels never increase towards
+ * the leaves; within a level children are released, hence queued, before their
+ * parents. The head of the lowest non-empty level is therefore a leaf, and
+ * demoting a level's head keeps both properties. strands == 0 checks it.
  */
 #ifndef PKV_TRACE_SIM_H
 #define PKV_TRACE_SIM_H
@@ -60,9 +66,10 @@ typedef struct sim_params {
     uint64_t capacity;  /* blocks */
     uint32_t batch;     /* tokens per append + commit (as the engine replay) */
     sim_policy policy;
-    double protect;     /* leaf-slru*: protected share of capacity (0..1]; 0 = 0.8 */
-    double ghost;       /* leaf-slru-ghost: ghost window in evictions, as a share of
-                           capacity; 0 = 1.0 */
+    double protect;     /* leaf-slru, leaf-mq: protected share of capacity (0..1];
+                           0 = 0.5 */
+    double ghost;       /* leaf-slru, leaf-mq: ghost window in evictions as a multiple
+                           of capacity; 0 = no ghosts */
     size_t limit;       /* replay only the first `limit` requests (0 = all) */
 } sim_params;
 

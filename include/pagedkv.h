@@ -383,6 +383,168 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
 
 /* ==== end of CPU paged decode attention ==================================== */
 
+/* ==== CUDA layer (src/cuda/, docs/cuda.md) ================================ */
+/* A device pool of block slots filled from the arena on demand (the arena
+ * registered for DMA when the kernel allows it, else copied through pinned
+ * staging buffers), device block tables for a batch of sequences, write-back of
+ * K/V produced on the GPU, and a paged decode-attention kernel with the contract
+ * of pkv_attn_decode.
+ *
+ * Every function below exists in every build. In a build without the CUDA layer
+ * (meson option `cuda`; pkv_config.h says PKV_WITH_CUDA 0), and on a machine
+ * without a usable CUDA driver or device, they return PKV_ENOTSUP and
+ * pkv_last_error() says which. Streams are cudaStream_t values passed as void *
+ * (NULL: the legacy default stream). "Device pointer": an address in device
+ * memory. A pkv_cuda handle must be closed before its cache. */
+
+/* 0 if this build has the CUDA layer and CUDA device `device` is usable, else
+ * PKV_ENOTSUP with the reason in why[0..len) (why may be NULL): built without
+ * CUDA, no driver, driver older than the runtime, no device, ... */
+int pkv_cuda_probe(int device, char *why, size_t len);
+
+/* How the device reaches the arena, best first. */
+typedef enum pkv_cuda_mode {
+    PKV_CUDA_MODE_NONE          = 0, /* no handle / not attached */
+    PKV_CUDA_MODE_REGISTERED    = 1, /* the arena mapping is registered (pinned,
+                                        device-mapped): blocks are DMAed from it */
+    PKV_CUDA_MODE_REGISTERED_RO = 2, /* a second, read-only mapping of the arena file
+                                        is registered read-only and DMAed from */
+    PKV_CUDA_MODE_STAGING       = 3, /* registration refused: the CPU copies blocks
+                                        into pinned staging buffers, DMAed from there */
+} pkv_cuda_mode;
+
+/* "none", "registered", "registered-ro", "staging" ("?" for other values). */
+const char *pkv_cuda_mode_name(pkv_cuda_mode mode);
+
+/* pkv_cuda_options.flags */
+#define PKV_CUDA_NO_REGISTER    0x1u /* do not register the arena: staging mode */
+#define PKV_CUDA_NO_RW_REGISTER 0x2u /* skip the read-write registration */
+#define PKV_CUDA_GATHER_KERNEL  0x4u /* copy blocks with a gather kernel even where
+                                        cudaMemcpyBatchAsync works */
+
+typedef struct pkv_cuda_options {
+    int device;                    /* CUDA device ordinal */
+    uint32_t pool_blocks;          /* device block slots; 0: min(capacity, as many as
+                                      half the free device memory holds) */
+    uint32_t flags;                /* PKV_CUDA_* */
+    uint64_t staging_bytes;        /* staging mode: bytes of each of the two pinned
+                                      buffers; 0: 64 MiB (at least one block) */
+    uint64_t register_chunk_bytes; /* registration chunk; 0: 64 GiB (whole slots) */
+    uint32_t staging_threads;      /* staging mode: CPU threads filling a buffer;
+                                      0: min(8, online CPUs) */
+} pkv_cuda_options;
+
+void pkv_cuda_options_init(pkv_cuda_options *opt);
+
+typedef struct pkv_cuda pkv_cuda;
+
+/* Attach device opt->device to `cache` (any open mode; a read-only cache cannot
+ * take write-backs): register the arena (read-write, else a read-only view, else
+ * staging; see pkv_cuda_stats_t.mode_note for why a better mode failed), allocate
+ * the device pool (one cudaMalloc). PKV_ENOTSUP, PKV_ENOMEM (device or pinned
+ * memory), PKV_EIO (another CUDA error), PKV_EINVAL. */
+int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out);
+/* Wait for the handle's work, release everything. NULL is fine. */
+void pkv_cuda_close(pkv_cuda *g);
+
+typedef struct pkv_cuda_stats_t {
+    pkv_cuda_mode mode;
+    char mode_name[16];
+    char mode_note[512];      /* why better modes were not obtained ("" if none) */
+    char device_name[128];
+    int device;
+    int batched_copy;         /* 1: blocks move by cudaMemcpyBatchAsync; 0: gather kernel */
+    uint64_t registered_bytes;
+    uint32_t register_chunks;
+    double register_ms;       /* time spent registering at open */
+    uint32_t pool_blocks;     /* device slots */
+    uint64_t slot_bytes;      /* device bytes per slot */
+    uint32_t slots_free, slots_cached, slots_pinned; /* cached: resident, evictable */
+    uint64_t page_ins, page_in_failures;
+    uint64_t blocks_hit;      /* distinct blocks of a batch already valid on the device */
+    uint64_t blocks_copied, blocks_recopied, evictions;
+    uint64_t bytes_h2d;
+    uint64_t writebacks, tokens_written_back, bytes_d2h;
+} pkv_cuda_stats_t;
+
+int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out);
+
+typedef struct pkv_cuda_batch pkv_cuda_batch;
+
+/* pkv_cuda_page_in flags */
+#define PKV_CUDA_GPU_APPEND 0x1u /* the K/V of pending (appended, uncommitted) tokens
+                                    is written on the device by the caller: only
+                                    committed tokens are copied from the arena */
+
+/* Page in sequences ids[0..n): give every block of theirs a device slot (free
+ * slots first, else the least recently used slot no in-flight batch pins), copy
+ * the blocks not already valid on the device -- asynchronously, in one batched
+ * copy (or gather kernel) per call -- and upload device block tables. Work
+ * enqueued on `stream` after the call sees the blocks and tables. The batch pins
+ * its slots until pkv_cuda_release. All-or-nothing: PKV_EFULL when the pool cannot
+ * hold the batch beside the slots other batches pin (nothing changes);
+ * PKV_ENOSEQ, PKV_EINVAL (an empty sequence), PKV_EIO. The sequences must not
+ * change (append, commit, truncate, close) until the batch is released, except
+ * as pkv_cuda_writeback allows. */
+int pkv_cuda_page_in(pkv_cuda *g, const uint64_t *ids, size_t n, uint32_t flags, void *stream,
+                     pkv_cuda_batch **out);
+
+/* Sequences for the device kernel: all arrays are device pointers. Token t of
+ * sequence s lives at offset t % block_size of block tables[s*table_stride +
+ * t / block_size]. */
+typedef struct pkv_cuda_seqs {
+    const uint32_t *tables;
+    size_t table_stride;   /* >= ceil(max_len / block_size) */
+    const uint32_t *lens;  /* n_seqs context lengths, each 1..max_len */
+    size_t n_seqs;
+    uint32_t max_len;      /* host-side bound on every len (sizes the grid) */
+    uint32_t split_len;    /* tokens per context split; 0: chosen for the device */
+} pkv_cuda_seqs;
+
+typedef struct pkv_cuda_batch_info_t {
+    pkv_kv_view view;      /* the device pool: base is a device pointer, block ids
+                              are slot ids, num_blocks = pool slots */
+    pkv_cuda_seqs seqs;    /* the batch's device tables and lengths, ids order */
+    uint64_t blocks;       /* distinct blocks */
+    uint64_t blocks_hit, blocks_copied;
+} pkv_cuda_batch_info_t;
+
+int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out);
+
+/* Write the K/V of every token each sequence of the batch had pending at page-in
+ * (tokens committed..len) from the device slots to the arena, after the work
+ * enqueued on `stream` before the call; returns once it is in the arena, so the
+ * caller may then pkv_seq_commit (which seals and checksums the arena bytes). The
+ * device copies stay valid (no re-copy on the next page-in). PKV_ERDONLY, PKV_EIO. */
+int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
+
+/* The batch's kernels are enqueued on `stream`: unpin its slots (they become
+ * evictable once that work is done) and free the batch. */
+int pkv_cuda_release(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
+
+/* pkv_attn_decode on the device pool for the batch: q and out are device pointers
+ * to f32 [n][num_q_heads][head_dim] (ids order); out may equal q. Asynchronous on
+ * `stream`. params->num_threads and PKV_ATTN_PORTABLE are ignored. */
+int pkv_cuda_attn(pkv_cuda *g, pkv_cuda_batch *b, const pkv_attn_params *params,
+                  const float *q, float *out, void *stream);
+
+/* The kernel on any device-resident paged K/V (view->base a device pointer, the
+ * same layout rules as pkv_attn_decode): batch, one query per sequence, GQA,
+ * f16/bf16/f32, any length, the context split across thread blocks with a
+ * reduction. Needs *work_bytes of device workspace (0 when nothing is split),
+ * given by pkv_cuda_attn_workspace for the same arguments. Asynchronous on
+ * `stream`; a block id >= view->num_blocks or a length of 0 or above max_len
+ * yields NaN for that sequence (never a stray read). PKV_EINVAL, PKV_ENOTSUP
+ * (head_dim above 1024 when rows are not 16-byte aligned or head_dim is not 64,
+ * 128 or 256), PKV_EIO (launch failure). */
+int pkv_cuda_attn_workspace(const pkv_kv_view *view, const pkv_attn_params *params,
+                            const pkv_cuda_seqs *seqs, size_t *work_bytes);
+int pkv_cuda_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
+                         const pkv_cuda_seqs *seqs, const float *q, float *out, void *work,
+                         size_t work_bytes, void *stream);
+
+/* ==== end of CUDA layer =================================================== */
+
 #ifdef __cplusplus
 }
 #endif

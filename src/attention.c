@@ -4,22 +4,26 @@
  * This is the reference that faster kernels (a future CUDA one) are tested
  * against, so it favours exactness and simplicity:
  *
- *  - Work is split into items: one (sequence, kv head) pair each. An item handles
- *    the g = num_q_heads / num_kv_heads query heads that share the kv head (GQA),
- *    so each K/V row is read from memory once per item.
- *  - Two passes over the context, in token order. Pass 1: s_t = scale * (q . k_t)
- *    for every token, kept in a per-thread buffer. Then m = max_t s_t,
- *    p_t = expf(s_t - m) (max-subtracted: no overflow for any finite score) and
- *    sum = sum_t p_t (in double). Pass 2: acc = sum_t p_t * v_t, accumulated in f32
- *    per chunk of ATTN_CHUNK tokens, chunks added to a running f32 total (keeps the
- *    rounding error of long contexts small), and out = acc / sum (in double).
+ *  - For one sequence and one kv head, the g = num_q_heads / num_kv_heads query
+ *    heads that share it (GQA) are computed together, so each K/V row is read from
+ *    memory once.
+ *  - The context is walked in token order, in segments of ATTN_SEG tokens. For a
+ *    segment: s_t = scale * (q . k_t); m = max(running max, max_t s_t) (if m grew,
+ *    what was accumulated is first multiplied by expf(old max - m));
+ *    p_t = expf(s_t - m) (max-subtracted: no overflow for any finite score);
+ *    sum += sum_t p_t (in double); acc += sum_t p_t * v_t, in f32 partial sums of
+ *    ATTN_CHUNK tokens added to a running f32 total (keeps the rounding error of
+ *    long contexts small). At the end out = acc / sum (in double, rounded once).
  *  - Every value depends only on the token order: the block size, the block table
  *    (only addresses come from it), the batch and the thread count never change a
  *    single bit of the result. The reference model (src/model/) relies on this to
  *    compare paged and contiguous K/V bit for bit.
- *  - Two code paths compute the same formulas: a portable C one, and on x86-64 one
- *    with AVX2+FMA+F16C (runtime-detected; head_dim a multiple of 16). They differ
- *    in rounding only (FMA, summation order inside a dot product).
+ *  - Two code paths compute the same formulas: a portable C one (expf), and on
+ *    x86-64 one with AVX2+FMA+F16C (runtime-detected; head_dim a multiple of 8;
+ *    a vectorised Cephes exp, about 1 ulp). They differ in rounding only.
+ *  - Memory: one unit of work is a sequence with its kv heads; inside a segment it
+ *    goes head after head, so the pages a segment touches fit the TLB (blocks are
+ *    scattered 4 KiB pages), and it prefetches the K/V run it will read next.
  */
 #include "internal.h"
 
@@ -35,12 +39,17 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ATTN_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define ATTN_X86 0
 #endif
 
-#define ATTN_CHUNK       64u  /* tokens per f32 partial sum of pass 2 */
+#define ATTN_CHUNK       64u   /* tokens per f32 partial sum of V */
+#define ATTN_SEG         1024u /* tokens per softmax segment (a multiple of ATTN_CHUNK) */
+#ifndef ATTN_PREFETCH
+#define ATTN_PREFETCH    2     /* prefetch the K/V run this many runs ahead */
+#endif
 #define ATTN_MAX_THREADS 256u
 
 /* ---- Element conversion --------------------------------------------------- */
@@ -215,13 +224,31 @@ static int view_check(const pkv_kv_view *v) {
 
 /* ---- The kernels ---------------------------------------------------------- */
 
+/* A unit of work is one sequence and a set of its kv heads (all of them, unless
+ * threads outnumber sequences). The unit walks the context in segments of ATTN_SEG
+ * tokens and, inside a segment, head after head: the K/V pages a segment touches
+ * (one run per head and block) stay few enough for the TLB, which matters with 4 KiB
+ * pages and randomly placed blocks. Each head keeps its own softmax state; the
+ * arithmetic of a head does not depend on the unit it is computed in. */
+
+/* One kv head's state: its g query heads. */
+typedef struct head_st {
+    const uint8_t *kbase, *vbase; /* (layer, K|V, head) of block 0, token 0 */
+    const float *q;               /* [g][D] (a private copy) */
+    float *acc;                   /* [g][D] running total */
+    float *part;                  /* [g][D] current chunk */
+    float *max;                   /* [g] running max of the scores */
+    double *sum;                  /* [g] running sum of the weights */
+    float *out;                   /* where the result goes */
+} head_st;
+
 typedef struct attn_ws {
-    float *scores; /* [g][max_len]: scores, then probabilities */
-    float *q;      /* [g][D] */
-    float *acc;    /* [g][D] running total */
-    float *part;   /* [g][D] current chunk */
-    float *rows;   /* [ATTN_CHUNK][D]: K or V rows converted to f32 */
-    double *sum;   /* [g] */
+    float *scores; /* [g][ATTN_SEG]: scores of a segment, then its weights */
+    float *rows;   /* [D]: one K or V row converted to f32 (portable path) */
+    float *fl;     /* per head slot: q, acc, part [g][D] each, max [g] */
+    double *db;    /* per head slot: sum [g] */
+    head_st *hs;   /* [slots] */
+    size_t slots;
 } attn_ws;
 
 typedef struct attn_job {
@@ -230,86 +257,95 @@ typedef struct attn_job {
     const pkv_attn_seq *seqs;
     const float *q;
     float *out;
-    size_t n_seqs, max_len;
+    size_t n_seqs;
     uint32_t g;
+    uint32_t groups; /* head sets per sequence: unit (s, r) takes heads r, r+groups, ... */
     int avx;
     unsigned n_threads;
 } attn_job;
 
-/* The item being computed: sequence s, kv head kvh, its g query heads. */
-typedef struct attn_item_ctx {
-    const uint8_t *kbase, *vbase; /* (layer, K|V, kvh) of block 0, token 0 */
+/* Where the sequence's tokens are. */
+typedef struct seq_ctx {
     const uint32_t *blocks;
     size_t len, bs, block_stride, ts;
-} attn_item_ctx;
+} seq_ctx;
 
 /* The run of tokens [t0, end) that starts at t0: it ends at the end of t0's block,
- * at the next multiple of ATTN_CHUNK, or at len, whichever comes first. */
-static inline size_t run_end(const attn_item_ctx *c, size_t t0) {
+ * at the next multiple of ATTN_CHUNK (so also of ATTN_SEG), or at len, whichever
+ * comes first. */
+static inline size_t run_end(const seq_ctx *c, size_t t0) {
     size_t end = (t0 / c->bs + 1) * c->bs;
     const size_t cend = (t0 / ATTN_CHUNK + 1) * ATTN_CHUNK;
     if (end > cend) end = cend;
     return end < c->len ? end : c->len;
 }
 
-static inline size_t run_off(const attn_item_ctx *c, size_t t0) {
+static inline size_t run_off(const seq_ctx *c, size_t t0) {
     return (size_t)c->blocks[t0 / c->bs] * c->block_stride + (t0 % c->bs) * c->ts;
 }
 
-/* out[h][d] = acc[h][d] / sum[h], rounded once. */
-static void attn_finish(const attn_job *j, attn_ws *w, float *o) {
-    const uint32_t D = j->v->head_dim;
-    for (uint32_t h = 0; h < j->g; h++)
-        for (uint32_t d = 0; d < D; d++)
-            o[(size_t)h * D + d] = (float)((double)w->acc[(size_t)h * D + d] / w->sum[h]);
+/* A segment's scores of query head h have maximum m: raise the running max to it
+ * and rescale what was accumulated under the old one. Returns the max to subtract.
+ * A NaN score (m NaN) makes the max NaN, and so the output. */
+static float seg_max(head_st *st, uint32_t h, uint32_t D, float m) {
+    const float old = st->max[h];
+    if (old == -INFINITY || isnan(m) || m > old) {
+        if (old != -INFINITY && !isnan(old)) {
+            const float f = expf(old - m);
+            float *a = st->acc + (size_t)h * D;
+            for (uint32_t d = 0; d < D; d++) a[d] *= f;
+            st->sum[h] *= (double)f;
+        }
+        st->max[h] = m;
+    }
+    return st->max[h];
 }
 
 /* Close a chunk: acc += part, part = 0. */
-static void chunk_close(attn_ws *w, size_t gd) {
-    for (size_t i = 0; i < gd; i++) w->acc[i] += w->part[i];
-    memset(w->part, 0, gd * sizeof(float));
+static void chunk_close(head_st *st, size_t gd) {
+    for (size_t i = 0; i < gd; i++) st->acc[i] += st->part[i];
+    memset(st->part, 0, gd * sizeof(float));
 }
 
-/* Portable path: plain loops, expf, sequential sums. */
-static void item_portable(const attn_job *j, attn_ws *w, const attn_item_ctx *c, float *o) {
+/* Portable path, one segment [s0, send) of one kv head: plain loops, expf,
+ * sequential sums. */
+static void seg_portable(const attn_job *j, attn_ws *w, const seq_ctx *c, head_st *st,
+                         size_t s0, size_t send) {
     const uint32_t D = j->v->head_dim, g = j->g;
     const pkv_dtype dt = j->v->dtype;
-    const size_t len = c->len, gd = (size_t)g * D;
+    const size_t n = send - s0, gd = (size_t)g * D;
     const float scale = j->p->scale;
     float *sc = w->scores, *row = w->rows;
-
-    for (size_t t = 0; t < len; t++) { /* pass 1: scores */
-        pkv_kv_load(dt, row, c->kbase + run_off(c, t), D);
+    for (size_t t = 0; t < n; t++) { /* scores */
+        pkv_kv_load(dt, row, st->kbase + run_off(c, s0 + t), D);
         for (uint32_t h = 0; h < g; h++) {
-            const float *q = w->q + (size_t)h * D;
+            const float *q = st->q + (size_t)h * D;
             float s = 0.0f;
             for (uint32_t d = 0; d < D; d++) s += q[d] * row[d];
-            sc[h * len + t] = s * scale;
+            sc[h * ATTN_SEG + t] = s * scale;
         }
     }
-    for (uint32_t h = 0; h < g; h++) { /* softmax numerators, denominators */
-        float *x = sc + (size_t)h * len;
+    for (uint32_t h = 0; h < g; h++) { /* weights */
+        float *x = sc + (size_t)h * ATTN_SEG;
         float m = x[0];
-        for (size_t t = 1; t < len; t++) m = x[t] > m ? x[t] : m;
+        for (size_t t = 1; t < n; t++) m = x[t] > m ? x[t] : m;
+        m = seg_max(st, h, D, m);
         double sum = 0.0;
-        for (size_t t = 0; t < len; t++) {
+        for (size_t t = 0; t < n; t++) {
             x[t] = expf(x[t] - m);
             sum += x[t];
         }
-        w->sum[h] = sum;
+        st->sum[h] += sum;
     }
-    memset(w->acc, 0, gd * sizeof(float)); /* pass 2: weighted sum of V */
-    memset(w->part, 0, gd * sizeof(float));
-    for (size_t t = 0; t < len; t++) {
-        pkv_kv_load(dt, row, c->vbase + run_off(c, t), D);
+    for (size_t t = 0; t < n; t++) { /* weighted sum of V */
+        pkv_kv_load(dt, row, st->vbase + run_off(c, s0 + t), D);
         for (uint32_t h = 0; h < g; h++) {
-            const float ph = sc[h * len + t];
-            float *a = w->part + (size_t)h * D;
+            const float ph = sc[h * ATTN_SEG + t];
+            float *a = st->part + (size_t)h * D;
             for (uint32_t d = 0; d < D; d++) a[d] += ph * row[d];
         }
-        if ((t + 1) % ATTN_CHUNK == 0 || t + 1 == len) chunk_close(w, gd);
+        if ((s0 + t + 1) % ATTN_CHUNK == 0 || s0 + t + 1 == c->len) chunk_close(st, gd);
     }
-    attn_finish(j, w, o);
 }
 
 #if ATTN_X86
@@ -321,13 +357,6 @@ AVX_IN __m256 ld8(const uint8_t *p, const pkv_dtype dt) {
     const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
     if (dt == PKV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-AVX_IN float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial,
@@ -353,129 +382,123 @@ AVX_IN __m256 exp_neg(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-/* n rows of D elements (row stride ts bytes) as f32 rows of D floats: the rows
- * themselves for f32 storage, else converted once into buf. */
-AVX_IN const float *rows_f32(const uint8_t *src, size_t n, size_t ts, uint32_t D, float *buf,
-                             size_t *stride, const pkv_dtype dt) {
-    if (dt == PKV_F32) {
-        *stride = ts / 4;
-        return (const float *)(const void *)src;
-    }
-    for (size_t t = 0; t < n; t++)
-        for (uint32_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(buf + t * D + d, ld8(src + t * ts + (size_t)d * 2, dt));
-    *stride = D;
-    return buf;
+/* r[i] = ((a_i[0]+a_i[1]) + (a_i[2]+a_i[3])) + ((a_i[4]+a_i[5]) + (a_i[6]+a_i[7])):
+ * eight horizontal sums at once, each in the same fixed order. */
+AVX_IN __m256 hsum8x8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-AVX_IN void prefetch_rows(const uint8_t *p, size_t n, size_t ts, size_t row_bytes) {
-    for (size_t t = 0; t < n; t++)
-        for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *)p + t * ts + b, _MM_HINT_T0);
+AVX_IN void prefetch_row(const uint8_t *p, size_t bytes) {
+    for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
 
-/* Pass 1 on n f32 rows (D % 16 == 0). Every (token, head) dot product is computed
- * the same way whatever tile it falls in: two accumulators (even and odd 8-element
- * chunks), FMA in chunk order, then hsum8(acc0 + acc1) * scale. */
-AVX_IN void qk_rows(const float *k, size_t ks, size_t n, const float *qs, uint32_t g,
-                    uint32_t D, float scale, float *sc, size_t ss) {
-    for (uint32_t h = 0; h < g; h++) {
-        const float *q = qs + (size_t)h * D;
-        float *o = sc + h * ss;
-        size_t t = 0;
-        for (; t + 4 <= n; t += 4) {
-            const float *k0 = k + t * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
-            __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0,
-                   a3 = a0, b3 = a0;
-            for (uint32_t d = 0; d < D; d += 16) {
-                const __m256 qa = _mm256_loadu_ps(q + d), qb = _mm256_loadu_ps(q + d + 8);
-                a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + d), a0);
-                a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + d), a1);
-                a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + d), a2);
-                a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + d), a3);
-                b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + d + 8), b0);
-                b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + d + 8), b1);
-                b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + d + 8), b2);
-                b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + d + 8), b3);
+/* Pass 1 tile loop: TB tokens x HB heads = 8 dot products at a time (D % 8 == 0),
+ * each computed the same way whatever tile it falls in: one accumulator, FMA over
+ * the 8-element chunks in order, hsum8x8's tree, times scale. Rows past n repeat
+ * the last row; their results are dropped. Row t of `pf` (a later run of pf_n rows)
+ * is prefetched along the way. */
+AVX_IN void qk_tile(const uint8_t *run, size_t ts, size_t n, const float *q, uint32_t D,
+                    float scale, float *sc, size_t ss, const uint8_t *pf, size_t pf_n,
+                    const pkv_dtype dt, const int HB) {
+    const int TB = 8 / HB;
+    const size_t es = dt == PKV_F32 ? 4 : 2;
+    for (size_t t0 = 0; t0 < n; t0 += (size_t)TB) {
+        if (pf)
+            for (size_t t = t0; t < t0 + (size_t)TB && t < pf_n; t++) prefetch_row(pf + t * ts, D * es);
+        const uint8_t *k[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) k[t] = run + (t0 + (size_t)t < n ? t0 + (size_t)t : n - 1) * ts;
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (uint32_t d = 0; d < D; d += 8) {
+            __m256 kv[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) kv[t] = ld8(k[t] + d * es, dt);
+#pragma GCC unroll 4
+            for (int h = 0; h < HB; h++) {
+                const __m256 qv = _mm256_loadu_ps(q + (size_t)h * D + d);
+#pragma GCC unroll 8
+                for (int t = 0; t < TB; t++)
+                    acc[h * TB + t] = _mm256_fmadd_ps(qv, kv[t], acc[h * TB + t]);
             }
-            o[t + 0] = hsum8(_mm256_add_ps(a0, b0)) * scale;
-            o[t + 1] = hsum8(_mm256_add_ps(a1, b1)) * scale;
-            o[t + 2] = hsum8(_mm256_add_ps(a2, b2)) * scale;
-            o[t + 3] = hsum8(_mm256_add_ps(a3, b3)) * scale;
         }
-        for (; t < n; t++) {
-            const float *k0 = k + t * ks;
-            __m256 a0 = _mm256_setzero_ps(), b0 = a0;
-            for (uint32_t d = 0; d < D; d += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k0 + d), a0);
-                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k0 + d + 8), b0);
-            }
-            o[t] = hsum8(_mm256_add_ps(a0, b0)) * scale;
-        }
+        float r[8];
+        _mm256_storeu_ps(r, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+        for (int h = 0; h < HB; h++)
+            for (int t = 0; t < TB && t0 + (size_t)t < n; t++)
+                sc[(size_t)h * ss + t0 + (size_t)t] = r[h * TB + t];
     }
 }
 
-/* Pass 2 on n f32 rows: part[h][d] = fma(p_t, v_t[d], part[h][d]) in token order. */
-AVX_IN void pv_rows(const float *v, size_t vs, size_t n, const float *p, size_t ss,
-                    uint32_t g, uint32_t D, float *part) {
-    for (uint32_t h = 0; h < g; h++) {
-        const float *ph = p + h * ss;
-        float *a = part + (size_t)h * D;
-        uint32_t d = 0;
-        for (; d + 32 <= D; d += 32) {
-            __m256 x0 = _mm256_loadu_ps(a + d), x1 = _mm256_loadu_ps(a + d + 8),
-                   x2 = _mm256_loadu_ps(a + d + 16), x3 = _mm256_loadu_ps(a + d + 24);
-            const float *r = v + d;
-            for (size_t t = 0; t < n; t++, r += vs) {
-                const __m256 pt = _mm256_broadcast_ss(ph + t);
-                x0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r), x0);
-                x1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r + 8), x1);
-                x2 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r + 16), x2);
-                x3 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r + 24), x3);
-            }
-            _mm256_storeu_ps(a + d, x0);
-            _mm256_storeu_ps(a + d + 8, x1);
-            _mm256_storeu_ps(a + d + 16, x2);
-            _mm256_storeu_ps(a + d + 24, x3);
-        }
-        if (d < D) { /* 16 left */
-            __m256 x0 = _mm256_loadu_ps(a + d), x1 = _mm256_loadu_ps(a + d + 8);
-            const float *r = v + d;
-            for (size_t t = 0; t < n; t++, r += vs) {
-                const __m256 pt = _mm256_broadcast_ss(ph + t);
-                x0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r), x0);
-                x1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(r + 8), x1);
-            }
-            _mm256_storeu_ps(a + d, x0);
-            _mm256_storeu_ps(a + d + 8, x1);
+/* Pass 2 tile: HB heads x DB 8-element chunks (HB * DB <= 8) of part, over n rows:
+ * part[h][d] = fma(p_t, v_t[d], part[h][d]) in token order. */
+AVX_IN void pv_tile(const uint8_t *run, size_t ts, size_t n, const float *p, size_t ss,
+                    float *part, uint32_t D, uint32_t d0, const uint8_t *pf, size_t pf_n,
+                    const pkv_dtype dt, const int HB, const int DB) {
+    const size_t es = dt == PKV_F32 ? 4 : 2;
+    __m256 acc[8];
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 8
+        for (int c = 0; c < DB; c++)
+            acc[h * DB + c] = _mm256_loadu_ps(part + (size_t)h * D + d0 + 8 * (size_t)c);
+    const uint8_t *r = run + d0 * es;
+    for (size_t t = 0; t < n; t++, r += ts) {
+        if (pf && t < pf_n) prefetch_row(pf + t * ts, D * es);
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < DB; c++) v[c] = ld8(r + 8 * (size_t)c * es, dt);
+#pragma GCC unroll 4
+        for (int h = 0; h < HB; h++) {
+            const __m256 pb = _mm256_broadcast_ss(p + (size_t)h * ss + t);
+#pragma GCC unroll 8
+            for (int c = 0; c < DB; c++)
+                acc[h * DB + c] = _mm256_fmadd_ps(pb, v[c], acc[h * DB + c]);
         }
     }
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 8
+        for (int c = 0; c < DB; c++)
+            _mm256_storeu_ps(part + (size_t)h * D + d0 + 8 * (size_t)c, acc[h * DB + c]);
 }
 
-/* Softmax of x[0..len): x[t] = exp(x[t] - max), returns the sum (in double: lanes
- * of 8 accumulated as 2 x 4 doubles, reduced in a fixed order). */
-AVX_IN double softmax_avx(float *x, size_t len) {
+/* Max of x[0..n) (lanes of 8, then the tail). */
+AVX_IN float max_avx(const float *x, size_t n) {
     __m256 mv = _mm256_set1_ps(-INFINITY);
     size_t t = 0;
-    for (; t + 8 <= len; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + t));
+    for (; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + t));
     float lanes[8];
     _mm256_storeu_ps(lanes, mv);
     float m = lanes[0];
     for (int i = 1; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
-    for (; t < len; t++) m = x[t] > m ? x[t] : m;
+    for (; t < n; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+
+/* x[t] = exp(x[t] - m) over x[0..n); returns their sum (in double: lanes of 8
+ * accumulated as 2 x 4 doubles, reduced in a fixed order). */
+AVX_IN double exp_sum_avx(float *x, size_t n, float m) {
     const __m256 mb = _mm256_set1_ps(m);
     __m256d s0 = _mm256_setzero_pd(), s1 = s0;
-    for (t = 0; t + 8 <= len; t += 8) {
+    size_t t = 0;
+    for (; t + 8 <= n; t += 8) {
         const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + t), mb));
         _mm256_storeu_ps(x + t, e);
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
-    if (t < len) { /* tail, padded with -inf (exp 0) */
+    if (t < n) { /* tail, padded with -inf (exp 0) */
         float tail[8];
-        for (int i = 0; i < 8; i++) tail[i] = t + (size_t)i < len ? x[t + (size_t)i] : -INFINITY;
+        for (int i = 0; i < 8; i++) tail[i] = t + (size_t)i < n ? x[t + (size_t)i] : -INFINITY;
         const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(tail), mb));
         _mm256_storeu_ps(tail, e);
-        for (size_t i = 0; t + i < len; i++) x[t + i] = tail[i];
+        for (size_t i = 0; t + i < n; i++) x[t + i] = tail[i];
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
@@ -484,95 +507,181 @@ AVX_IN double softmax_avx(float *x, size_t len) {
     return (d[0] + d[1]) + (d[2] + d[3]);
 }
 
-AVX_IN void item_avx_t(const attn_job *j, attn_ws *w, const attn_item_ctx *c, float *o,
-                       const pkv_dtype dt) {
+/* The run that starts at token t of `base`: its rows (NULL if t >= len) and count. */
+AVX_IN const uint8_t *run_at(const seq_ctx *c, const uint8_t *base, size_t t, size_t *n) {
+    if (t >= c->len) {
+        *n = 0;
+        return NULL;
+    }
+    *n = run_end(c, t) - t;
+    return base + run_off(c, t);
+}
+
+/* The run ATTN_PREFETCH - 1 runs after the one that starts at `end`, if it starts
+ * before `lim`. */
+AVX_IN const uint8_t *run_ahead(const seq_ctx *c, const uint8_t *base, size_t end, size_t lim,
+                                size_t *n) {
+    size_t t = end;
+    for (int i = 1; i < ATTN_PREFETCH && t < lim; i++) t = run_end(c, t);
+    if (t >= lim) {
+        *n = 0;
+        return NULL;
+    }
+    return run_at(c, base, t, n);
+}
+
+/* One segment [s0, send) of one kv head, HB query heads per tile (HB divides g).
+ * `next` (nn rows) is the first run processed after this segment: prefetched during
+ * its last V run. */
+AVX_IN void seg_avx_t(const attn_job *j, attn_ws *w, const seq_ctx *c, head_st *st,
+                      size_t s0, size_t send, const uint8_t *next, size_t nn,
+                      const pkv_dtype dt, const int HB) {
     const uint32_t D = j->v->head_dim, g = j->g;
-    const size_t len = c->len, gd = (size_t)g * D, rb = (size_t)D * (dt == PKV_F32 ? 4 : 2);
+    const int DB = 8 / HB;
+    const size_t gd = (size_t)g * D;
     const float scale = j->p->scale;
     float *sc = w->scores;
-    size_t rs;
-
-    for (size_t t0 = 0; t0 < len;) { /* pass 1: scores */
+    size_t pn;
+    for (size_t t0 = s0; t0 < send;) { /* scores */
         const size_t end = run_end(c, t0);
-        if (end < len) prefetch_rows(c->kbase + run_off(c, end), run_end(c, end) - end, c->ts, rb);
-        const float *k = rows_f32(c->kbase + run_off(c, t0), end - t0, c->ts, D, w->rows, &rs, dt);
-        qk_rows(k, rs, end - t0, w->q, g, D, scale, sc + t0, len);
+        const uint8_t *pf = run_ahead(c, st->kbase, end, send, &pn);
+        if (!pf) pf = run_at(c, st->vbase, s0, &pn); /* then the segment's V */
+        const uint8_t *run = st->kbase + run_off(c, t0);
+        for (uint32_t h = 0; h < g; h += (uint32_t)HB)
+            qk_tile(run, c->ts, end - t0, st->q + (size_t)h * D, D, scale,
+                    sc + (size_t)h * ATTN_SEG + (t0 - s0), ATTN_SEG, h ? NULL : pf, pn, dt, HB);
         t0 = end;
     }
-    for (uint32_t h = 0; h < g; h++) w->sum[h] = softmax_avx(sc + (size_t)h * len, len);
-    memset(w->acc, 0, gd * sizeof(float)); /* pass 2: weighted sum of V */
-    memset(w->part, 0, gd * sizeof(float));
-    for (size_t t0 = 0; t0 < len;) {
-        const size_t end = run_end(c, t0);
-        if (end < len) prefetch_rows(c->vbase + run_off(c, end), run_end(c, end) - end, c->ts, rb);
-        const float *v = rows_f32(c->vbase + run_off(c, t0), end - t0, c->ts, D, w->rows, &rs, dt);
-        pv_rows(v, rs, end - t0, sc + t0, len, g, D, w->part);
-        t0 = end;
-        if (t0 % ATTN_CHUNK == 0 || t0 == len) chunk_close(w, gd);
+    for (uint32_t h = 0; h < g; h++) { /* weights */
+        float *x = sc + (size_t)h * ATTN_SEG;
+        const float m = seg_max(st, h, D, max_avx(x, send - s0));
+        st->sum[h] += exp_sum_avx(x, send - s0, m);
     }
-    attn_finish(j, w, o);
+    for (size_t t0 = s0; t0 < send;) { /* weighted sum of V */
+        const size_t end = run_end(c, t0);
+        const uint8_t *pf = run_ahead(c, st->vbase, end, send, &pn);
+        if (!pf) pf = next, pn = nn;
+        const uint8_t *run = st->vbase + run_off(c, t0);
+        const float *p = sc + (t0 - s0);
+        for (uint32_t h = 0; h < g; h += (uint32_t)HB) {
+            uint32_t d = 0;
+            for (; d + 8u * (uint32_t)DB <= D; d += 8u * (uint32_t)DB, pf = NULL)
+                pv_tile(run, c->ts, end - t0, p + (size_t)h * ATTN_SEG, ATTN_SEG,
+                        st->part + (size_t)h * D, D, d, pf, pn, dt, HB, DB);
+            for (; d < D; d += 8, pf = NULL) /* chunks left over: one at a time */
+                pv_tile(run, c->ts, end - t0, p + (size_t)h * ATTN_SEG, ATTN_SEG,
+                        st->part + (size_t)h * D, D, d, pf, pn, dt, HB, 1);
+        }
+        t0 = end;
+        if (t0 % ATTN_CHUNK == 0 || t0 == c->len) chunk_close(st, gd);
+    }
 }
 
-static AVX void item_avx(const attn_job *j, attn_ws *w, const attn_item_ctx *c, float *o) {
+#define SEG_AVX_HB(dt)                                                                  \
+    do {                                                                                \
+        if (j->g % 4 == 0) seg_avx_t(j, w, c, st, s0, send, next, nn, dt, 4);            \
+        else if (j->g % 2 == 0) seg_avx_t(j, w, c, st, s0, send, next, nn, dt, 2);       \
+        else seg_avx_t(j, w, c, st, s0, send, next, nn, dt, 1);                          \
+    } while (0)
+
+static AVX void seg_avx(const attn_job *j, attn_ws *w, const seq_ctx *c, head_st *st,
+                        size_t s0, size_t send, const uint8_t *next, size_t nn) {
     switch (j->v->dtype) {
-    case PKV_F32: item_avx_t(j, w, c, o, PKV_F32); break;
-    case PKV_F16: item_avx_t(j, w, c, o, PKV_F16); break;
-    default:      item_avx_t(j, w, c, o, PKV_BF16); break;
+    case PKV_F32: SEG_AVX_HB(PKV_F32); break;
+    case PKV_F16: SEG_AVX_HB(PKV_F16); break;
+    default:      SEG_AVX_HB(PKV_BF16); break;
     }
 }
 
+/* AVX2, FMA and F16C, and the OS saves the YMM registers (CPUID + XGETBV; the
+ * compilers' __builtin_cpu_supports does not know "f16c" everywhere). */
 static int cpu_has_avx(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned need1 = (1u << 12) | (1u << 27) | (1u << 28) | (1u << 29); /* FMA OSXSAVE AVX F16C */
+    if ((c & need1) != need1) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6u) != 6u) return 0; /* XMM and YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1u; /* AVX2 */
 }
 #endif /* ATTN_X86 */
 
-/* One item: sequence s, kv head kvh, its g query heads. */
-static void attn_item(const attn_job *j, attn_ws *w, size_t s, uint32_t kvh) {
+/* Unit (s, r): sequence s, kv heads r, r + groups, ... */
+static void attn_unit(const attn_job *j, attn_ws *w, size_t s, uint32_t r) {
     const pkv_kv_view *v = j->v;
     const pkv_attn_seq *sq = &j->seqs[s];
     const uint32_t D = v->head_dim, g = j->g, nq = j->p->num_q_heads;
-    attn_item_ctx c;
-    c.kbase = (const uint8_t *)v->base + (size_t)j->p->layer * v->layer_stride +
-              (size_t)kvh * v->head_stride;
-    c.vbase = c.kbase + v->kind_stride;
-    c.blocks = sq->blocks;
-    c.len = sq->len;
-    c.bs = v->block_size;
-    c.block_stride = v->block_stride;
-    c.ts = v->token_stride;
-    const size_t qoff = (s * nq + (size_t)kvh * g) * D;
-    memcpy(w->q, j->q + qoff, (size_t)g * D * sizeof(float)); /* out may alias q */
-#if ATTN_X86
-    if (j->avx) {
-        item_avx(j, w, &c, j->out + qoff);
-        return;
+    const size_t gd = (size_t)g * D;
+    const seq_ctx c = {sq->blocks, sq->len, v->block_size, v->block_stride, v->token_stride};
+    const uint8_t *layer = (const uint8_t *)v->base + (size_t)j->p->layer * v->layer_stride;
+    size_t nh = 0;
+    for (uint32_t kvh = r; kvh < v->num_kv_heads; kvh += j->groups, nh++) {
+        head_st *st = &w->hs[nh];
+        float *f = w->fl + nh * (3 * gd + g);
+        const size_t qoff = (s * nq + (size_t)kvh * g) * D;
+        memcpy(f, j->q + qoff, gd * sizeof(float)); /* out may alias q */
+        *st = (head_st){.kbase = layer + (size_t)kvh * v->head_stride,
+                        .vbase = layer + (size_t)kvh * v->head_stride + v->kind_stride,
+                        .q = f,
+                        .acc = f + gd,
+                        .part = f + 2 * gd,
+                        .max = f + 3 * gd,
+                        .sum = w->db + nh * g,
+                        .out = j->out + qoff};
+        memset(st->acc, 0, 2 * gd * sizeof(float));
+        for (uint32_t h = 0; h < g; h++) st->max[h] = -INFINITY, st->sum[h] = 0.0;
     }
+    for (size_t s0 = 0; s0 < c.len; s0 += ATTN_SEG) {
+        const size_t send = c.len - s0 < ATTN_SEG ? c.len : s0 + ATTN_SEG;
+        for (size_t i = 0; i < nh; i++) {
+#if ATTN_X86
+            if (j->avx) {
+                /* What comes next: the next head's K of this segment, or the first
+                 * head's K of the next one. */
+                size_t nn = 0;
+                const uint8_t *next = NULL;
+                if (i + 1 < nh) next = c.len ? w->hs[i + 1].kbase + run_off(&c, s0) : NULL,
+                                nn = run_end(&c, s0) - s0;
+                else if (send < c.len) next = w->hs[0].kbase + run_off(&c, send),
+                                       nn = run_end(&c, send) - send;
+                seg_avx(j, w, &c, &w->hs[i], s0, send, next, nn);
+                continue;
+            }
 #endif
-    item_portable(j, w, &c, j->out + qoff);
+            seg_portable(j, w, &c, &w->hs[i], s0, send);
+        }
+    }
+    for (size_t i = 0; i < nh; i++) { /* out = acc / sum, rounded once */
+        const head_st *st = &w->hs[i];
+        for (uint32_t h = 0; h < g; h++)
+            for (uint32_t d = 0; d < D; d++)
+                st->out[(size_t)h * D + d] =
+                    (float)((double)st->acc[(size_t)h * D + d] / st->sum[h]);
+    }
 }
 
 static void ws_free(attn_ws *w) {
     free(w->scores);
-    free(w->q);
-    free(w->acc);
-    free(w->part);
     free(w->rows);
-    free(w->sum);
+    free(w->fl);
+    free(w->db);
+    free(w->hs);
     memset(w, 0, sizeof *w);
 }
 
 static int ws_alloc(attn_ws *w, const attn_job *j) {
-    const size_t gd = (size_t)j->g * j->v->head_dim;
+    const size_t g = j->g, D = j->v->head_dim;
     memset(w, 0, sizeof *w);
-    w->scores = malloc(j->g * j->max_len * sizeof(float));
-    w->q = malloc(gd * sizeof(float));
-    w->acc = malloc(gd * sizeof(float));
-    w->part = malloc(gd * sizeof(float));
-    w->rows = malloc((size_t)ATTN_CHUNK * j->v->head_dim * sizeof(float));
-    w->sum = malloc(j->g * sizeof(double));
-    if (!w->scores || !w->q || !w->acc || !w->part || !w->rows || !w->sum) {
+    w->slots = (j->v->num_kv_heads + j->groups - 1) / j->groups;
+    w->scores = malloc(g * ATTN_SEG * sizeof(float));
+    w->rows = malloc(D * sizeof(float));
+    w->fl = malloc(w->slots * (3 * g * D + g) * sizeof(float));
+    w->db = malloc(w->slots * g * sizeof(double));
+    w->hs = malloc(w->slots * sizeof *w->hs);
+    if (!w->scores || !w->rows || !w->fl || !w->db || !w->hs) {
         ws_free(w);
         return -1;
     }
@@ -586,7 +695,7 @@ typedef struct attn_thread {
     pthread_t tid;
 } attn_thread;
 
-/* Thread idx takes items idx, idx + n_threads, ... (interleaved: items of a
+/* Thread idx takes units idx, idx + n_threads, ... (interleaved: the sequences of a
  * prefill batch grow longer with their index). */
 static void *attn_worker(void *arg) {
     attn_thread *th = arg;
@@ -596,9 +705,9 @@ static void *attn_worker(void *arg) {
         th->rc = PKV_ENOMEM;
         return NULL;
     }
-    const size_t nkv = j->v->num_kv_heads, items = j->n_seqs * nkv;
-    for (size_t i = th->idx; i < items; i += j->n_threads)
-        attn_item(j, &w, i / nkv, (uint32_t)(i % nkv));
+    const size_t units = j->n_seqs * j->groups;
+    for (size_t u = th->idx; u < units; u += j->n_threads)
+        attn_unit(j, &w, u / j->groups, (uint32_t)(u % j->groups));
     ws_free(&w);
     th->rc = 0;
     return NULL;
@@ -627,7 +736,6 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *p,
         return pkv_err(PKV_EINVAL, "n_seqs * num_q_heads * head_dim overflows");
 
     const size_t bs = view->block_size;
-    size_t max_len = 0;
     for (size_t s = 0; s < n_seqs; s++) {
         const pkv_attn_seq *sq = &seqs[s];
         if (!sq->len) return pkv_err(PKV_EINVAL, "sequence %zu: len is 0", s);
@@ -640,16 +748,10 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *p,
             if (sq->blocks[b] >= view->num_blocks)
                 return pkv_err(PKV_ERANGE, "sequence %zu: block table entry %zu is %u >= %llu",
                                s, b, sq->blocks[b], (unsigned long long)view->num_blocks);
-        if (sq->len > max_len) max_len = sq->len;
     }
     const uint32_t g = p->num_q_heads / view->num_kv_heads;
-    size_t sc_bytes;
-    if (__builtin_mul_overflow((size_t)g, max_len, &sc_bytes) ||
-        __builtin_mul_overflow(sc_bytes, sizeof(float), &sc_bytes))
-        return pkv_err(PKV_ENOMEM, "score buffer size overflows");
-
     attn_job j = {.v = view, .p = p, .seqs = seqs, .q = q, .out = out, .n_seqs = n_seqs,
-                  .max_len = max_len, .g = g, .avx = 0, .n_threads = 1};
+                  .g = g, .groups = 1, .avx = 0, .n_threads = 1};
 #if ATTN_X86
     static int have_avx = -1; /* every thread computes the same value */
     int avx = __atomic_load_n(&have_avx, __ATOMIC_RELAXED);
@@ -657,11 +759,14 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *p,
         avx = cpu_has_avx();
         __atomic_store_n(&have_avx, avx, __ATOMIC_RELAXED);
     }
-    j.avx = avx && !(p->flags & PKV_ATTN_PORTABLE) && view->head_dim % 16 == 0;
+    j.avx = avx && !(p->flags & PKV_ATTN_PORTABLE) && view->head_dim % 8 == 0;
 #endif
-    const size_t items = n_seqs * view->num_kv_heads;
     unsigned nt = p->num_threads ? p->num_threads : 1;
-    if (nt > items) nt = (unsigned)items;
+    /* Units: whole sequences, or head sets when threads outnumber sequences. */
+    size_t groups = n_seqs >= nt ? 1 : (nt + n_seqs - 1) / n_seqs;
+    if (groups > view->num_kv_heads) groups = view->num_kv_heads;
+    j.groups = (uint32_t)groups;
+    if (nt > n_seqs * groups) nt = (unsigned)(n_seqs * groups);
     j.n_threads = nt;
 
     attn_thread th[ATTN_MAX_THREADS];

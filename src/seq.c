@@ -275,6 +275,7 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     p->n_sealed++;
     if (parent != PKV_NONE) p->b[parent].nchild++;
     c->ctr.seals++;
+    c->wal.seal_dirty = true;
     pkv_log_seal(c, b);
 }
 

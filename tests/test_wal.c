@@ -7,7 +7,9 @@
  * same K/V bytes at every committed position read through the block table; the same
  * number of hit tokens for every prompt ever used (probed with a fresh seq_open
  * before the close and after the reopen, every hit position's K/V checked); the same
- * number of sealed blocks. pkv_check passes after every step and every reopen. */
+ * number of sealed blocks. pkv_check passes after every step and every reopen.
+ * Environment: PKV_SEED / PKV_WAL_SEEDS (first seed and number of seeds of the random
+ * equivalence test). */
 #include "wal_util.h"
 
 #include <errno.h>
@@ -140,7 +142,7 @@ static void equivalence_run(uint64_t seed, pkv_durability mode, unsigned rounds,
     wu_prompts_free(&ps);
 }
 
-Test(wal, reopen_equivalence_random, .timeout = 120)
+Test(wal, reopen_equivalence_random)
 {
     uint64_t seeds = pt_env_u64("PKV_WAL_SEEDS", 4);
     uint64_t base = pt_env_u64("PKV_SEED", 1);
@@ -148,7 +150,7 @@ Test(wal, reopen_equivalence_random, .timeout = 120)
 }
 
 /* A cache with evictions (small capacity) and a workload of long sequences. */
-Test(wal, reopen_equivalence_with_evictions, .timeout = 120)
+Test(wal, reopen_equivalence_with_evictions)
 {
     char dir[512];
     cache_dir(dir, sizeof dir, "evict");
@@ -366,7 +368,7 @@ Test(wal, sync_idle_and_empty)
 
 /* ---- Read-only open beside a writer ------------------------------------------------- */
 
-Test(wal, rdonly_open_while_writer, .timeout = 60)
+Test(wal, rdonly_open_while_writer)
 {
     char dir[512];
     cache_dir(dir, sizeof dir, "ro");
@@ -557,7 +559,7 @@ Test(wal, second_writer_is_busy)
 
 /* ---- Automatic checkpoints ------------------------------------------------------------------ */
 
-Test(wal, automatic_checkpoint, .timeout = 60)
+Test(wal, automatic_checkpoint)
 {
     char dir[512];
     cache_dir(dir, sizeof dir, "auto");
@@ -599,7 +601,7 @@ Test(wal, automatic_checkpoint, .timeout = 60)
 /* Log segments are 32 MiB; writing several segments' worth with checkpoints in between
  * must recycle them: at most 2 live segments (the one a checkpoint ends in and the one
  * being written) plus 2 spares ever exist. */
-Test(wal, log_segments_stay_bounded, .timeout = 240)
+Test(wal, log_segments_stay_bounded)
 {
     char dir[512];
     cache_dir(dir, sizeof dir, "segs");

@@ -203,8 +203,8 @@ void wu_oracle_intent(wu_oracle *o, char kind, uint64_t id, uint64_t arg);
  *  - every other recovered sequence was opened or forked after the acknowledgement;
  *  - K/V: kv_full: every committed position of every recovered sequence holds the
  *    K/V of its prefix; else (no power-loss durability, PKV_DURABLE_NONE) only the
- *    positions the oracle knows durable: full (sealed, checksummed) blocks, and the
- *    acknowledged prefix of acknowledged sequences never truncated or closed since.
+ *    full (sealed, checksummed) blocks, and acknowledged prefixes are only required
+ *    down to a block boundary.
  * Returns the recovered model in *out if out != NULL. */
 void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *out,
                      const char *what);

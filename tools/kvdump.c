@@ -303,7 +303,8 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
     } else {
         char b1[32], b2[32], b3[32], t1[64];
         printf("cache       %s\n", x->dir);
-        printf("model       %s\n", h->model_id);
+        char pm[PKV_MODEL_ID_MAX + 1];
+        printf("model       %s\n", kd_printable(h->model_id, pm, sizeof pm));
         printf("geometry    %u layers x %u kv heads x head_dim %u, %s, %u tokens per block\n",
                h->num_layers, h->num_kv_heads, h->head_dim, kd_dtype_name(h->dtype),
                h->block_size);
@@ -348,11 +349,12 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
         if (rec.repaired)
             printf("            the next writable open repairs the damage and checkpoints\n");
         printf("counters    hits %llu tokens / %llu blocks, misses %llu tokens / %llu blocks, "
-               "%llu seals, %llu dedupes, %llu copies, %llu evictions (as of the checkpoint)\n",
+               "%llu seals, %llu dedupes, %llu copies, %llu evictions (%s)\n",
                (unsigned long long)st.hit_tokens, (unsigned long long)st.hit_blocks,
                (unsigned long long)st.miss_tokens, (unsigned long long)st.miss_blocks,
                (unsigned long long)st.seals, (unsigned long long)st.dedupes,
-               (unsigned long long)st.cow_copies, (unsigned long long)st.evictions);
+               (unsigned long long)st.cow_copies, (unsigned long long)st.evictions,
+               rec.checkpoint_lsn ? "as saved by the checkpoint" : "saved only by checkpoints: none yet");
     }
     if (!lrc) kd_log_free(&L);
     kd_close(x);
@@ -525,9 +527,10 @@ static int cmd_block(kd_ctx *x, int argc, char **argv) {
     pkv_cache *c = x->c;
     const pkv_pool *p = &c->pool;
     if (id >= p->capacity) {
+        uint32_t cap = p->capacity;
         kd_close(x);
         return kd_fail(x, KD_USAGE, "block %llu is out of range (capacity %u)",
-                       (unsigned long long)id, p->capacity);
+                       (unsigned long long)id, cap);
     }
     uint32_t b = (uint32_t)id;
     const pkv_block *bk = &p->b[b];
@@ -624,16 +627,19 @@ static int cmd_block(kd_ctx *x, int argc, char **argv) {
         kj_end_doc(j);
     } else {
         printf("block %u\n", b);
-        printf("  state      %s (%s), refcount %u\n", kd_block_state(bk),
-               sealed ? "sealed" : bk->state == BLK_OPEN ? "open" : "free", bk->ref);
+        if (bk->state == BLK_FREE)
+            printf("  state      free (its slot holds no K/V anyone refers to)\n");
+        else
+            printf("  state      %s (%s), refcount %u\n", kd_block_state(bk),
+                   sealed ? "sealed" : "open", bk->ref);
         if (!mapped) printf("  arena      slot lies beyond the end of the (short) arena file\n");
         if (sealed) {
             if (bk->parent == PKV_NONE) printf("  parent     none (first block of a chain)\n");
             else printf("  parent     %u\n", bk->parent);
-            printf("  children   %u", nkids);
-            for (uint32_t k = 0; k < nkids && k < 32; k++) printf(k ? " %u" : ": %u", kids[k]);
-            if (nkids > 32) printf(" ...");
-            putchar('\n');
+            printf("  children  ");
+            for (uint32_t k = 0; k < nkids && k < 32; k++) printf(" %u", kids[k]);
+            if (nkids > 32) printf(" ... (%u in all)", nkids);
+            printf(nkids ? "\n" : " none\n");
             printf("  depth      %u (tokens %llu..%llu of its chain)\n", d[b],
                    (unsigned long long)(d[b] ? (uint64_t)(d[b] - 1) * p->block_size : 0),
                    (unsigned long long)((uint64_t)d[b] * p->block_size - 1));
@@ -784,7 +790,7 @@ static int cmd_seq(kd_ctx *x, int argc, char **argv) {
         kd_close(x);
         return kd_fail(x, KD_USAGE, "no sequence %llu in %s", (unsigned long long)id, x->dir);
     }
-    uint32_t *tok = malloc((s->len ? s->len : 1) * sizeof *tok);
+    uint32_t *tok = s->len < (1ull << 32) ? malloc((s->len ? s->len : 1) * sizeof *tok) : NULL;
     size_t ntok = 0;
     if (!tok || pkv_seq_tokens(c, id, tok, s->len, &ntok)) ntok = 0;
     kj *j = &x->j;
@@ -1438,14 +1444,16 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
             uint32_t b = sus[i].block;
             char held[160] = "";
             size_t hl = 0;
-            for (uint64_t q = 0; q <= c->seqs.mask && hl < sizeof held - 40; q++) {
+            for (uint64_t q = 0; q <= c->seqs.mask; q++) {
                 const pkv_seq *s = c->seqs.slots[q];
-                for (uint32_t e = 0; s && e < s->nblocks; e++)
-                    if (s->blocks[e] == b) {
-                        hl += (size_t)snprintf(held + hl, sizeof held - hl, "%s%llu",
-                                               hl ? ", " : "; held by sequence ", (unsigned long long)s->id);
-                        held_bad = true;
-                    }
+                for (uint32_t e = 0; s && e < s->nblocks; e++) {
+                    if (s->blocks[e] != b) continue;
+                    held_bad = true;
+                    if (hl + 48 >= sizeof held) continue; /* the list is long enough */
+                    int w = snprintf(held + hl, sizeof held - hl, "%s%llu",
+                                     hl ? ", " : "; held by sequence ", (unsigned long long)s->id);
+                    if (w > 0) hl += (size_t)w < sizeof held - hl ? (size_t)w : sizeof held - hl - 1;
+                }
             }
             if (sus[i].bad_flag) held_bad = true; /* recovery flagged it: a sequence held it */
             vadd(&prob, "payload_checksum", b, UINT64_MAX, "block %u: payload checksum %016llx "

@@ -97,6 +97,9 @@ void kd_warn(kd_ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * why (the directory is not a readable cache) or KD_PROBLEMS (it is one, but its
  * header is damaged or of an unsupported version). */
 int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t why_len);
+/* 0, or PKV_ENOMEM with a message if the library's metadata for `capacity`
+ * blocks would need more than half of the machine's memory (a forged header). */
+int kd_check_memory(uint64_t capacity, uint32_t block_size, char *why, size_t wl);
 /* Read the header and open the cache read-only (retrying while a live writer
  * changes the directory underneath). 0, or an exit code after kd_fail. */
 int kd_open(kd_ctx *x);
@@ -109,6 +112,8 @@ const char *kd_dtype_name(uint32_t dtype);
 const char *kd_bytes(char *buf, size_t n, uint64_t v);
 /* UTC time "2025-11-29 20:37:00" of Unix nanoseconds into buf. */
 const char *kd_time(char *buf, size_t n, uint64_t ns);
+/* A copy of s safe to print on a terminal (control bytes become '?'). */
+const char *kd_printable(const char *s, char *buf, size_t n);
 /* Strict unsigned parse (decimal or 0x hex); false on garbage or overflow. */
 bool kd_parse_u64(const char *s, uint64_t *out);
 

@@ -418,6 +418,7 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
         pkv_put_u64(e + 8, len);
         pkv_put_u64(e + 16, rsum);
         XXH3_state_t es;
+        memset(&es, 0, sizeof es);
         XXH3_64bits_reset(&es);
         XXH3_64bits_update(&es, e, 24);
         XXH3_64bits_update(&es, data, len);
@@ -572,6 +573,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
         return -1;
     }
     XXH3_state_t es;
+    memset(&es, 0, sizeof es);
     XXH3_64bits_reset(&es);
     XXH3_64bits_update(&es, e, 24);
     XXH3_64bits_update(&es, dst, (size_t)len);
@@ -801,9 +803,12 @@ int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
                            kd_dtype_name(h.dtype), h.block_size);
         }
         if (strcmp(h.model_id, b.model_id)) {
+            char m1[PKV_MODEL_ID_MAX + 1], m2[PKV_MODEL_ID_MAX + 1];
+            kd_printable(b.model_id, m1, sizeof m1);
+            kd_printable(h.model_id, m2, sizeof m2);
             bundle_close(&b);
             return kd_fail(x, KD_USAGE, "model mismatch: the bundle holds K/V of model \"%s\", the "
-                           "cache of \"%s\"", b.model_id, h.model_id);
+                           "cache of \"%s\"", m1, m2);
         }
         if (capacity) kd_warn(x, "--capacity ignored: the cache exists");
         capacity = 0;
@@ -830,7 +835,12 @@ int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
     o.model_id = b.model_id;
     o.durability = PKV_DURABLE_NONE; /* one pkv_sync at the end makes it all durable */
     pkv_cache *c = NULL;
-    int rc = pkv_open(x->dir, &o, &c);
+    int rc = kd_check_memory(created ? capacity : h.capacity, bs, why, sizeof why);
+    if (rc) {
+        bundle_close(&b);
+        return kd_fail(x, KD_USAGE, "%s", why);
+    }
+    rc = pkv_open(x->dir, &o, &c);
     if (rc) {
         bundle_close(&b);
         return kd_fail(x, rc == PKV_EGEOMETRY || rc == PKV_EMODEL || rc == PKV_ECORRUPT ||
@@ -940,9 +950,11 @@ int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
         kj_end_obj(j);
         kj_end_doc(j);
     } else {
+        char pm[PKV_MODEL_ID_MAX + 1];
         printf("imported %u block%s, skipped %u already present (%u blocks, %llu tokens, salt "
                "%llu, model \"%s\") into %s%s\n", imported, imported == 1 ? "" : "s", present,
-               b.nblocks, (unsigned long long)ntok, (unsigned long long)salt, b.model_id, x->dir,
+               b.nblocks, (unsigned long long)ntok, (unsigned long long)salt,
+               kd_printable(b.model_id, pm, sizeof pm), x->dir,
                created ? " (created)" : "");
         printf("a prompt starting with these %llu tokens now hits %u of %u blocks\n",
                (unsigned long long)ntok, hit, b.nblocks);

@@ -241,6 +241,13 @@ const char *kd_time(char *buf, size_t n, uint64_t ns) {
     return buf;
 }
 
+const char *kd_printable(const char *s, char *buf, size_t n) {
+    size_t i = 0;
+    for (; s[i] && i + 1 < n; i++) buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
+    buf[i] = '\0';
+    return buf;
+}
+
 bool kd_parse_u64(const char *s, uint64_t *out) {
     if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
     errno = 0;
@@ -501,7 +508,26 @@ static uint64_t dir_sig(const char *dir) {
     return sig;
 }
 
+/* The library keeps per-block metadata for the whole capacity in memory: 64
+ * bytes, 4 * B bytes of token ids and 16 bytes or more of prefix index per block.
+ * A forged header could ask for more than the machine has (the file itself may
+ * be short); refuse that instead of letting the allocation fail halfway or the
+ * kernel kill the process. */
+int kd_check_memory(uint64_t capacity, uint32_t block_size, char *why, size_t wl) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0) return 0;
+    double need = (double)capacity * (64.0 + 4.0 * block_size + 32.0);
+    double have = (double)pages * (double)psz;
+    if (need <= have / 2) return 0;
+    snprintf(why, wl, "%llu blocks of %u tokens need %.1f GiB of metadata in memory, more than "
+             "half of this machine's (%.1f GiB)", (unsigned long long)capacity, block_size,
+             need / (1 << 30), have / (1 << 30));
+    return PKV_ENOMEM;
+}
+
 int kd_open_quiet(kd_ctx *x, uint32_t extra, char *why, size_t wl) {
+    int mrc = kd_check_memory(x->hdr.capacity, x->hdr.block_size, why, wl);
+    if (mrc) return mrc;
     pkv_options o;
     pkv_options_init(&o);
     o.num_layers = x->hdr.num_layers;
