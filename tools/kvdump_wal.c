@@ -348,6 +348,21 @@ static int frame_records(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
  * good (corruption). */
 static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t expect,
                          bool reached) {
+    /* With a live writer the bytes change under the scan: a frame that failed
+     * its check a moment ago may be complete now. Frames are written in order,
+     * so a valid frame further on implies this one is complete too; test it
+     * first, or the race would look like corruption. */
+    {
+        uint64_t first;
+        uint32_t nrec, bytes;
+        if (frame_ok(sd, off, &first, &nrec, &bytes) && first <= expect &&
+            first + nrec - 1 >= expect) {
+            set_end(L, s, KD_END_IN_PROGRESS, off, "a frame starting at LSN %llu was completed "
+                    "while it was read (a live writer); a later read includes it",
+                    (unsigned long long)first);
+            return false;
+        }
+    }
     uint64_t f;
     size_t at;
     if (off <= sd->len && sd->len - off >= FRAME_HDR && later_valid(sd, off, expect, &f, &at)) {
@@ -389,12 +404,6 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
     uint32_t nb = pkv_get_u32(p + 20);
     uint64_t first;
     uint32_t nrec, bytes;
-    if (frame_ok(sd, off, &first, &nrec, &bytes) && first <= expect && first + nrec - 1 >= expect) {
-        set_end(L, s, KD_END_IN_PROGRESS, off, "a frame starting at LSN %llu was completed "
-                "while it was read (a live writer); a later read includes it",
-                (unsigned long long)first);
-        return false;
-    }
     if (!reached) {
         set_end(L, s, KD_END_TORN, off, "a damaged frame among those the checkpoint covers "
                 "(harmless: recovery needs none of them)");
