@@ -185,6 +185,7 @@ typedef struct desc_buf {   /* pinned, device-mapped descriptors for a kernel */
 
 struct pkv_cuda_batch {
     pkv_cuda_batch *next_free;
+    pkv_cuda_batch *next_all; /* every batch object of the handle */
     pkv_res_plan plan;
     pkv_glue_batch glue;    /* ids' tables, lengths, committed counts at page-in */
     uint64_t *ids;
@@ -242,6 +243,7 @@ struct pkv_cuda {
     size_t wb_bytes;
     /* batches */
     pkv_cuda_batch *free_batches;
+    pkv_cuda_batch *all_batches; /* free or in flight; freed at close */
     /* stats */
     uint64_t page_ins, page_in_failures, bytes_h2d, writebacks, tok_wb, bytes_d2h;
 };
@@ -519,11 +521,13 @@ void pkv_cuda_close(pkv_cuda *g) {
     dev_scope ds;
     const int entered = dev_enter(&ds, g->device) == 0;
     if (g->copy) cudaStreamSynchronize(g->copy);
-    while (g->free_batches) {
-        pkv_cuda_batch *b = g->free_batches;
-        g->free_batches = b->next_free;
+    /* Batches not released are freed too (their handles become invalid). */
+    while (g->all_batches) {
+        pkv_cuda_batch *b = g->all_batches;
+        g->all_batches = b->next_all;
         batch_destroy(b);
     }
+    g->free_batches = NULL;
     unregister_all(g);
     if (g->ro_map) munmap(g->ro_map, g->map_len);
     for (int i = 0; i < 2; i++) {
@@ -767,12 +771,19 @@ static int batch_get(pkv_cuda *g, size_t n, size_t words, pkv_cuda_batch **out) 
         CK(cudaHostAlloc((void **)&b->h_buf, w * 4, cudaHostAllocPortable), "cudaHostAlloc (tables)");
         CK(cudaMalloc((void **)&b->d_buf, w * 4), "cudaMalloc (tables)");
         b->buf_words = w;
+        b->next_all = g->all_batches;
+        g->all_batches = b;
     }
     if (b->up_pending) CK(cudaEventSynchronize(b->ev_up), "waiting for a table upload");
     b->up_pending = 0;
 out:
     if (rc) {
-        batch_destroy(b);
+        if (b->buf_words) { /* on the handle's list: back to the free list */
+            b->next_free = g->free_batches;
+            g->free_batches = b;
+        } else {
+            batch_destroy(b);
+        }
         return rc;
     }
     *out = b;
