@@ -71,8 +71,8 @@ static struct opts {
     .samples = 3,
     .answer = 32,
     .sys_tokens = 2400,
-    .msg_min = 192,
-    .msg_max = 448,
+    .msg_min = 256,
+    .msg_max = 768,
     .block_size = 16,
     .threads = 1,
     .seed = 1,
@@ -100,7 +100,7 @@ static void usage(FILE *f) {
             "  --answer-tokens N     tokens generated per answer at most (default 32)\n"
             "  --system-tokens N     length of the generated system prompt (default 2400)\n"
             "  --prompt-file FILE    use FILE's bytes as the system prompt instead\n"
-            "  --message-tokens A-B  user message length range (default 192-448)\n"
+            "  --message-tokens A-B  user message length range (default 256-768)\n"
             "  --durability MODE     group, none or always (default group)\n"
             "  --kv-dtype TYPE       f16, bf16 or f32 K/V storage (default f16)\n"
             "  --block-size N        tokens per cache block (default 16)\n"
