@@ -112,6 +112,11 @@ typedef struct pkv_options {
     uint64_t checkpoint_bytes; /* checkpoint when the log grows past this; 0 = 64 MiB */
     uint32_t flags;            /* PKV_OPEN_* */
     const struct pkv_io_ops *io; /* NULL = the default (io_uring) backend */
+    const char *arena_dir; /* NULL = the arena file lives in the cache directory.
+                              Else it is created in this directory (e.g. on tmpfs, so
+                              the CUDA layer can register it) and `dir`/arena is a
+                              symbolic link to it; the log stays in `dir`. Reopens
+                              must pass the same directory (docs/api.md). */
 } pkv_options;
 
 typedef struct pkv_cache pkv_cache;
@@ -243,6 +248,10 @@ typedef struct pkv_stats_t {
     uint64_t durable_lsn;     /* every record up to this LSN is durable */
     uint64_t checkpoints;     /* checkpoints written since open */
     uint64_t checkpoint_lsn;  /* LSN covered by the newest checkpoint */
+    /* CUDA layer */
+    uint32_t cuda_handles;    /* pkv_cuda handles open on this cache */
+    uint32_t cuda_mode;       /* pkv_cuda_mode of the newest open handle (how the
+                                 GPU reaches the arena); 0 = none open */
 } pkv_stats_t;
 
 int pkv_stats(pkv_cache *cache, pkv_stats_t *out);

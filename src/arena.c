@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -154,11 +155,12 @@ static int fsync_dir(const char *dir) {
     return rc;
 }
 
-/* Write a new arena to dir/arena.tmp, preallocate it, then rename it into place. */
-static int arena_create(pkv_arena *a, const char *dir, const char *path) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s/arena.tmp", dir) >= (int)sizeof tmp)
-        return pkv_err(PKV_EINVAL, "directory path too long");
+/* Write a new arena to `path`.tmp, preallocate it, then rename it into `path`
+ * and fsync `fdir`, the directory holding it. */
+static int arena_create(pkv_arena *a, const char *fdir, const char *path) {
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return pkv_err(PKV_EINVAL, "arena path too long");
     if (getrandom(&a->secret, sizeof a->secret, 0) != (ssize_t)sizeof a->secret)
         return os_err(errno, "getrandom for", path);
     a->data_offset = PKV_PAGE;
@@ -180,7 +182,7 @@ static int arena_create(pkv_arena *a, const char *dir, const char *path) {
     else if (rename(tmp, path))
         rc = os_err(errno, "rename to", path);
     else
-        rc = fsync_dir(dir);
+        rc = fsync_dir(fdir);
     if (rc) {
         close(fd);
         unlink(tmp);
@@ -188,6 +190,112 @@ static int arena_create(pkv_arena *a, const char *dir, const char *path) {
     }
     a->fd = fd;
     return 0;
+}
+
+/* ---- Where the arena file is ----------------------------------------------
+ * Without arena_dir the arena is the regular file dir/arena. With arena_dir it
+ * is a file in that directory (named pkv-arena-<random>, so several caches can
+ * share one arena_dir) and dir/arena is a symbolic link holding its absolute
+ * path; kvdump and read-only opens just follow the link. The link is written
+ * before the file: a crash in between leaves a dangling link, and the next open
+ * with arena_dir creates the file the link names (recovery then finds an arena
+ * created afresh and drops the blocks the log describes), so no orphan file is
+ * ever left in arena_dir except a .tmp that the same name overwrites. */
+
+typedef enum { LOC_EXISTS, LOC_CREATE, LOC_CREATE_LINKED } arena_loc;
+
+/* realpath() of `d` into out (PATH_MAX bytes). */
+static int real_dir(const char *d, char *out, const char *what) {
+    if (!realpath(d, out))
+        return pkv_err(errno == ENOENT ? PKV_EINVAL : PKV_EIO, "%s %s: %s", what, d,
+                       strerror(errno));
+    return 0;
+}
+
+/* Decide where the arena is and whether it must be created; fills a->path and,
+ * for LOC_CREATE_LINKED, `fdir` (the directory that will hold the file). */
+static int arena_locate(pkv_arena *a, const char *dir, const char *adir, char *fdir,
+                        arena_loc *loc) {
+    char link[4200];
+    if (snprintf(link, sizeof link, "%s/arena", dir) >= (int)sizeof a->path)
+        return pkv_err(PKV_EINVAL, "directory path too long");
+    strcpy(fdir, dir);
+    struct stat st;
+    if (lstat(link, &st)) {
+        if (errno != ENOENT) return os_err(errno, "stat", link);
+        if (a->rdonly) return pkv_err(PKV_EIO, "%s: no arena file (nothing to inspect)", link);
+        if (!adir) {
+            strcpy(a->path, link);
+            *loc = LOC_CREATE;
+            return 0;
+        }
+        char real[PATH_MAX];
+        uint64_t r;
+        int rc = real_dir(adir, real, "arena_dir");
+        if (rc) return rc;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) return os_err(errno, "getrandom for", link);
+        if (snprintf(a->path, sizeof a->path, "%s/pkv-arena-%016llx", real,
+                     (unsigned long long)r) >= (int)sizeof a->path)
+            return pkv_err(PKV_EINVAL, "arena_dir path too long");
+        strcpy(fdir, real);
+        *loc = LOC_CREATE_LINKED;
+        return 0;
+    }
+    if (S_ISREG(st.st_mode)) {
+        if (adir)
+            return pkv_err(PKV_EINVAL, "%s is a file in the cache directory; a cache cannot "
+                           "move its arena to arena_dir %s (open it without arena_dir)", link, adir);
+        strcpy(a->path, link);
+        *loc = LOC_EXISTS;
+        return 0;
+    }
+    if (!S_ISLNK(st.st_mode)) return pkv_err(PKV_ECORRUPT, "%s: not a regular file", link);
+    ssize_t n = readlink(link, a->path, sizeof a->path - 1);
+    if (n < 0) return os_err(errno, "read link", link);
+    if (n == 0 || (size_t)n >= sizeof a->path - 1 || a->path[0] != '/')
+        return pkv_err(PKV_ECORRUPT, "%s: the link does not hold an absolute arena path", link);
+    a->path[n] = '\0';
+    a->linked = true;
+    /* The link's directory part, checked against arena_dir when one is given. */
+    char *slash = strrchr(a->path, '/');
+    char ldir[4200];
+    snprintf(ldir, sizeof ldir, "%.*s", slash == a->path ? 1 : (int)(slash - a->path), a->path);
+    if (adir) {
+        char want[PATH_MAX], have[PATH_MAX];
+        int rc = real_dir(adir, want, "arena_dir");
+        if (rc) return rc;
+        if (!realpath(ldir, have) || strcmp(want, have) != 0)
+            return pkv_err(PKV_EINVAL, "%s links to %s, which is not in arena_dir %s", link,
+                           a->path, adir);
+    }
+    if (stat(a->path, &st) == 0) {
+        *loc = LOC_EXISTS;
+        return 0;
+    }
+    if (errno != ENOENT) return os_err(errno, "stat", a->path);
+    if (a->rdonly) return pkv_err(PKV_EIO, "%s: the arena file %s is missing", link, a->path);
+    if (!adir)
+        return pkv_err(PKV_EINVAL, "the arena file %s that %s links to is missing; open "
+                       "with arena_dir to create it again there", a->path, link);
+    strcpy(fdir, ldir);
+    *loc = LOC_CREATE;
+    return 0;
+}
+
+/* Point dir/arena at a->path: a link written to a temporary name, renamed into
+ * place, the directory fsynced. */
+static int arena_link(const pkv_arena *a, const char *dir) {
+    char link[4200], tmp[4200];
+    snprintf(link, sizeof link, "%s/arena", dir);
+    snprintf(tmp, sizeof tmp, "%s/arena.link.tmp", dir);
+    unlink(tmp);
+    if (symlink(a->path, tmp)) return os_err(errno, "create link", tmp);
+    if (rename(tmp, link)) {
+        int rc = os_err(errno, "rename to", link);
+        unlink(tmp);
+        return rc;
+    }
+    return fsync_dir(dir);
 }
 
 static int check_matches(const pkv_arena *a, const pkv_geometry *want,
@@ -275,29 +383,37 @@ int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool r
         return pkv_err(rdonly ? PKV_EIO : PKV_EINVAL, "%s is not a directory", dir);
     if (!rdonly && (rc = take_lock(a, dir))) return rc;
 
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/arena", dir) >= (int)sizeof path) {
-        rc = pkv_err(PKV_EINVAL, "directory path too long");
+    const char *adir = opt->arena_dir && opt->arena_dir[0] ? opt->arena_dir : NULL;
+    if (adir && !rdonly && mkdir(adir, 0700) && errno != EEXIST) {
+        rc = os_err(errno, "create arena directory", adir);
         goto fail;
     }
-    int fd = open(path, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
-    if (fd >= 0) {
+    char fdir[4200];
+    arena_loc loc = LOC_EXISTS;
+    if ((rc = arena_locate(a, dir, adir, fdir, &loc))) goto fail;
+    const char *path = a->path;
+    if (loc == LOC_EXISTS) {
+        int fd = open(path, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+        if (fd < 0) {
+            rc = os_err(errno, "open", path);
+            goto fail;
+        }
         rc = arena_open_existing(a, fd, path, &want, opt);
         if (rc) close(fd);
-    } else if (errno == ENOENT && rdonly) {
-        rc = pkv_err(PKV_EIO, "%s: no arena file (nothing to inspect)", path);
-    } else if (errno == ENOENT) {
+    } else {
         if (!opt->capacity) {
             rc = pkv_err(PKV_EINVAL, "capacity must be > 0 to create %s", path);
             goto fail;
         }
         a->geo = want;
         memcpy(a->model_id, opt->model_id, strlen(opt->model_id) + 1);
-        rc = arena_create(a, dir, path);
+        if (loc == LOC_CREATE_LINKED) {
+            a->linked = true;
+            rc = arena_link(a, dir);
+        }
+        if (!rc) rc = arena_create(a, fdir, path);
         a->created = true;
         a->valid_blocks = a->geo.capacity;
-    } else {
-        rc = os_err(errno, "open", path);
     }
     if (rc) goto fail;
 

@@ -186,6 +186,8 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->durable_lsn = w->durable_lsn;
     out->checkpoints = w->checkpoints;
     out->checkpoint_lsn = w->ckpt_lsn;
+    out->cuda_handles = c->cuda_handles;
+    out->cuda_mode = c->cuda_mode;
     pkv_unlock(c);
     return 0;
 }

@@ -101,13 +101,17 @@ typedef struct pkv_arena {
     bool rdonly;          /* opened read-only: no lock, PROT_READ mapping */
     bool created;         /* this open created the arena file */
     bool foreign_log;     /* recovery met log files written for another arena */
+    bool linked;          /* dir/arena is a symbolic link to a file in another
+                             directory (pkv_options.arena_dir) */
+    char path[4096];      /* the arena file: dir/arena, or the link's target */
     uint64_t valid_blocks; /* slots the file held before any repair (recovery
                               drops blocks at or beyond it) */
 } pkv_arena;
 
 /* Validate options and derive the geometry. */
 int pkv_geometry_from_options(const pkv_options *opt, pkv_geometry *geo);
-/* Create or open `dir`/arena, lock the directory (unless read-only), map the file.
+/* Create or open `dir`/arena (or, with opt->arena_dir, a file there that
+ * `dir`/arena links to), lock the directory (unless read-only), map the file.
  * A file shorter than its header says is extended (read-only: mapped as it is)
  * and valid_blocks tells recovery which slots were lost. */
 int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool rdonly);
@@ -283,6 +287,7 @@ struct pkv_cache {
     pkv_wal wal;
     pkv_recovery_t rec;
     bool rdonly;
+    uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_stats) */
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
 };
 

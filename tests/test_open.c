@@ -501,3 +501,205 @@ Test(open, geometry_variants)
         pt_close(c);
     }
 }
+
+/* ---- The arena in another directory (pkv_options.arena_dir) --------------- */
+
+/* Fill seq 1 with 10 committed tokens and seq 2 with 3 of 6. */
+static void fill_two(pkv_cache *c, const uint32_t *a)
+{
+    PT_SEQ_OPEN(c, 1, 0, NULL, 0);
+    PT_APPEND(c, 1, 0, a, 0, 10);
+    PT_OK(pkv_seq_commit(c, 1, 10));
+    PT_SEQ_OPEN(c, 2, 0, NULL, 0);
+    PT_APPEND(c, 2, 0, a, 0, 6);
+    PT_OK(pkv_seq_commit(c, 2, 3));
+    PT_CHECK(c);
+}
+
+/* The one file in `d` whose name starts with pkv-arena-, into out; the count. */
+static int arena_files(const char *d, char *out, size_t cap)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls -1 %s", d);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "pkv-arena-", 10) == 0) {
+            n++;
+            snprintf(out, cap, "%s/%s", d, line);
+        }
+    }
+    pclose(p);
+    return n;
+}
+
+Test(open, arena_dir_holds_the_arena_and_the_cache_dir_links_to_it)
+{
+    uint32_t a[10];
+    for (int i = 0; i < 10; i++)
+        a[i] = (uint32_t)(100 + i);
+    char adir[512], link[512], file[1024], target[1024];
+    pt_path(adir, sizeof adir, "shm/arenas"); /* created on demand (its parent must exist) */
+    pt_path(link, sizeof link, "shm");
+    cr_assert_eq(mkdir(link, 0700), 0);
+    pkv_options o;
+    default_opts(&o);
+    o.arena_dir = adir;
+    pkv_cache *c = pt_open_sub("cache", &o);
+    fill_two(c, a);
+    pt_close(c);
+
+    /* dir/arena is a symbolic link to the one arena file in arena_dir; the log
+     * stays in the cache directory. */
+    pt_path(link, sizeof link, "cache/arena");
+    struct stat st;
+    cr_assert_eq(lstat(link, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode), "cache/arena is not a link");
+    cr_assert_eq(arena_files(adir, file, sizeof file), 1);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    cr_assert(n > 0);
+    target[n] = '\0';
+    char real[PATH_MAX];
+    cr_assert_not_null(realpath(file, real));
+    cr_assert_str_eq(target, real);
+    cr_assert_eq(stat(file, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600);
+    char cache[512];
+    pt_path(cache, sizeof cache, "cache");
+    cr_assert_eq(arena_files(cache, file, sizeof file), 0);
+
+    /* Reopen with the same arena_dir, and without one (the link is followed):
+     * the sequences come back with their K/V. */
+    c = pt_open_sub("cache", &o);
+    PT_CHECK(c);
+    PT_VERIFY(c, 1, 0, a, 10, 10);
+    PT_VERIFY(c, 2, 0, a, 3, 3);
+    pt_close(c);
+    o.arena_dir = NULL;
+    c = pt_open_sub("cache", &o);
+    PT_VERIFY(c, 1, 0, a, 10, 10);
+    pt_close(c);
+
+    /* Read-only opens follow the link too. */
+    o.flags = PKV_OPEN_RDONLY;
+    o.capacity = 0;
+    pkv_cache *r = NULL;
+    PT_OK(pkv_open(cache, &o, &r));
+    PT_VERIFY(r, 2, 0, a, 3, 3);
+    pkv_close(r);
+
+    /* A second cache may share the arena directory: its own file. */
+    default_opts(&o);
+    o.arena_dir = adir;
+    c = pt_open_sub("cache2", &o);
+    pt_close(c);
+    cr_assert_eq(arena_files(adir, file, sizeof file), 2);
+}
+
+Test(open, arena_dir_mismatch_is_refused_and_changes_nothing)
+{
+    uint32_t a[10];
+    for (int i = 0; i < 10; i++)
+        a[i] = (uint32_t)(7 * i);
+    char adir[512], other[512], arena[512], file[1024], afile[1024];
+    pt_path(adir, sizeof adir, "adir");
+    pt_path(other, sizeof other, "other");
+    cr_assert_eq(mkdir(other, 0700), 0);
+    pkv_options o;
+    default_opts(&o);
+    o.arena_dir = adir;
+    pkv_cache *c = pt_open_sub("linked", &o);
+    fill_two(c, a);
+    pt_close(c);
+    cr_assert_eq(arena_files(adir, afile, sizeof afile), 1);
+    file_fp fp;
+    fp_take(&fp, afile);
+
+    /* Another arena_dir than the one the link points into. */
+    o.arena_dir = other;
+    pkv_cache *x = NULL;
+    PT_ERR(try_open("linked", &o, &x), PKV_EINVAL);
+    cr_assert_null(x);
+    cr_assert(strstr(pkv_last_error(), "not in arena_dir"), "%s", pkv_last_error());
+    cr_assert_eq(arena_files(other, file, sizeof file), 0);
+    fp_same(&fp, afile, "wrong arena_dir");
+    fp_free(&fp);
+
+    /* A cache whose arena is a file in its own directory cannot move it. */
+    default_opts(&o);
+    c = pt_open_sub("plain", &o);
+    pt_close(c);
+    pt_path(arena, sizeof arena, "plain/arena");
+    fp_take(&fp, arena);
+    o.arena_dir = other;
+    PT_ERR(try_open("plain", &o, &x), PKV_EINVAL);
+    cr_assert(strstr(pkv_last_error(), "cannot move"), "%s", pkv_last_error());
+    fp_same(&fp, arena, "arena_dir for an in-directory arena");
+    cr_assert_eq(arena_files(other, file, sizeof file), 0);
+    fp_free(&fp);
+
+    /* The original cache still opens with its own arena_dir. */
+    o.arena_dir = adir;
+    c = pt_open_sub("linked", &o);
+    PT_VERIFY(c, 1, 0, a, 10, 10);
+    pt_close(c);
+}
+
+Test(open, lost_arena_in_arena_dir_is_recreated_and_its_blocks_dropped)
+{
+    /* tmpfs emptied by a reboot: the log survives in the cache directory, the
+     * arena does not. Without arena_dir the open is refused (no silent move into
+     * the cache directory); with it a new arena is created where the link points
+     * and recovery drops every block the log describes. */
+    uint32_t a[10];
+    for (int i = 0; i < 10; i++)
+        a[i] = (uint32_t)(3 * i + 1);
+    char adir[512], file[1024], link[512], target[1024];
+    pt_path(adir, sizeof adir, "adir");
+    pkv_options o;
+    default_opts(&o);
+    o.arena_dir = adir;
+    pkv_cache *c = pt_open_sub("cache", &o);
+    fill_two(c, a);
+    PT_OK(pkv_sync(c));
+    pt_close(c);
+    cr_assert_eq(arena_files(adir, file, sizeof file), 1);
+    cr_assert_eq(unlink(file), 0);
+
+    o.arena_dir = NULL;
+    pkv_cache *x = NULL;
+    PT_ERR(try_open("cache", &o, &x), PKV_EINVAL);
+    cr_assert(strstr(pkv_last_error(), "missing"), "%s", pkv_last_error());
+    o.flags = PKV_OPEN_RDONLY;
+    o.capacity = 0;
+    PT_ERR(try_open("cache", &o, &x), PKV_EIO);
+
+    default_opts(&o);
+    o.arena_dir = adir;
+    c = pt_open_sub("cache", &o);
+    PT_CHECK(c);
+    pkv_stats_t st = pt_stats(c);
+    cr_assert_eq(st.blocks_free, CAP);
+    cr_assert_eq(st.blocks_sealed, 0);
+    PT_ERR(pkv_seq_info(c, 1, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+    /* Same file name as before: the link was kept. */
+    pt_path(link, sizeof link, "cache/arena");
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    cr_assert(n > 0);
+    target[n] = '\0';
+    char real[PATH_MAX];
+    cr_assert_eq(arena_files(adir, file, sizeof file), 1);
+    cr_assert_not_null(realpath(file, real));
+    cr_assert_str_eq(target, real);
+    /* And it works. */
+    PT_SEQ_OPEN(c, 5, 0, NULL, 0);
+    PT_APPEND(c, 5, 0, a, 0, 10);
+    PT_OK(pkv_seq_commit(c, 5, 10));
+    pt_close(c);
+    c = pt_open_sub("cache", &o);
+    PT_VERIFY(c, 5, 0, a, 10, 10);
+    pt_close(c);
+}

@@ -20,6 +20,9 @@
  */
 #include "kvdump.h"
 
+#include <errno.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -162,6 +165,59 @@ static int parse_simple(kd_ctx *x, int argc, char **argv, kd_opt *opts, const ch
 
 /* ---- summary ------------------------------------------------------------------- */
 
+/* Where the arena file is, what file system holds it, and what the CUDA layer
+ * last obtained (src/cuda/cuda.c leaves <dir>/cuda.status when it attaches). */
+typedef struct kd_place {
+    const char *path; /* the arena file (dir/arena or the link's target) */
+    bool linked;
+    char fs[48];
+    bool gpu;         /* cuda.status was found */
+    char mode[48], device[320], note[600];
+    long long pid, time;
+} kd_place;
+
+static void kd_fs_name(const char *path, char *out, size_t cap) {
+    struct statfs sf;
+    if (statfs(path, &sf)) {
+        snprintf(out, cap, "unknown (%s)", strerror(errno));
+        return;
+    }
+    switch ((unsigned long)sf.f_type) {
+    case TMPFS_MAGIC: snprintf(out, cap, "tmpfs"); break;
+    case HUGETLBFS_MAGIC: snprintf(out, cap, "hugetlbfs"); break;
+    case EXT4_SUPER_MAGIC: snprintf(out, cap, "ext4"); break;
+    case XFS_SUPER_MAGIC: snprintf(out, cap, "xfs"); break;
+    case BTRFS_SUPER_MAGIC: snprintf(out, cap, "btrfs"); break;
+    case OVERLAYFS_SUPER_MAGIC: snprintf(out, cap, "overlay"); break;
+    default: snprintf(out, cap, "0x%lx", (unsigned long)sf.f_type); break;
+    }
+}
+
+static void kd_place_read(const kd_ctx *x, const pkv_cache *c, kd_place *p) {
+    memset(p, 0, sizeof *p);
+    p->path = c->arena.path;
+    p->linked = c->arena.linked;
+    kd_fs_name(p->path, p->fs, sizeof p->fs);
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/cuda.status", x->dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    p->gpu = true;
+    snprintf(p->mode, sizeof p->mode, "?");
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *v = strchr(line, ' ');
+        if (!v) continue;
+        *v++ = '\0';
+        if (!strcmp(line, "mode")) snprintf(p->mode, sizeof p->mode, "%.47s", v);
+        else if (!strcmp(line, "device")) snprintf(p->device, sizeof p->device, "%.319s", v);
+        else if (!strcmp(line, "note")) snprintf(p->note, sizeof p->note, "%.599s", v);
+        else if (!strcmp(line, "pid")) p->pid = strtoll(v, NULL, 10);
+        else if (!strcmp(line, "time")) p->time = strtoll(v, NULL, 10);
+    }
+    fclose(f);
+}
+
 static const char summary_usage[] =
     "usage: kvdump summary DIR [--json] [--point-in-time]\n"
     "\n"
@@ -195,6 +251,8 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
         if (c->seqs.slots[i]) tokens += c->seqs.slots[i]->committed;
     const kd_hdr *h = &x->hdr;
     uint64_t need = h->data_offset + h->capacity * h->slot_bytes;
+    kd_place pl;
+    kd_place_read(x, c, &pl);
     double ms = rec.ms_checkpoint + rec.ms_replay + rec.ms_rebuild + rec.ms_verify;
     size_t nvalid = 0, nread = 0;
     if (!lrc)
@@ -225,6 +283,19 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
         kj_u64(j, "expected_bytes", need);
         kj_u64(j, "valid_blocks", c->arena.valid_blocks);
         kj_u64(j, "created_ns", h->created_ns);
+        kj_str(j, "path", pl.path);
+        kj_bool(j, "linked", pl.linked);
+        kj_str(j, "filesystem", pl.fs);
+        kj_end_obj(j);
+        kj_obj(j, "cuda", false);
+        kj_bool(j, "attached_ever", pl.gpu);
+        if (pl.gpu) {
+            kj_str(j, "mode", pl.mode);
+            kj_str(j, "device", pl.device);
+            kj_i64(j, "pid", pl.pid);
+            kj_i64(j, "time", pl.time);
+            kj_str(j, "note", pl.note);
+        }
         kj_end_obj(j);
         kj_obj(j, "blocks", false);
         kj_u64(j, "capacity", st.capacity);
@@ -312,6 +383,16 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
                (unsigned long long)h->capacity, kd_bytes(b1, sizeof b1, h->slot_bytes),
                kd_bytes(b2, sizeof b2, h->block_bytes), kd_bytes(b3, sizeof b3, h->file_size),
                h->file_size < need ? " (SHORT)" : "", kd_time(t1, sizeof t1, h->created_ns));
+        if (pl.linked)
+            printf("            %s (%s/arena links to it) on %s\n", pl.path, x->dir, pl.fs);
+        else
+            printf("            %s on %s\n", pl.path, pl.fs);
+        if (pl.gpu)
+            printf("gpu         last attached by pid %lld at %s: mode %s, device %s%s%s\n", pl.pid,
+                   kd_time(t1, sizeof t1, (uint64_t)pl.time * 1000000000ull), pl.mode, pl.device,
+                   strcmp(pl.note, "-") ? "; " : "", strcmp(pl.note, "-") ? pl.note : "");
+        else
+            printf("gpu         never attached (no cuda.status)\n");
         printf("blocks      %llu free, %llu cached, %llu used (%llu sealed, %llu open",
                (unsigned long long)st.blocks_free, (unsigned long long)st.blocks_cached,
                (unsigned long long)st.blocks_used, (unsigned long long)st.blocks_sealed,

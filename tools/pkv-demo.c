@@ -59,6 +59,7 @@ static struct opts {
     uint32_t threads;
     uint64_t seed, capacity;
     const char *prompt_file;
+    const char *arena_dir;
     pkv_durability durability;
     pkv_dtype kv;
     bool json, quiet;
@@ -93,6 +94,8 @@ static void usage(FILE *f) {
             "\n"
             "  --cache-dir DIR       cache directory (default /tmp/pkv-demo-$UID); the cold\n"
             "                        run empties it, and refuses if it holds non-pagedkv files\n"
+            "  --arena-dir DIR       keep the arena file in DIR (e.g. /dev/shm), the log in the\n"
+            "                        cache directory (pkv_options.arena_dir)\n"
             "  --preset NAME         model: %s (default default)\n"
             "  --users N             conversations (default 4)\n"
             "  --turns N             turns per conversation (default 3)\n"
@@ -155,7 +158,8 @@ static void parse_args(int argc, char **argv) {
         {"durability", 1, 0, 'd'},     {"kv-dtype", 1, 0, 'k'},      {"block-size", 1, 0, 'b'},
         {"capacity", 1, 0, 'C'},       {"threads", 1, 0, 'T'},       {"seed", 1, 0, 'e'},
         {"run", 1, 0, 'r'},            {"json", 0, 0, 'j'},          {"quiet", 0, 0, 'q'},
-        {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+        {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {"arena-dir", 1, 0, 'A'},
+        {0, 0, 0, 0}};
     snprintf(opt.cache_dir, sizeof opt.cache_dir, "/tmp/pkv-demo-%u", (unsigned)getuid());
     opterr = 0;
     int c;
@@ -178,6 +182,10 @@ static void parse_args(int argc, char **argv) {
         case 'a': opt.answer = (uint32_t)parse_num(optarg, "--answer-tokens", 1, 4096); break;
         case 'S': opt.sys_tokens = (uint32_t)parse_num(optarg, "--system-tokens", 2, 1u << 20); break;
         case 'f': opt.prompt_file = optarg; break;
+        case 'A':
+            if (!optarg[0]) bad_usage("bad --arena-dir ''");
+            opt.arena_dir = optarg;
+            break;
         case 'm': {
             const char *dash = strchr(optarg, '-');
             char a[32];
@@ -411,7 +419,8 @@ static void wipe_cache_dir(const char *dir) {
         if (errno == ENOENT) return;
         die("cannot open the cache directory %s: %s", dir, strerror(errno));
     }
-    static const char *exact[] = {"arena", "arena.tmp", "LOCK", "ckpt.tmp"};
+    static const char *exact[] = {"arena", "arena.tmp", "LOCK", "ckpt.tmp", "arena.link.tmp",
+                                  "cuda.status", "cuda.status.tmp"};
     static const char *prefix[] = {"wal-", "ckpt-"};
     char (*names)[256] = NULL;
     size_t n = 0;
@@ -419,7 +428,7 @@ static void wipe_cache_dir(const char *dir) {
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         bool ok = false;
-        for (size_t i = 0; i < 4; i++) ok |= !strcmp(e->d_name, exact[i]);
+        for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) ok |= !strcmp(e->d_name, exact[i]);
         for (size_t i = 0; i < 2; i++) ok |= !strncmp(e->d_name, prefix[i], strlen(prefix[i]));
         if (!ok || strlen(e->d_name) >= 256) {
             closedir(d);
@@ -433,6 +442,13 @@ static void wipe_cache_dir(const char *dir) {
     for (size_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        /* An arena kept elsewhere (--arena-dir): remove the file the link names. */
+        char target[PATH_MAX];
+        ssize_t tl = strcmp(names[i], "arena") ? -1 : readlink(path, target, sizeof target - 1);
+        if (tl > 0) {
+            target[tl] = '\0';
+            if (unlink(target) && errno != ENOENT) die("cannot remove %s: %s", target, strerror(errno));
+        }
         if (unlink(path) && errno != ENOENT) die("cannot remove %s: %s", path, strerror(errno));
     }
     free(names);
@@ -492,6 +508,7 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     o.capacity = which == RUN_COLD ? cache_capacity(w) : 0;
     o.model_id = model_id;
     o.durability = opt.durability;
+    o.arena_dir = opt.arena_dir;
     if (which == RUN_WARM) { /* do not create anything: there must be a cache */
         char arena[PATH_MAX];
         struct stat sb;

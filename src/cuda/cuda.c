@@ -207,6 +207,7 @@ struct pkv_cuda {
     char device_name[300];
     pkv_cuda_mode mode;
     char note[512];
+    bool counted;           /* counted in cache->cuda_handles */
     /* the arena */
     uint8_t *map;           /* the cache's mapping */
     uint64_t map_len, data_offset, slot_bytes, block_bytes;
@@ -516,8 +517,41 @@ static void batch_destroy(pkv_cuda_batch *b) {
     free(b);
 }
 
+/* Count the handle in the cache's stats (pkv_stats.cuda_mode) and, for a
+ * writable cache, leave the mode obtained in <dir>/cuda.status for operators
+ * (kvdump summary prints it): text lines "key value", written to a temporary
+ * file and renamed, not fsynced (it is a report, not state; recovery never
+ * reads it). A failure to write it is not an error of the open. */
+static void attach_publish(pkv_cuda *g) {
+    pkv_cache *c = g->cache;
+    pkv_lock(c);
+    c->cuda_handles++;
+    c->cuda_mode = (uint32_t)g->mode;
+    pkv_unlock(c);
+    g->counted = true;
+    if (c->rdonly || !c->wal.dir) return;
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/cuda.status", c->wal.dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "mode %s\ndevice %d %s\npid %ld\ntime %lld\nnote %s\n",
+            pkv_cuda_mode_name(g->mode), g->device, g->device_name, (long)getpid(),
+            (long long)time(NULL), g->note[0] ? g->note : "-");
+    if (fclose(f) == 0) {
+        if (rename(tmp, path)) unlink(tmp);
+    } else {
+        unlink(tmp);
+    }
+}
+
 void pkv_cuda_close(pkv_cuda *g) {
     if (!g) return;
+    if (g->counted) {
+        pkv_lock(g->cache);
+        if (--g->cache->cuda_handles == 0) g->cache->cuda_mode = PKV_CUDA_MODE_NONE;
+        pkv_unlock(g->cache);
+    }
     dev_scope ds;
     const int entered = dev_enter(&ds, g->device) == 0;
     if (g->copy) cudaStreamSynchronize(g->copy);
@@ -687,6 +721,7 @@ out:
         return rc;
     }
     dev_leave(&ds);
+    attach_publish(g);
     *out = g;
     return 0;
 }

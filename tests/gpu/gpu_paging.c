@@ -300,11 +300,16 @@ static void pool_limits(pkv_cache *c, const char *what) {
     pkv_cuda_close(g);
 }
 
-static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t chunk,
-                     uint64_t staging, int expect) {
-    char path[512];
+/* `adir`: pkv_options.arena_dir (the arena there, the log in `dir`), or NULL. */
+static void scenario_in(const char *name, const char *dir, const char *adir, uint32_t flags,
+                        uint64_t chunk, uint64_t staging, int expect) {
+    char path[512], apath[512];
     snprintf(path, sizeof path, "%s/pkv-gpu-paging-%d-%s", dir, (int)getpid(), name);
     rmrf(path);
+    if (adir) {
+        snprintf(apath, sizeof apath, "%s/pkv-gpu-arenas-%d-%s", adir, (int)getpid(), name);
+        rmrf(apath);
+    }
     pkv_options o;
     pkv_options_init(&o);
     o.num_layers = LAYERS;
@@ -315,6 +320,7 @@ static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t
     o.capacity = 128;
     o.model_id = MODEL;
     o.durability = PKV_DURABLE_NONE;
+    o.arena_dir = adir ? apath : NULL;
     ctx x = {.next_id = 1};
     int rc = pkv_open(path, &o, &x.c);
     if (rc) {
@@ -343,6 +349,16 @@ static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t
     if (expect >= 0)
         GU_CHECK((int)st.mode == expect, "%s: mode %s, expected %s", name, st.mode_name,
                  pkv_cuda_mode_name((pkv_cuda_mode)expect));
+    {   /* The cache's own stats report the attached handle and its mode. */
+        pkv_stats_t cs;
+        GU_OK(pkv_stats(x.c, &cs));
+        GU_CHECK(cs.cuda_handles == 1 && cs.cuda_mode == (uint32_t)st.mode,
+                 "%s: pkv_stats says %u handle(s), mode %u; pkv_cuda_stats mode %u", name,
+                 cs.cuda_handles, cs.cuda_mode, (unsigned)st.mode);
+        char sp[600];
+        snprintf(sp, sizeof sp, "%s/cuda.status", path);
+        GU_CHECK(access(sp, R_OK) == 0, "%s: %s was not written", name, sp);
+    }
     GU_CHECK(cudaStreamCreate(&x.st) == cudaSuccess, "stream");
     GU_CHECK(cudaMalloc((void **)&x.d_q, 8 * NQ * HD * 4) == cudaSuccess, "q");
     GU_CHECK(cudaMalloc((void **)&x.d_out, 8 * NQ * HD * 4) == cudaSuccess, "out");
@@ -388,6 +404,12 @@ static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t
     cudaFree(x.d_out);
     cudaStreamDestroy(x.st);
     pkv_cuda_close(x.g);
+    {
+        pkv_stats_t cs;
+        GU_OK(pkv_stats(x.c, &cs));
+        GU_CHECK(cs.cuda_handles == 0 && cs.cuda_mode == 0, "%s: after pkv_cuda_close pkv_stats "
+                 "says %u handle(s), mode %u", name, cs.cuda_handles, cs.cuda_mode);
+    }
     if (!strcmp(name, "disk")) pool_limits(x.c, name);
     pkv_close(x.c);
     /* Read-only open of the same cache: registered read-only, no write-back. */
@@ -429,6 +451,12 @@ static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t
         }
     }
     rmrf(path);
+    if (adir) rmrf(apath);
+}
+
+static void scenario(const char *name, const char *dir, uint32_t flags, uint64_t chunk,
+                     uint64_t staging, int expect) {
+    scenario_in(name, dir, NULL, flags, chunk, staging, expect);
 }
 
 int main(void) {
@@ -441,6 +469,9 @@ int main(void) {
         scenario("tmpfs", shm, 0, 0, 0, PKV_CUDA_MODE_REGISTERED);
     else
         printf("# %s not usable (missing, read-only or < 64 MiB free): tmpfs scenario skipped\n", shm);
+    /* The log on disk, the arena on tmpfs (pkv_options.arena_dir): registered. */
+    if (dir_usable(shm, need))
+        scenario_in("split", disk, shm, 0, 0, 0, PKV_CUDA_MODE_REGISTERED);
     scenario("disk", disk, 0, 0, 0, -1);
     scenario("disk-ro", disk, PKV_CUDA_NO_RW_REGISTER, 0, 0, -1);
     scenario("staging", disk, PKV_CUDA_NO_REGISTER, 0, 0, PKV_CUDA_MODE_STAGING);
