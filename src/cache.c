@@ -25,12 +25,8 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->io = opt->io ? opt->io : pkv_io_default();
     w->dir = strdup(dir);
     if (!w->dir) return pkv_err(PKV_ENOMEM, "directory name");
-    if ((unsigned)opt->durability > PKV_DURABLE_ALWAYS)
-        return pkv_err(PKV_EINVAL, "unknown durability mode %d", (int)opt->durability);
-    w->mode = opt->durability;
+    w->mode = opt->durability; /* validated by check_options */
     w->interval_us = opt->group_commit_us ? opt->group_commit_us : 2000;
-    if (w->interval_us > 10000000)
-        return pkv_err(PKV_EINVAL, "group_commit_us %u exceeds 10 s", w->interval_us);
     w->ckpt_bytes = opt->checkpoint_bytes ? opt->checkpoint_bytes : 64ull << 20;
     w->seg_size = SEG_SIZE_DEFAULT;
     w->arena_secret = c->arena.secret;
@@ -41,13 +37,36 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     return 0;
 }
 
+/* Every check of `opt` (and `dir`) that needs no file, so that an invalid option
+ * fails before the open creates or locks anything. pkv_arena_open repeats the
+ * geometry and model_id checks for its own callers. */
+static int check_options(const char *dir, const pkv_options *opt) {
+    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT))
+        return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
+    pkv_geometry g;
+    int rc = pkv_geometry_from_options(opt, &g);
+    if (rc) return rc;
+    if (!opt->model_id || !opt->model_id[0] || strlen(opt->model_id) > PKV_MODEL_ID_MAX)
+        return pkv_err(PKV_EINVAL, "model_id must be 1..%u bytes", PKV_MODEL_ID_MAX);
+    if (!dir || !dir[0]) return pkv_err(PKV_EINVAL, "directory is NULL or empty");
+    if ((unsigned)opt->durability > PKV_DURABLE_ALWAYS)
+        return pkv_err(PKV_EINVAL, "unknown durability mode %d", (int)opt->durability);
+    if (opt->group_commit_us > 10000000)
+        return pkv_err(PKV_EINVAL, "group_commit_us %u exceeds 10 s", opt->group_commit_us);
+    const pkv_io_ops *io = opt->io;
+    if (io && (!io->open || !io->close || !io->pread || !io->write || !io->sync ||
+               !io->allocate || !io->rename || !io->unlink || !io->sync_dir))
+        return pkv_err(PKV_EINVAL, "the I/O backend has a NULL member");
+    return 0;
+}
+
 int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
     *out = NULL;
     pkv_err_clear();
     if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
-    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT))
-        return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
+    int rc0 = check_options(dir, opt);
+    if (rc0) return rc0;
     pkv_cache *c = calloc(1, sizeof *c);
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");
     pthread_mutex_init(&c->lock, NULL);
