@@ -1,6 +1,7 @@
 #include "pkv_test.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,4 +521,130 @@ uint64_t pt_env_u64(const char *name, uint64_t dflt)
     if (!v || !*v)
         return dflt;
     return strtoull(v, NULL, 0);
+}
+
+/* ---- Synchronous I/O backend ---------------------------------------------------- */
+
+static int sio_fails(void *ctx)
+{
+    pt_syncio *io = ctx;
+    __atomic_add_fetch(&io->calls, 1, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&io->fail, __ATOMIC_ACQUIRE))
+        return 0;
+    __atomic_add_fetch(&io->failed, 1, __ATOMIC_RELAXED);
+    return -__atomic_load_n(&io->err, __ATOMIC_RELAXED);
+}
+
+static int sio_open(void *ctx, const char *path, int flags, int mode)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    int fd = open(path, flags | O_CLOEXEC, mode);
+    return fd < 0 ? -errno : fd;
+}
+
+static int sio_close(void *ctx, int fd)
+{
+    (void)ctx;
+    return close(fd) ? -errno : 0;
+}
+
+static long sio_pread(void *ctx, int fd, void *buf, size_t n, uint64_t off)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -errno;
+        if (k == 0)
+            break;
+        done += (size_t)k;
+    }
+    return (long)done;
+}
+
+static int sio_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = pwrite(fd, (const char *)buf + done, n - done, (off_t)(off + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? -errno : -EIO;
+        done += (size_t)k;
+    }
+    if (sync && fdatasync(fd))
+        return -errno;
+    return 0;
+}
+
+static int sio_sync(void *ctx, int fd)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    return fdatasync(fd) ? -errno : 0;
+}
+
+static int sio_allocate(void *ctx, int fd, uint64_t len)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    int e = posix_fallocate(fd, 0, (off_t)len);
+    return e ? -e : 0;
+}
+
+static int sio_rename(void *ctx, const char *from, const char *to)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    return rename(from, to) ? -errno : 0;
+}
+
+static int sio_unlink(void *ctx, const char *path)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    return unlink(path) ? -errno : 0;
+}
+
+static int sio_sync_dir(void *ctx, const char *dir)
+{
+    int rc = sio_fails(ctx);
+    if (rc)
+        return rc;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    rc = fsync(fd) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+void pt_syncio_init(pt_syncio *io)
+{
+    memset(io, 0, sizeof *io);
+    io->err = EIO;
+    io->ops = (pkv_io_ops){io,       sio_open,     sio_close,  sio_pread,  sio_write,
+                           sio_sync, sio_allocate, sio_rename, sio_unlink, sio_sync_dir};
+}
+
+void pt_syncio_fail(pt_syncio *io, int err)
+{
+    if (err)
+        __atomic_store_n(&io->err, err, __ATOMIC_RELAXED);
+    __atomic_store_n(&io->fail, err != 0, __ATOMIC_RELEASE);
 }

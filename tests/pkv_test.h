@@ -174,4 +174,20 @@ size_t pt_hit_cap(size_t n, uint32_t bs);
 
 uint64_t pt_env_u64(const char *name, uint64_t dflt);
 
+/* ---- A synchronous I/O backend (pkv_io_ops) --------------------------------------
+ * Plain pread/pwrite/fdatasync/fallocate/rename/unlink, no io_uring: for tests that
+ * run under ThreadSanitizer (which cannot see the kernel's side of io_uring's shared
+ * rings) and for fault injection. Once `fail` is set (pt_syncio_fail), every call that
+ * can fail (all but close) fails with -err. Use from any thread. */
+typedef struct pt_syncio {
+    pkv_io_ops ops; /* ops.ctx points at this struct: pass &io->ops in pkv_options.io */
+    int fail;       /* atomic; read with __atomic builtins */
+    int err;        /* errno to fail with (EIO by default) */
+    unsigned long calls;  /* atomic: calls made */
+    unsigned long failed; /* atomic: calls failed */
+} pt_syncio;
+
+void pt_syncio_init(pt_syncio *io);
+void pt_syncio_fail(pt_syncio *io, int err); /* err 0: stop failing */
+
 #endif
