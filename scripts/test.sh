@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Build and run every test: gcc (warnings are errors), clang (warnings are errors),
-# and an ASan+UBSan build. Usage: scripts/test.sh [--quick]  (--quick: gcc only)
+# an ASan+UBSan build, and a ThreadSanitizer build of the thread tests
+# (test_threads, test_stress; see docs/testing.md).
+# Usage: scripts/test.sh [--quick | --tsan]
+#   --quick  gcc only
+#   --tsan   the ThreadSanitizer pass only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-quick=0
+quick=0 tsan_only=0
 [ "${1:-}" = "--quick" ] && quick=1
+[ "${1:-}" = "--tsan" ] && tsan_only=1
 
 run_suite() { # name, setup args..., -- test args...
   local dir=$1; shift
@@ -19,9 +24,23 @@ run_suite() { # name, setup args..., -- test args...
   else
     meson setup "$dir" "${setup[@]}" >/dev/null
   fi
-  ninja -C "$dir"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 "${testargs[@]}"
+  ninja -C "$dir" ${PKV_NINJA_TARGETS:-}
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 "${testargs[@]}"
 }
+
+# ThreadSanitizer (clang): tests/meson.build builds only the thread tests in a
+# -Db_sanitize=thread tree, against tests/nocriterion (Criterion cannot run under
+# TSan); only the library and those two tests are compiled.
+run_tsan() {
+  CC=clang PKV_NINJA_TARGETS="tests/test_threads tests/test_stress" run_suite build-tsan \
+    -Dwerror=true -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false -- --setup=tsan
+}
+
+if [ $tsan_only -eq 1 ]; then
+  run_tsan
+  echo "tsan suite passed"
+  exit 0
+fi
 
 run_suite build-gcc -Dwerror=true
 if [ $quick -eq 0 ]; then
@@ -30,5 +49,6 @@ if [ $quick -eq 0 ]; then
   CC=clang run_suite build-clang -Dwerror=true -Dcuda=disabled
   run_suite build-asan -Dwerror=true -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
     -- --setup=sanitize
+  run_tsan
 fi
 echo "all test suites passed"
