@@ -400,9 +400,13 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
  * of pkv_attn_decode.
  *
  * Every function below exists in every build. In a build without the CUDA layer
- * (meson option `cuda`; pkv_config.h says PKV_WITH_CUDA 0), and on a machine
- * without a usable CUDA driver or device, they return PKV_ENOTSUP and
- * pkv_last_error() says which. Streams are cudaStream_t values passed as void *
+ * (meson option `cuda`; pkv_config.h says PKV_WITH_CUDA 0) every call that
+ * returns an int returns PKV_ENOTSUP, whatever its arguments. In a build with it,
+ * on a machine without a usable CUDA driver or device, the calls return
+ * PKV_ENOTSUP too, except that the checks of arguments that need no device may
+ * come first: a NULL handle, batch or output pointer, unknown flags (PKV_EINVAL).
+ * pkv_last_error() says which. A pkv_cuda or pkv_cuda_batch handle is freed by
+ * pkv_cuda_close / pkv_cuda_release; using it afterwards is undefined. Streams are cudaStream_t values passed as void *
  * (NULL: the legacy default stream). "Device pointer": an address in device
  * memory. A pkv_cuda handle must be closed before its cache. */
 
@@ -451,7 +455,8 @@ typedef struct pkv_cuda pkv_cuda;
  * take write-backs): register the arena (read-write, else a read-only view, else
  * staging; see pkv_cuda_stats_t.mode_note for why a better mode failed), allocate
  * the device pool (one cudaMalloc). PKV_ENOTSUP, PKV_ENOMEM (device or pinned
- * memory), PKV_EIO (another CUDA error), PKV_EINVAL. */
+ * memory), PKV_EIO (another CUDA error), PKV_EINVAL (NULL cache or out, unknown
+ * flags). On failure *out is NULL (when out is not NULL). */
 int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out);
 /* Wait for the handle's work, release everything. NULL is fine. */
 void pkv_cuda_close(pkv_cuda *g);
@@ -492,9 +497,10 @@ typedef struct pkv_cuda_batch pkv_cuda_batch;
  * enqueued on `stream` after the call sees the blocks and tables. The batch pins
  * its slots until pkv_cuda_release. All-or-nothing: PKV_EFULL when the pool cannot
  * hold the batch beside the slots other batches pin (nothing changes);
- * PKV_ENOSEQ, PKV_EINVAL (an empty sequence), PKV_EIO. The sequences must not
- * change (append, commit, truncate, close) until the batch is released, except
- * as pkv_cuda_writeback allows. */
+ * PKV_ENOSEQ, PKV_EINVAL (NULL g, ids or out, n == 0, unknown flags, an empty
+ * sequence), PKV_EIO; on failure *out is NULL (when out is not NULL). The
+ * sequences must not change (append, commit, truncate, close) until the batch is
+ * released, except as pkv_cuda_writeback allows. */
 int pkv_cuda_page_in(pkv_cuda *g, const uint64_t *ids, size_t n, uint32_t flags, void *stream,
                      pkv_cuda_batch **out);
 
@@ -543,7 +549,8 @@ int pkv_cuda_attn(pkv_cuda *g, pkv_cuda_batch *b, const pkv_attn_params *params,
  * reduction. Needs *work_bytes of device workspace (0 when nothing is split),
  * given by pkv_cuda_attn_workspace for the same arguments. Asynchronous on
  * `stream`; a block id >= view->num_blocks or a length of 0 or above max_len
- * yields NaN for that sequence (never a stray read). PKV_EINVAL, PKV_ENOTSUP
+ * yields NaN for that sequence (never a stray read). PKV_EINVAL, PKV_ERANGE
+ * (seqs->table_stride < ceil(max_len / block_size)), PKV_ENOTSUP
  * (head_dim above 1024 when rows are not 16-byte aligned or head_dim is not 64,
  * 128 or 256), PKV_EIO (launch failure). */
 int pkv_cuda_attn_workspace(const pkv_kv_view *view, const pkv_attn_params *params,
