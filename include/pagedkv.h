@@ -481,6 +481,7 @@ typedef struct pkv_cuda_stats_t {
     uint64_t writebacks, tokens_written_back, bytes_d2h;
 } pkv_cuda_stats_t;
 
+/* PKV_EINVAL when g or out is NULL. */
 int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out);
 
 typedef struct pkv_cuda_batch pkv_cuda_batch;
@@ -524,22 +525,28 @@ typedef struct pkv_cuda_batch_info_t {
     uint64_t blocks_hit, blocks_copied;
 } pkv_cuda_batch_info_t;
 
+/* PKV_EINVAL when b or out is NULL. */
 int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out);
 
 /* Write the K/V of every token each sequence of the batch had pending at page-in
  * (tokens committed..len) from the device slots to the arena, after the work
  * enqueued on `stream` before the call; returns once it is in the arena, so the
  * caller may then pkv_seq_commit (which seals and checksums the arena bytes). The
- * device copies stay valid (no re-copy on the next page-in). PKV_ERDONLY, PKV_EIO. */
+ * device copies stay valid (no re-copy on the next page-in). PKV_EINVAL (g or b
+ * NULL), PKV_ERDONLY, PKV_EIO. */
 int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
 
 /* The batch's kernels are enqueued on `stream`: unpin its slots (they become
- * evictable once that work is done) and free the batch. */
+ * evictable once that work is done) and free the batch. PKV_EINVAL when g or b is
+ * NULL; PKV_EIO when the release could not be ordered after the stream's work (the
+ * call then synchronizes instead; the batch is freed either way). */
 int pkv_cuda_release(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
 
 /* pkv_attn_decode on the device pool for the batch: q and out are device pointers
  * to f32 [n][num_q_heads][head_dim] (ids order); out may equal q. Asynchronous on
- * `stream`. params->num_threads and PKV_ATTN_PORTABLE are ignored. */
+ * `stream`. params->num_threads and PKV_ATTN_PORTABLE are ignored. PKV_EINVAL (g, b,
+ * params, q or out NULL, params invalid for the pool's view as in
+ * pkv_attn_decode), PKV_ENOMEM / PKV_EIO (workspace allocation, launch). */
 int pkv_cuda_attn(pkv_cuda *g, pkv_cuda_batch *b, const pkv_attn_params *params,
                   const float *q, float *out, void *stream);
 
