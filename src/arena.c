@@ -204,11 +204,15 @@ static int arena_create(pkv_arena *a, const char *fdir, const char *path) {
 
 typedef enum { LOC_EXISTS, LOC_CREATE, LOC_CREATE_LINKED } arena_loc;
 
-/* realpath() of `d` into out (PATH_MAX bytes). */
+/* realpath() of `d` into out (PATH_MAX bytes); `d` must be a directory (checked
+ * before any link naming a file in it is written). */
 static int real_dir(const char *d, char *out, const char *what) {
     if (!realpath(d, out))
         return pkv_err(errno == ENOENT ? PKV_EINVAL : PKV_EIO, "%s %s: %s", what, d,
                        strerror(errno));
+    struct stat st;
+    if (stat(out, &st)) return os_err(errno, "stat", out);
+    if (!S_ISDIR(st.st_mode)) return pkv_err(PKV_EINVAL, "%s %s is not a directory", what, d);
     return 0;
 }
 

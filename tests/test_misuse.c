@@ -363,6 +363,22 @@ Test(misuse, options_and_open_arguments)
     bio.io = &io;
     OPEN_FAILS(dir, &bio, PKV_EIO, false);
 
+    /* arena_dir that is a regular file, or whose parent is missing: the open fails,
+     * *out is NULL, and the cache directory is left usable (no arena, no link). */
+    char adir_dir[512], adir_missing[600];
+    pt_path(adir_dir, sizeof adir_dir, "adir-cache");
+    pkv_options ad = good;
+    ad.arena_dir = file; /* a regular file */
+    OPEN_FAILS(adir_dir, &ad, PKV_EINVAL, false);
+    snprintf(adir_missing, sizeof adir_missing, "%s/no/such/parent", pt_dir);
+    ad.arena_dir = adir_missing;
+    OPEN_FAILS(adir_dir, &ad, PKV_EIO, false);
+    char link[700];
+    snprintf(link, sizeof link, "%s/arena", adir_dir);
+    struct stat lst;
+    cr_assert(lstat(link, &lst) != 0, "a failed open with a bad arena_dir left %s", link);
+    pt_close(pt_open_sub("adir-cache", &good)); /* and the directory still works */
+
     /* Finally the good options open; the directory exists now. */
     pkv_cache *c = pt_open_sub("new", &good);
     PT_CHECK(c);
