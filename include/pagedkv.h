@@ -30,6 +30,12 @@
 extern "C" {
 #endif
 
+/* Everything declared in this header is the library's exported interface; the
+ * library is built with hidden visibility, so nothing else is exported. */
+#if defined(__GNUC__) && !defined(PKV_NO_VISIBILITY)
+#pragma GCC visibility push(default)
+#endif
+
 #define PKV_VERSION_MAJOR 0
 #define PKV_VERSION_MINOR 1
 
@@ -567,6 +573,10 @@ int pkv_cuda_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
                          size_t work_bytes, void *stream);
 
 /* ==== end of CUDA layer =================================================== */
+
+#if defined(__GNUC__) && !defined(PKV_NO_VISIBILITY)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
