@@ -61,6 +61,23 @@ void pkv_err_clear(void);
 
 /* ---- Little-endian encoding for on-disk structures ---------------------- */
 
+/* On little-endian hosts one unaligned load or store each (the byte loops are not
+ * always merged by the compiler, and log records are encoded on the per-token
+ * path). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline void pkv_put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void pkv_put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline uint32_t pkv_get_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t pkv_get_u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+#else
 static inline void pkv_put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -77,6 +94,7 @@ static inline uint64_t pkv_get_u64(const uint8_t *p) {
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
 }
+#endif
 
 /* ---- Arena (arena.c) ----------------------------------------------------- */
 
@@ -261,7 +279,11 @@ typedef struct pkv_seqmap {
 
 int pkv_seqmap_init(pkv_seqmap *m);
 void pkv_seqmap_free(pkv_seqmap *m); /* frees the sequences too */
-pkv_seq *pkv_seqmap_get(pkv_seqmap *m, uint64_t id);
+pkv_seq *pkv_seqmap_find(pkv_seqmap *m, uint64_t id);
+static inline pkv_seq *pkv_seqmap_get(pkv_seqmap *m, uint64_t id) {
+    pkv_seq *s = m->last;
+    return s && s->id == id ? s : pkv_seqmap_find(m, id);
+}
 /* Make room for one more entry, so the following insert cannot fail. */
 int pkv_seqmap_reserve(pkv_seqmap *m);
 void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s);
@@ -293,6 +315,18 @@ struct pkv_cache {
 
 static inline void pkv_lock(pkv_cache *c) { pthread_mutex_lock(&c->lock); }
 static inline void pkv_unlock(pkv_cache *c) { pthread_mutex_unlock(&c->lock); }
+
+/* Fast paths of the log calls every mutation makes (wal/log.c has the rest). */
+static inline int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+    return pkv_likely(c->wal.cap - c->wal.len >= bytes) ? 0 : pkv_wal_grow(c, bytes);
+}
+static inline int pkv_wal_writable(pkv_cache *c) {
+    return pkv_likely(!c->rdonly && !c->wal.failed) ? 0 : pkv_wal_unwritable(c);
+}
+static inline int pkv_wal_commit_point(pkv_cache *c) {
+    if (c->wal.mode != PKV_DURABLE_ALWAYS) return 0;
+    return pkv_wal_wait(c, c->wal.next_lsn - 1);
+}
 
 /* ---- Block life cycle (blockpool.c, evict.c) ----------------------------- */
 

@@ -56,8 +56,8 @@ static pkv_seq *find_seq(pkv_cache *c, uint64_t id, int *rc) {
 
 /* End of a mutating call that changed something: stamp freed blocks with the
  * call's last LSN, then wait for durability if the mode says so. */
-static int finish(pkv_cache *c) {
-    pkv_limbo_stamp(c);
+static inline int finish(pkv_cache *c) {
+    if (c->limbo.tail != PKV_NONE) pkv_limbo_stamp(c);
     return pkv_wal_commit_point(c);
 }
 

@@ -40,8 +40,8 @@ void pkv_seqmap_free(pkv_seqmap *m) {
     m->slots = NULL;
 }
 
-pkv_seq *pkv_seqmap_get(pkv_seqmap *m, uint64_t id) {
-    if (m->last && m->last->id == id) return m->last;
+/* The slow path of pkv_seqmap_get (internal.h), which tries `last` first. */
+pkv_seq *pkv_seqmap_find(pkv_seqmap *m, uint64_t id) {
     for (uint64_t i = mix(id) & m->mask;; i = (i + 1) & m->mask) {
         pkv_seq *s = m->slots[i];
         if (!s || s->id == id) {

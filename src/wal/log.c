@@ -39,7 +39,7 @@ int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint
     return k < 0 || (size_t)k >= n ? pkv_err(PKV_EINVAL, "path too long") : 0;
 }
 
-int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+int pkv_wal_grow(pkv_cache *c, size_t bytes) {
     pkv_wal *w = &c->wal;
     if (w->cap - w->len >= bytes) return 0;
     size_t cap = w->cap ? w->cap : 1u << 16;
@@ -65,6 +65,22 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     w->len += total;
     w->records++;
     if (w->len >= (1u << 20)) pthread_cond_signal(&w->cv_work); /* big group: go */
+    return r + REC_HDR;
+}
+
+uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload) {
+    pkv_wal *w = &c->wal;
+    size_t total = pkv_rec_size(payload);
+    uint8_t *r = w->buf + off;
+    pkv_assert(w->nrec > 0 && off >= FRAME_HDR && off < w->len &&
+               off + pkv_get_u32(r) == w->len && pkv_get_u64(r + 8) == w->next_lsn - 1);
+    pkv_assert(w->cap - off >= total);
+    uint64_t lsn = pkv_get_u64(r + 8);
+    memset(r, 0, total);
+    pkv_put_u32(r, (uint32_t)total);
+    pkv_put_u32(r + 4, type);
+    pkv_put_u64(r + 8, lsn);
+    w->len = off + total;
     return r + REC_HDR;
 }
 
@@ -285,6 +301,7 @@ static void do_checkpoint(pkv_cache *c) {
     uint8_t *raw = NULL;
     size_t rawlen = 0;
     uint64_t lsn = w->next_lsn - 1;
+    pkv_wal_no_coalesce(w); /* the snapshot covers lsn: that record is final */
     if (pkv_ckpt_serialize(c, &raw, &rawlen)) /* out of memory: the log stays */
         return;                                /* valid, try again later */
     flush_once(c, true); /* the log is durable through lsn, the arena flushed */
@@ -334,6 +351,7 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     if (!w->buf || !w->fbuf) return pkv_err(PKV_ENOMEM, "log buffers");
     w->cap = w->fcap = 1u << 16;
     w->len = FRAME_HDR; /* each buffer starts with room for its frame header */
+    pkv_wal_no_coalesce(w);
     if (w->tail_ok) { /* the log ended cleanly: keep appending to its last segment */
         char path[4200];
         if ((rc = pkv_wal_path(w, path, sizeof path, "wal-", w->tail_no))) return rc;
@@ -353,7 +371,7 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     return 0;
 }
 
-int pkv_wal_writable(pkv_cache *c) {
+int pkv_wal_unwritable(pkv_cache *c) {
     if (c->rdonly) return pkv_err(PKV_ERDONLY, "cache opened read-only");
     if (c->wal.failed)
         return pkv_err(PKV_EFAILED, "cache failed after an I/O error (%s); reopen it "
@@ -370,11 +388,6 @@ int pkv_wal_wait(pkv_cache *c, uint64_t lsn) {
     }
     if (w->failed) return pkv_wal_writable(c);
     return 0;
-}
-
-int pkv_wal_commit_point(pkv_cache *c) {
-    if (c->wal.mode != PKV_DURABLE_ALWAYS) return 0;
-    return pkv_wal_wait(c, c->wal.next_lsn - 1);
 }
 
 int pkv_wal_sync(pkv_cache *c) {

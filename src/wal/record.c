@@ -128,11 +128,14 @@ int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t bs, pkv_rec *r) {
 /* ---- Encoding (cache lock held; space reserved with pkv_wal_reserve) ----- */
 
 static uint8_t *put_tokens(uint8_t *q, const uint32_t *t, uint32_t n) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(q, t, (size_t)n * 4);
+    return q + (size_t)n * 4;
+#else
     for (uint32_t i = 0; i < n; i++, q += 4) pkv_put_u32(q, t[i]);
     return q;
+#endif
 }
-
-size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4ull * bs); }
 
 void pkv_log_seal(pkv_cache *c, uint32_t b) {
     const pkv_block *x = &c->pool.b[b];
@@ -148,18 +151,12 @@ void pkv_log_seal(pkv_cache *c, uint32_t b) {
     put_tokens(q + 48, pkv_pool_tokens(&c->pool, b), bs);
 }
 
-size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
-
 void pkv_log_evict(pkv_cache *c, uint32_t b) {
     uint8_t *q = pkv_wal_append(c, REC_EVICT, 8);
     pkv_put_u32(q, b);
 }
 
 /* The committed part of a sequence's table, and its partial tail. */
-size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
-}
-
 void pkv_log_seq_set(pkv_cache *c, const pkv_seq *s) {
     uint32_t bs = c->pool.block_size;
     uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
@@ -175,19 +172,79 @@ void pkv_log_seq_set(pkv_cache *c, const pkv_seq *s) {
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[nb - 1]), ntail);
 }
 
-size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+/* COMMIT: entries [old/B, ceil(new/B)) and the tokens committed into the partial
+ * tail.
+ *
+ * Coalescing. A COMMIT holds absolute values: the committed length, the table
+ * entries from old/B on, the tail tokens from old on. Two commits of a sequence,
+ * old -> c1 and then c1 -> c2, therefore replay exactly like the single commit
+ * old -> c2 written with the table and tokens as they are after the second,
+ * provided nothing else was logged between them (any other record, a SEAL
+ * included, ends the run) and the table entries below c1/B did not change without
+ * a record (they cannot: only a seal, a copy-on-write or a truncation changes a
+ * committed entry, and each logs). When the last record appended is such a
+ * COMMIT and still sits in the unflushed buffer, a frame not yet written, it is
+ * rewritten in place and keeps its LSN: no state the log can recover to is lost,
+ * since a frame is recovered whole or not at all. A decode loop then logs one
+ * COMMIT per block (plus its SEAL) instead of one per token; in the common case
+ * (the new tokens continue the record's partial tail block) the record just grows
+ * by their ids. */
+static bool commit_coalescable(const pkv_wal *w, uint64_t id, uint64_t old) {
+    return w->mc_lsn != 0 && w->mc_seq == id && w->mc_lsn == w->next_lsn - 1 &&
+           w->nrec != 0 && w->buf_first_lsn <= w->mc_lsn &&
+           pkv_get_u64(w->buf + w->mc_off + REC_HDR + 8) == old; /* continues it */
 }
 
-/* Entries [old/B, ceil(new/B)) and the tokens committed into the partial tail. */
-void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+/* Grow the candidate record by the tokens [old, new) of the tail block it ends in. */
+static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+    pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
+    uint64_t newc = s->committed, bi = pkv_bdiv(p, old);
+    if (pkv_bmod(p, old) == 0 || pkv_bdiv(p, newc) != bi) return false;
+    uint8_t *r = w->buf + w->mc_off, *q = r + REC_HDR;
+    uint32_t nb = pkv_get_u32(q + 20), ntail = pkv_get_u32(q + 28);
+    pkv_assert(nb > 0);
+    if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[bi]) return false;
+    uint32_t k = (uint32_t)(newc - old), off = pkv_bmod(p, old);
+    size_t payload = 32 + 4ull * nb + 4ull * (ntail + k);
+    size_t total = pkv_rec_size(payload), end = REC_HDR + payload;
+    pkv_assert(w->cap - w->mc_off >= total);
+    const uint32_t *t = pkv_pool_tokens(p, s->blocks[bi]) + off;
+    uint8_t *dst = q + 32 + 4ull * nb + 4ull * ntail;
+    if (k == 1) pkv_put_u32(dst, *t); /* decode: one token, no memcpy call */
+    else put_tokens(dst, t, k);
+    if (total - end > REC_TRAILER) pkv_put_u32(r + end, 0); /* padding (4 bytes or none) */
+    pkv_put_u64(r + total - REC_TRAILER, 0);                  /* checksum, set at flush */
+    pkv_put_u64(q + 8, newc);
+    pkv_put_u32(q + 28, ntail + k);
+    pkv_put_u32(r, (uint32_t)total);
+    w->len = w->mc_off + total;
+    return true;
+}
+
+void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+    pkv_wal *w = &c->wal;
+    const pkv_pool *p = &c->pool;
+    bool merge = commit_coalescable(w, s->id, old);
+    if (merge) {
+        if (commit_extend(c, s, old)) return;
+        old = w->mc_old; /* rewrite it as one commit from where it started */
+    }
     uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);
     uint32_t tail = pkv_bmod(p, s->committed);
     uint64_t tail_start = s->committed - tail; /* first position of the tail block */
     uint32_t tail_off = tail ? (uint32_t)((old > tail_start ? old : tail_start) - tail_start) : 0;
     uint32_t ntail = tail ? tail - tail_off : 0;
-    uint8_t *q = pkv_wal_append(c, REC_COMMIT, 32 + 4 * (n - first) + 4ull * ntail);
+    size_t payload = 32 + 4 * (n - first) + 4ull * ntail;
+    size_t off = w->len;
+    uint8_t *q = merge ? pkv_wal_reappend(c, w->mc_off, REC_COMMIT, payload)
+                       : pkv_wal_append(c, REC_COMMIT, payload);
+    if (!merge) {
+        w->mc_lsn = w->next_lsn - 1;
+        w->mc_seq = s->id;
+        w->mc_old = old;
+        w->mc_off = off;
+    }
     pkv_put_u64(q, s->id);
     pkv_put_u64(q + 8, s->committed);
     pkv_put_u32(q + 16, (uint32_t)first);
@@ -199,8 +256,6 @@ void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[n - 1]) + tail_off, ntail);
 }
 
-size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
-
 void pkv_log_seq_block(pkv_cache *c, const pkv_seq *s, uint32_t idx, uint32_t ntok) {
     uint8_t *q = pkv_wal_append(c, REC_SEQ_BLOCK, 24 + 4ull * ntok);
     pkv_put_u64(q, s->id);
@@ -209,8 +264,6 @@ void pkv_log_seq_block(pkv_cache *c, const pkv_seq *s, uint32_t idx, uint32_t nt
     pkv_put_u32(q + 16, ntok);
     put_tokens(q + 24, pkv_pool_tokens(&c->pool, s->blocks[idx]), ntok);
 }
-
-size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
 
 void pkv_log_trunc(pkv_cache *c, const pkv_seq *s, uint32_t tail_block) {
     uint32_t bs = c->pool.block_size;
@@ -223,14 +276,10 @@ void pkv_log_trunc(pkv_cache *c, const pkv_seq *s, uint32_t tail_block) {
     if (ntok) put_tokens(q + 24, pkv_pool_tokens(&c->pool, tail_block), ntok);
 }
 
-size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
-
 void pkv_log_close(pkv_cache *c, uint64_t id) {
     uint8_t *q = pkv_wal_append(c, REC_SEQ_CLOSE, 8);
     pkv_put_u64(q, id);
 }
-
-size_t pkv_log_bad_size(void) { return pkv_rec_size(8); }
 
 void pkv_log_bad(pkv_cache *c, uint32_t b) {
     uint8_t *q = pkv_wal_append(c, REC_BAD, 8);

@@ -101,6 +101,18 @@ typedef struct pkv_wal {
     uint8_t *fbuf; /* the flusher's swapped-out buffer */
     size_t fcap;
 
+    /* COMMIT coalescing (record.c, docs/format.md): the last record appended, when
+     * it is a COMMIT of sequence mc_seq still in buf (not yet handed to the
+     * flusher), may be rewritten in place -- same LSN -- to cover a later commit
+     * of the same sequence. mc_lsn 0: no candidate. Whoever snapshots the state at
+     * an LSN while records may still be appended behind it (a checkpoint) must
+     * call pkv_wal_no_coalesce() first: replay after the snapshot skips that LSN,
+     * so the record must not change any more. */
+    uint64_t mc_lsn;
+    uint64_t mc_seq;
+    uint64_t mc_old;      /* the committed length the record starts from */
+    size_t mc_off;        /* its offset in buf */
+
     uint64_t next_lsn;    /* next LSN to assign (cache lock) */
     uint64_t written_lsn; /* handed to the OS (survives a process crash) */
     uint64_t durable_lsn; /* synced (survives a power loss) */
@@ -120,14 +132,21 @@ typedef struct pkv_wal {
 } pkv_wal;
 
 /* ---- wal/log.c ---- */
-/* Room for `bytes` more record bytes, so appends made next cannot fail. */
-int pkv_wal_reserve(pkv_cache *c, size_t bytes);
+/* pkv_wal_reserve (internal.h): room for `bytes` more record bytes, so appends
+ * made next cannot fail; pkv_wal_grow is its slow path. */
+int pkv_wal_grow(pkv_cache *c, size_t bytes);
 /* Append a record header for a payload of `payload` bytes (reserved before);
  * returns the payload to fill. Cache lock held. */
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
+/* Rewrite the last record appended, at offset `off` of the unflushed buffer, as
+ * a record of `type` with `payload` bytes and the same LSN (COMMIT coalescing);
+ * returns the payload to fill. Room: the old record's bytes plus the reserve. */
+uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload);
 static inline size_t pkv_rec_size(size_t payload) {
     return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
 }
+/* Forget the COMMIT coalescing candidate (see pkv_wal.mc_lsn). */
+static inline void pkv_wal_no_coalesce(pkv_wal *w) { w->mc_lsn = 0; }
 /* Record a live segment (recovery and rotation). */
 int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start);
 /* Start the flusher with an open segment after recovery. */
@@ -136,11 +155,11 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg);
 int pkv_wal_stop(pkv_cache *c);
 /* With the cache lock held: wait until `lsn` is durable (or the cache failed). */
 int pkv_wal_wait(pkv_cache *c, uint64_t lsn);
-/* With the cache lock held: 0, or the error code of the failed / read-only state. */
-int pkv_wal_writable(pkv_cache *c);
-/* After a mutating call appended its records (lock held): in ALWAYS mode wait
- * until they are durable. */
-int pkv_wal_commit_point(pkv_cache *c);
+/* pkv_wal_writable (internal.h), with the cache lock held: 0, or the error code
+ * of the failed / read-only state; pkv_wal_unwritable is its slow path. */
+int pkv_wal_unwritable(pkv_cache *c);
+/* pkv_wal_commit_point (internal.h): after a mutating call appended its records
+ * (lock held), in ALWAYS mode wait until they are durable. */
 /* LSN up to which freed blocks may be reused (written in NONE mode, else synced). */
 static inline uint64_t pkv_wal_safe_lsn(const pkv_wal *w) {
     return w->mode == PKV_DURABLE_NONE ? w->written_lsn : w->durable_lsn;
@@ -153,22 +172,30 @@ void pkv_wal_free(pkv_wal *w);
 int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint64_t no);
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
+/* The *_size functions give the most bytes the matching encoder appends. */
 struct pkv_seq;
-size_t pkv_log_seal_size(uint32_t bs);
+static inline size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4ull * bs); }
 void pkv_log_seal(pkv_cache *c, uint32_t b);
-size_t pkv_log_evict_size(void);
+static inline size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
 void pkv_log_evict(pkv_cache *c, uint32_t b);
-size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs);
+/* The committed part of a sequence's table, and its partial tail. */
+static inline size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
+    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+}
 void pkv_log_seq_set(pkv_cache *c, const struct pkv_seq *s);
-size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs);
+static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
+    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+}
+/* Log a commit from old_committed to s->committed; coalesced into the previous
+ * record when that is an unflushed COMMIT of the same sequence. */
 void pkv_log_commit(pkv_cache *c, const struct pkv_seq *s, uint64_t old_committed);
-size_t pkv_log_seq_block_size(uint32_t bs);
+static inline size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
 void pkv_log_seq_block(pkv_cache *c, const struct pkv_seq *s, uint32_t idx, uint32_t ntok);
-size_t pkv_log_trunc_size(uint32_t bs);
+static inline size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
 void pkv_log_trunc(pkv_cache *c, const struct pkv_seq *s, uint32_t tail_block);
-size_t pkv_log_close_size(void);
+static inline size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
 void pkv_log_close(pkv_cache *c, uint64_t id);
-size_t pkv_log_bad_size(void);
+static inline size_t pkv_log_bad_size(void) { return pkv_rec_size(8); }
 void pkv_log_bad(pkv_cache *c, uint32_t b);
 void pkv_wal_drain_limbo(pkv_cache *c);
 
