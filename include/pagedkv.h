@@ -195,6 +195,18 @@ int pkv_seq_append(pkv_cache *cache, uint64_t id, const uint32_t *tokens, size_t
  * PKV_ESTATE if n exceeds the pending tokens. */
 int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
 
+/* A decode step in one call (one lock acquisition instead of two): commit the next
+ * n_commit pending tokens (as pkv_seq_commit; 0: commit nothing), then append n
+ * tokens (as pkv_seq_append, slots to slots[0..n); 0: append nothing, tokens and
+ * slots may then be NULL). A decoder that has written the K/V of its last token
+ * calls pkv_seq_commit_append(c, id, 1, &next, 1, &slot). All-or-nothing: on any
+ * error nothing changed. When the append takes new blocks it needs one more
+ * obtainable block per block the commit seals (a seal that dedupes takes a cached
+ * block off the LRU), so with a cache that full it fails with PKV_EFULL where the
+ * two separate calls might succeed. PKV_EINVAL if both counts are 0. */
+int pkv_seq_commit_append(pkv_cache *cache, uint64_t id, size_t n_commit,
+                          const uint32_t *tokens, size_t n, pkv_slot *slots);
+
 /* Create sequence `child` sharing every block of `parent`, the partial last block
  * included, with the parent's salt. The parent must have no pending tokens
  * (PKV_ESTATE otherwise). */

@@ -194,52 +194,82 @@ static void cow_last(pkv_cache *c, pkv_seq *s, uint32_t i, uint32_t fill) {
     c->wal.arena_dirty = true;
 }
 
+/* An append, validated and planned before anything changes (see append_plan). */
+typedef struct append_plan {
+    uint64_t total;  /* table entries after the append */
+    uint64_t need;   /* blocks to take: new ones, plus a copy-on-write copy */
+    uint32_t off;    /* offset of the sequence's end in its last block */
+    bool cow;        /* the partial last block is shared: copy it first */
+    size_t log;      /* log bytes to reserve */
+} append_plan;
+
+/* Validate an append of n tokens to s and make sure its blocks can be had, with
+ * `spare` more obtainable besides. 0; 1: the caller must retry (the lock was
+ * released while waiting for limbo); or an error. Changes nothing durable. */
+static int append_plan_make(pkv_cache *c, pkv_seq *s, size_t n, uint64_t spare,
+                            append_plan *ap) {
+    pkv_pool *p = &c->pool;
+    if (n > (uint64_t)p->capacity * p->block_size)
+        return pkv_err(PKV_EFULL, "%zu tokens exceed the whole cache", n);
+    uint64_t len = s->len, have = s->nblocks;
+    ap->total = pkv_bceil(p, len + n);
+    ap->off = pkv_bmod(p, len);
+    /* a partial block is never sealed */
+    ap->cow = ap->off && p->b[s->blocks[have - 1]].ref > 1;
+    ap->need = ap->total - have + (ap->cow ? 1 : 0);
+    /* spare blocks matter only to an append that takes blocks */
+    int rc = ensure_blocks(c, ap->need ? ap->need + spare : 0, "append");
+    if (rc) return rc;
+    ap->log = pkv_log_seq_block_size(p->block_size) + ap->need * pkv_log_evict_size();
+    return table_reserve(s, ap->total);
+}
+
+/* Carry out a planned append (its blocks and log room are there). */
+static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_t n,
+                         pkv_slot *slots, const append_plan *ap) {
+    pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    uint32_t have = s->nblocks, off = ap->off;
+    if (ap->cow) {
+        /* The copied part is committed (a shared block has no pending tokens),
+         * so the durable table must follow the switch. */
+        cow_last(c, s, have - 1, off);
+        pkv_log_seq_block(c, s, have - 1, off);
+    }
+    uint32_t blk = off ? s->blocks[have - 1] : PKV_NONE;
+    if (pkv_likely(n == 1 && blk != PKV_NONE)) { /* decode: one token, same block */
+        p->tokens[(uint64_t)blk * bs + off] = tokens[0];
+        slots[0].block = blk;
+        slots[0].offset = off;
+    } else {
+        for (size_t i = 0; i < n; i++, off++) {
+            if (off == bs || blk == PKV_NONE) {
+                blk = pkv_block_alloc(c);
+                s->blocks[s->nblocks++] = blk;
+                off = off == bs ? 0 : off;
+            }
+            p->tokens[(uint64_t)blk * bs + off] = tokens[i];
+            slots[i].block = blk;
+            slots[i].offset = off;
+        }
+    }
+    s->len += n;
+}
+
 int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots) {
     if (!tokens || !slots || n == 0)
         return pkv_err(PKV_EINVAL, "append needs tokens, slots and n > 0");
     MUTATING_ENTRY(c);
     int rc = 0;
-    pkv_pool *p = &c->pool;
-    const uint32_t bs = p->block_size;
     pkv_seq *s;
+    append_plan ap = {0};
 retry:
     s = find_seq(c, id, &rc);
     if (!s) goto out;
-    if (n > (uint64_t)p->capacity * bs) {
-        rc = pkv_err(PKV_EFULL, "%zu tokens exceed the whole cache", n);
-        goto out;
-    }
-    uint64_t len = s->len, have = s->nblocks, total = pkv_bceil(p, len + n);
-    uint32_t off = pkv_bmod(p, len);
-    uint32_t last = off ? s->blocks[have - 1] : PKV_NONE;
-    bool cow = off && p->b[last].ref > 1; /* a partial block is never sealed */
-    uint64_t need = total - have + (cow ? 1 : 0);
-    if ((rc = ensure_blocks(c, need, "append")) == 1) goto retry;
-    if (rc) goto out;
-    if ((rc = table_reserve(s, total)) ||
-        (rc = pkv_wal_reserve(c, pkv_log_seq_block_size(bs) +
-                                     need * pkv_log_evict_size())))
-        goto out;
-    if (cow) {
-        /* The copied part is committed (a shared block has no pending tokens),
-         * so the durable table must follow the switch. */
-        cow_last(c, s, (uint32_t)have - 1, off);
-        pkv_log_seq_block(c, s, (uint32_t)have - 1, off);
-    }
-
-    uint32_t blk = off ? s->blocks[have - 1] : PKV_NONE;
-    for (size_t i = 0; i < n; i++, off++) {
-        if (off == bs || blk == PKV_NONE) {
-            blk = pkv_block_alloc(c);
-            s->blocks[s->nblocks++] = blk;
-            off = off == bs ? 0 : off;
-        }
-        p->tokens[(uint64_t)blk * bs + off] = tokens[i];
-        slots[i].block = blk;
-        slots[i].offset = off;
-    }
-    s->len = len + n;
+    if ((rc = append_plan_make(c, s, n, 0, &ap)) == 1) goto retry;
+    if (rc || (rc = pkv_wal_reserve(c, ap.log))) goto out;
+    append_apply(c, s, tokens, n, slots, &ap);
     rc = finish(c);
 out:
     pkv_unlock(c);
@@ -279,29 +309,72 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     pkv_log_seal(c, b);
 }
 
+/* A commit, validated before anything changes. */
+typedef struct commit_plan {
+    uint64_t old, newc;  /* committed length before and after */
+    uint64_t first, full; /* blocks [first, full) become full and are sealed */
+    size_t log;          /* log bytes to reserve */
+} commit_plan;
+
+static int commit_plan_make(pkv_cache *c, const pkv_seq *s, size_t n, commit_plan *cp) {
+    if (n > s->len - s->committed)
+        return pkv_err(PKV_ESTATE, "commit of %zu tokens, only %llu pending", n,
+                       (unsigned long long)(s->len - s->committed));
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    cp->old = s->committed;
+    cp->newc = cp->old + n;
+    cp->first = pkv_bdiv(p, cp->old);
+    cp->full = pkv_bdiv(p, cp->newc);
+    uint64_t touched = pkv_bceil(p, cp->newc) - cp->first;
+    cp->log = (cp->full - cp->first) * pkv_log_seal_size(bs) + pkv_log_commit_size(touched, bs);
+    return 0;
+}
+
+static void commit_apply(pkv_cache *c, pkv_seq *s, const commit_plan *cp) {
+    for (uint64_t i = cp->first; i < cp->full; i++) seal(c, s, (uint32_t)i);
+    s->committed = cp->newc;
+    pkv_log_commit(c, s, cp->old);
+    c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
+}
+
 int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
     if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
     MUTATING_ENTRY(c);
     int rc = 0;
-    const uint32_t bs = c->pool.block_size;
+    commit_plan cp = {0};
     pkv_seq *s = find_seq(c, id, &rc);
     if (!s) goto out;
-    if (n > s->len - s->committed) {
-        rc = pkv_err(PKV_ESTATE, "commit of %zu tokens, only %llu pending", n,
-                     (unsigned long long)(s->len - s->committed));
-        goto out;
-    }
-    uint64_t old = s->committed, newc = old + n;
-    const pkv_pool *p = &c->pool;
-    uint64_t first = pkv_bdiv(p, old), full = pkv_bdiv(p, newc);
-    uint64_t nseal = full - first, touched = pkv_bceil(p, newc) - first;
-    if ((rc = pkv_wal_reserve(c, nseal * pkv_log_seal_size(bs) +
-                                     pkv_log_commit_size(touched, bs))))
-        goto out;
-    for (uint64_t i = first; i < full; i++) seal(c, s, (uint32_t)i);
-    s->committed = newc;
-    pkv_log_commit(c, s, old);
-    c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
+    if ((rc = commit_plan_make(c, s, n, &cp)) || (rc = pkv_wal_reserve(c, cp.log))) goto out;
+    commit_apply(c, s, &cp);
+    rc = finish(c);
+out:
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
+                          size_t n, pkv_slot *slots) {
+    if (n && (!tokens || !slots))
+        return pkv_err(PKV_EINVAL, "append of %zu tokens needs tokens and slots", n);
+    if (n_commit == 0 && n == 0) return pkv_err(PKV_EINVAL, "nothing to commit or append");
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    pkv_seq *s;
+    commit_plan cp = {0};
+    append_plan ap = {0};
+retry:
+    s = find_seq(c, id, &rc);
+    if (!s) goto out;
+    if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) goto out;
+    /* Planned on the table before the commit, which is valid: the commit seals only
+     * full blocks, so the partial last block the append writes into is unchanged, and
+     * nothing is shared once pending tokens exist. Each seal may dedupe onto a cached
+     * block, taking it off the LRU: that many spare blocks are required. */
+    if (n && (rc = append_plan_make(c, s, n, cp.full - cp.first, &ap)) == 1) goto retry;
+    if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) goto out;
+    if (n_commit) commit_apply(c, s, &cp);
+    if (n) append_apply(c, s, tokens, n, slots, &ap);
     rc = finish(c);
 out:
     pkv_unlock(c);

@@ -537,6 +537,33 @@ int wu_do_commit(wu_wl *w, uint64_t id, size_t n)
     return wl_commit(w, id, n);
 }
 
+int wu_do_commit_append(wu_wl *w, uint64_t id, size_t nc, const uint32_t *t, size_t k)
+{
+    pkv_slot slots[128];
+    WU_ASSERT(k <= 128, "append of %zu", k);
+    for (size_t i = 0; i < k; i++) slots[i] = (pkv_slot){0xFFFFFFFFu, 0xFFFFFFFFu};
+    int rc = wl_call(w, pkv_seq_commit_append(w->c, id, nc, k ? t : NULL, k, k ? slots : NULL),
+                     "pkv_seq_commit_append");
+    if (rc) return rc;
+    wu_seq *s = wu_model_find(&w->m, id);
+    s->committed += nc;
+    uint32_t bs = w->inf.block_size;
+    wu_seq_reserve(s, s->len + k + 1);
+    uint64_t h = pt_hprefix(s->salt, s->tok, s->len);
+    for (size_t i = 0; i < k; i++) {
+        size_t p = s->len + i;
+        WU_ASSERT(slots[i].block < w->inf.capacity && slots[i].offset == p % bs,
+                  "commit_append slot %zu = (%u, %u) for position %zu", i, slots[i].block,
+                  slots[i].offset, p);
+        s->tok[p] = t[i];
+        h = pt_hstep(h, t[i]);
+        wu_kv_write(w->c, &w->inf, slots[i].block, slots[i].offset, h);
+        if (w->written) w->written(w->hctx, slots[i].block, slots[i].offset);
+    }
+    s->len += k;
+    return 0;
+}
+
 int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child)
 {
     uint64_t ch = w->next_id++;

@@ -171,6 +171,9 @@ int wu_do_open(wu_wl *w, uint64_t salt, const uint32_t *prompt, size_t n, size_t
                uint64_t *id);
 int wu_do_append(wu_wl *w, uint64_t id, const uint32_t *t, size_t k, bool commit);
 int wu_do_commit(wu_wl *w, uint64_t id, size_t n);
+/* pkv_seq_commit_append(id, nc, t, k): commit nc pending tokens, append t[0..k) and
+ * write their K/V (all-or-nothing, so the model changes only on success). */
+int wu_do_commit_append(wu_wl *w, uint64_t id, size_t nc, const uint32_t *t, size_t k);
 int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child);
 int wu_do_truncate(wu_wl *w, uint64_t id, size_t new_len);
 int wu_do_close(wu_wl *w, uint64_t id);

@@ -1,0 +1,477 @@
+/* The per-token decode path: COMMIT records coalesced in the unflushed log buffer
+ * (wal/record.c) and pkv_seq_commit_append (one call per decode step).
+ *
+ * Coalescing must not change what recovery yields: a COMMIT that a later commit of
+ * the same sequence extends in place keeps its LSN, and a frame is recovered whole
+ * or not at all, so the state after every frame is the state after the last call
+ * whose records it holds. The sweep below checks exactly that, for a random
+ * decode-heavy workload (small blocks, a small vocabulary so seals dedupe, forks,
+ * truncations of pending and of committed tokens, closes, evictions, waits for
+ * limbo): at every pkv_sync the directory is copied (a crash image: everything it
+ * holds is synced) and each image is recovered intact and with its last frame torn
+ * at several offsets; the result must equal the committed state after the last call
+ * of the frames that survive, K/V bytes included.
+ * Environment: PKV_SEED (first seed), PKV_DECODE_SEEDS (seeds of the sweep). */
+#include "wal_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+TestSuite(decode, .init = pt_setup, .fini = pt_teardown);
+
+#define CAP 64u
+
+static pkv_stats_t stats(pkv_cache *c)
+{
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    return st;
+}
+
+/* Group commit that never fires on its own and no automatic checkpoints: frames end
+ * at pkv_sync (or where a call waits for limbo). */
+static void opts(pkv_options *o, uint64_t cap)
+{
+    wu_opts(o, WU_BS, cap, PKV_DURABLE_GROUP);
+    o->group_commit_us = 10000000;
+    o->checkpoint_bytes = 1ull << 40;
+}
+
+/* ---- The committed state after every call ------------------------------------------ */
+
+typedef struct snap {
+    uint64_t lsn;
+    wu_model m; /* committed state, pending tokens dropped, sorted */
+} snap;
+
+typedef struct hist {
+    snap *s;
+    size_t n, cap;
+} hist;
+
+static void hist_add(hist *h, pkv_cache *c, const wu_model *m)
+{
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 256;
+        h->s = realloc(h->s, h->cap * sizeof *h->s);
+        cr_assert_not_null(h->s);
+    }
+    snap *x = &h->s[h->n++];
+    x->lsn = stats(c).last_lsn;
+    wu_model_copy(&x->m, m);
+    wu_model_drop_pending(&x->m);
+    wu_model_sort(&x->m);
+}
+
+/* The state after the last call that ended at LSN <= lsn. Calls that logged nothing,
+ * or whose COMMIT was coalesced into the one before, share an LSN with the call
+ * before them; the last of them is the one whose effects the record holds. */
+static const wu_model *hist_at(const hist *h, uint64_t lsn)
+{
+    const wu_model *m = NULL;
+    for (size_t i = 0; i < h->n; i++)
+        if (h->s[i].lsn <= lsn) m = &h->s[i].m;
+    cr_assert_not_null(m, "no state at LSN %llu", (unsigned long long)lsn);
+    return m;
+}
+
+static void hist_free(hist *h)
+{
+    for (size_t i = 0; i < h->n; i++) wu_model_free(&h->s[i].m);
+    free(h->s);
+}
+
+/* ---- A decode-heavy random workload ------------------------------------------------- */
+
+typedef struct dw {
+    wu_wl w;
+    pt_rng r;
+    uint64_t ids[4];
+    size_t nids;
+    size_t cur;
+    uint64_t commits; /* calls that committed tokens */
+} dw;
+
+static uint32_t tok(dw *d) { return 1 + pt_below(&d->r, 2); } /* tiny vocabulary: dedupes */
+
+static void dw_open(dw *d)
+{
+    uint32_t prompt[9];
+    size_t n = pt_below(&d->r, 10);
+    for (size_t i = 0; i < n; i++) prompt[i] = tok(d);
+    uint64_t id;
+    WU_OK(wu_do_open(&d->w, 0, n ? prompt : NULL, n, n ? pt_below(&d->r, 2) : 0, &id));
+    d->ids[d->nids++] = id;
+}
+
+static void dw_close(dw *d, size_t i)
+{
+    WU_OK(wu_do_close(&d->w, d->ids[i]));
+    d->ids[i] = d->ids[--d->nids];
+    if (d->cur >= d->nids) d->cur = 0;
+}
+
+/* One call (or a fork/close/open), biased to decode steps on the current sequence. */
+static void dw_step(dw *d)
+{
+    wu_wl *w = &d->w;
+    if (d->nids == 0) dw_open(d);
+    if (pt_below(&d->r, 16) == 0) d->cur = pt_below(&d->r, (uint32_t)d->nids);
+    uint64_t id = d->ids[d->cur];
+    wu_seq *s = wu_model_find(&w->m, id);
+    size_t pend = s->len - s->committed;
+    uint32_t t[6];
+    for (int i = 0; i < 6; i++) t[i] = tok(d);
+    uint32_t op = pt_below(&d->r, 100);
+    if (s->len >= 40) { /* keep sequences short: the cache holds 64 blocks of 4 */
+        if (d->nids > 1 && op < 50) dw_close(d, d->cur);
+        else WU_OK(wu_do_truncate(w, id, pt_below(&d->r, 12)));
+        return;
+    }
+    if (op < 45) { /* decode step in one call */
+        WU_OK(wu_do_commit_append(w, id, pend ? 1 : 0, t, 1));
+        d->commits += pend ? 1 : 0;
+    } else if (op < 65) { /* decode step in two calls */
+        WU_OK(wu_do_append(w, id, t, 1, true));
+        d->commits++;
+    } else if (op < 72) { /* commit some pending tokens */
+        if (pend) {
+            WU_OK(wu_do_commit(w, id, 1 + pt_below(&d->r, (uint32_t)pend)));
+            d->commits++;
+        }
+    } else if (op < 78) { /* append a few, commit later */
+        WU_OK(wu_do_append(w, id, t, 1 + pt_below(&d->r, 6), false));
+    } else if (op < 82) { /* commit several and append several in one call */
+        size_t k = pt_below(&d->r, 4);
+        size_t nc = pend ? pt_below(&d->r, (uint32_t)pend + 1) : 0;
+        if (nc + k) {
+            WU_OK(wu_do_commit_append(w, id, nc, t, k));
+            d->commits += nc ? 1 : 0;
+        }
+    } else if (op < 86) { /* cut pending tokens only: logs nothing */
+        if (pend) WU_OK(wu_do_truncate(w, id, s->committed + pt_below(&d->r, (uint32_t)pend)));
+    } else if (op < 89) { /* cut committed tokens */
+        if (s->committed) WU_OK(wu_do_truncate(w, id, pt_below(&d->r, (uint32_t)s->committed)));
+    } else if (op < 94) { /* fork (needs no pending tokens) */
+        if (pend) {
+            WU_OK(wu_do_commit(w, id, pend));
+            d->commits++;
+        } else if (d->nids < 4) {
+            uint64_t ch;
+            WU_OK(wu_do_fork(w, id, &ch));
+            d->ids[d->nids++] = ch;
+        }
+    } else if (op < 97) {
+        if (d->nids > 1) dw_close(d, pt_below(&d->r, (uint32_t)d->nids));
+    } else if (d->nids < 4) {
+        dw_open(d);
+    }
+}
+
+/* ---- Crash images ------------------------------------------------------------------ */
+
+static void patch_zero(const char *path, uint64_t off, size_t n)
+{
+    uint8_t *z = calloc(1, n);
+    cr_assert_not_null(z);
+    int fd = open(path, O_WRONLY);
+    cr_assert(fd >= 0, "open %s: %s", path, strerror(errno));
+    cr_assert_eq(pwrite(fd, z, n, (off_t)off), (ssize_t)n);
+    close(fd);
+    free(z);
+}
+
+/* Open a crash image (or a damaged copy of it) and compare it with `want`. */
+static void recover_check(const char *dir, const pkv_options *o, const wu_model *want,
+                          uint64_t want_lsn, const char *what)
+{
+    pkv_cache *c = NULL;
+    int rc = wu_open(dir, o, &c);
+    cr_assert_eq(rc, 0, "%s: open -> %d (%s: %s)", what, rc, pkv_strerror(rc),
+                 pkv_last_error());
+    WU_CHECK(c, what);
+    pkv_recovery_t rec;
+    WU_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.last_lsn, want_lsn, "%s: recovered up to LSN %llu, expected %llu", what,
+                 (unsigned long long)rec.last_lsn, (unsigned long long)want_lsn);
+    cr_assert(rec.seq_blocks_bad == 0 && rec.sequences_cut == 0 && rec.blocks_dropped == 0,
+              "%s: bad %llu cut %llu dropped %llu (%s)", what,
+              (unsigned long long)rec.seq_blocks_bad, (unsigned long long)rec.sequences_cut,
+              (unsigned long long)rec.blocks_dropped, rec.note);
+    wu_verify_model(c, want, what);
+    pkv_close(c);
+}
+
+static void sweep(uint64_t seed, int steps)
+{
+    char dir[512], img[600], what[256];
+    pt_path(dir, sizeof dir, "cache");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    dw d;
+    memset(&d, 0, sizeof d);
+    wu_wl_init(&d.w, c, seed, NULL);
+    d.w.check_each = false;
+    d.r.s = seed * 0x9E3779B97F4A7C15ull + 1;
+    hist h = {0};
+    hist_add(&h, c, &d.w.m);
+    size_t nimg = 0;
+    uint64_t *img_lsn = calloc((size_t)steps + 1, sizeof *img_lsn);
+    cr_assert_not_null(img_lsn);
+    for (int i = 0; i < steps; i++) {
+        dw_step(&d);
+        hist_add(&h, c, &d.w.m);
+        if (pt_below(&d.r, 12) == 0 || i + 1 == steps) {
+            WU_OK(pkv_sync(c));
+            WU_CHECK(c, "after sync");
+            snprintf(img, sizeof img, "%s-img%zu", dir, nimg);
+            wu_copy_dir(dir, img);
+            img_lsn[nimg++] = stats(c).last_lsn;
+        }
+    }
+    pkv_stats_t st = stats(c);
+    cr_assert(st.last_lsn < d.commits + st.seals,
+              "seed %llu: %llu records for %llu committing calls and %llu seals: no COMMIT "
+              "was coalesced", (unsigned long long)seed, (unsigned long long)st.last_lsn,
+              (unsigned long long)d.commits, (unsigned long long)st.seals);
+    pkv_close(c);
+    wu_wl_free(&d.w);
+
+    for (size_t k = 0; k < nimg; k++) {
+        snprintf(img, sizeof img, "%s-img%zu", dir, k);
+        char copy[700];
+        snprintf(copy, sizeof copy, "%s-t", img);
+
+        /* Tear the image's last frame (if it has one of its own): in its header, in
+         * the middle, in its last record's checksum (two of the three per image). */
+        char seg[600];
+        cr_assert(wu_newest_seg(img, seg, sizeof seg));
+        wu_frame fr[4096];
+        size_t nf = wu_frames(seg, fr, 4096);
+        const wu_frame *last = nf ? &fr[nf - 1] : NULL;
+        if (last && last->first_lsn + last->nrec - 1 == img_lsn[k]) {
+            uint64_t before = last->first_lsn - 1;
+            uint64_t fo = last->off, fend = last->off + 32 + last->bytes;
+            uint64_t cuts[] = {fo + 8, fo + 32 + last->bytes / 2, fend - 4};
+            for (size_t j = 0; j < sizeof cuts / sizeof *cuts; j++) {
+                if (j == k % 3) continue;
+                pt_rmrf(copy);
+                wu_copy_dir(img, copy);
+                char sp[1200];
+                snprintf(sp, sizeof sp, "%s%s", copy, strrchr(seg, '/'));
+                patch_zero(sp, cuts[j], (size_t)(fend - cuts[j]));
+                snprintf(what, sizeof what,
+                         "seed %llu, image %zu, last frame (LSN %llu-%llu, %u records) torn at "
+                         "offset %llu of %llu", (unsigned long long)seed, k,
+                         (unsigned long long)last->first_lsn, (unsigned long long)img_lsn[k],
+                         last->nrec, (unsigned long long)(cuts[j] - fo),
+                         (unsigned long long)(fend - fo));
+                recover_check(copy, &o, hist_at(&h, before), before, what);
+                pt_rmrf(copy);
+            }
+        }
+
+        /* The image itself, intact. */
+        snprintf(what, sizeof what, "seed %llu, image %zu (LSN %llu), intact",
+                 (unsigned long long)seed, k, (unsigned long long)img_lsn[k]);
+        recover_check(img, &o, hist_at(&h, img_lsn[k]), img_lsn[k], what);
+        pt_rmrf(img);
+    }
+    free(img_lsn);
+    hist_free(&h);
+}
+
+Test(decode, coalesced_commits_crash_sweep)
+{
+    uint64_t first = pt_env_u64("PKV_SEED", 1), n = pt_env_u64("PKV_DECODE_SEEDS", 3);
+    for (uint64_t s = first; s < first + n; s++) {
+        sweep(s, 240);
+        char dir[512];
+        pt_path(dir, sizeof dir, "cache");
+        pt_rmrf(dir);
+    }
+}
+
+/* One sequence decoded token by token logs one COMMIT per block (plus its SEAL), not
+ * one per token, and reopens with every token. */
+Test(decode, one_commit_record_per_block)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "cache");
+    pkv_options o;
+    opts(&o, CAP);
+    for (int mode = 0; mode < 2; mode++) {
+        pt_rmrf(dir);
+        pkv_cache *c = wu_open_ok(dir, &o);
+        wu_wl w;
+        wu_wl_init(&w, c, 7, NULL);
+        uint64_t id;
+        WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
+        uint64_t before = stats(c).last_lsn;
+        const int ntok = 64; /* 16 blocks of 4 */
+        for (int i = 0; i < ntok; i++) {
+            uint32_t t = 100 + (uint32_t)i;
+            if (mode == 0) WU_OK(wu_do_append(&w, id, &t, 1, true));
+            else WU_OK(wu_do_commit_append(&w, id, i ? 1 : 0, &t, 1));
+        }
+        if (mode == 1) WU_OK(wu_do_commit(&w, id, 1));
+        pkv_stats_t st = stats(c);
+        uint64_t recs = st.last_lsn - before, blocks = ntok / WU_BS;
+        cr_assert_eq(st.seals, blocks);
+        /* per block: its SEAL, the sealing COMMIT (which the next block's commits
+         * then extend) */
+        cr_assert(recs <= 2 * blocks + 1, "mode %d: %llu records for %d commits of %llu blocks",
+                  mode, (unsigned long long)recs, ntok, (unsigned long long)blocks);
+        WU_CHECK(c, "decoded");
+        pkv_close(c);
+        c = wu_open_ok(dir, &o);
+        wu_wl_reattach(&w, c);
+        wu_verify_model(c, &w.m, "after reopen");
+        pkv_close(c);
+        wu_wl_free(&w);
+    }
+}
+
+/* A checkpoint covers the LSN of the COMMIT it saw: a later commit must log a new
+ * record, not extend that one (replay skips it). */
+Test(decode, checkpoint_ends_coalescing)
+{
+    char dir[512], img[512];
+    pt_path(dir, sizeof dir, "cache");
+    pt_path(img, sizeof img, "img");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 9, NULL);
+    uint64_t id;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
+    uint32_t t[3] = {5, 6, 7};
+    WU_OK(wu_do_append(&w, id, t, 1, true));
+    WU_OK(pkv_checkpoint(c));
+    uint64_t ck = stats(c).checkpoint_lsn;
+    cr_assert_eq(ck, stats(c).last_lsn);
+    WU_OK(wu_do_append(&w, id, t + 1, 1, true));
+    cr_assert_eq(stats(c).last_lsn, ck + 1, "the commit after the checkpoint logged no record");
+    WU_OK(wu_do_commit_append(&w, id, 0, t + 2, 1));
+    WU_OK(wu_do_commit(&w, id, 1));
+    cr_assert_eq(stats(c).last_lsn, ck + 1, "the next commit was not coalesced");
+    WU_OK(pkv_sync(c));
+    wu_copy_dir(dir, img); /* a crash image: no close-time checkpoint */
+    pkv_close(c);
+    c = wu_open_ok(img, &o);
+    pkv_recovery_t rec;
+    WU_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.checkpoint_lsn, ck);
+    cr_assert_eq(rec.records_replayed, 1);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "crash image after a checkpoint");
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
+/* pkv_seq_commit_append does what pkv_seq_commit + pkv_seq_append do, and fails
+ * without changing anything. */
+Test(decode, commit_append_equals_two_calls)
+{
+    char d1[512], d2[512];
+    pt_path(d1, sizeof d1, "one");
+    pt_path(d2, sizeof d2, "two");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *a = wu_open_ok(d1, &o), *b = wu_open_ok(d2, &o);
+    uint32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+    WU_OK(pkv_seq_open(a, 1, 0, prompt, 6, NULL));
+    WU_OK(pkv_seq_open(b, 1, 0, prompt, 6, NULL));
+    pkv_slot sa[8], sb[8];
+    WU_OK(pkv_seq_append(a, 1, prompt, 6, sa));
+    WU_OK(pkv_seq_append(b, 1, prompt, 6, sb));
+    pt_rng r = {3};
+    for (int i = 0; i < 200; i++) {
+        pkv_seq_info_t ia;
+        WU_OK(pkv_seq_info(a, 1, &ia));
+        size_t pend = ia.len - ia.committed;
+        size_t nc = pend ? pt_below(&r, (uint32_t)pend + 1) : 0, n = pt_below(&r, 4);
+        if (nc + n == 0) n = 1;
+        uint32_t t[4];
+        for (int k = 0; k < 4; k++) t[k] = pt_below(&r, 3);
+        if (ia.len > 30 && nc == pend) { /* keep it short: close and start again */
+            WU_OK(pkv_seq_close(a, 1));
+            WU_OK(pkv_seq_close(b, 1));
+            WU_OK(pkv_seq_open(a, 1, 0, prompt, 6, NULL));
+            WU_OK(pkv_seq_open(b, 1, 0, prompt, 6, NULL));
+            continue;
+        }
+        WU_OK(pkv_seq_commit_append(a, 1, nc, n ? t : NULL, n, n ? sa : NULL));
+        if (nc) WU_OK(pkv_seq_commit(b, 1, nc));
+        if (n) WU_OK(pkv_seq_append(b, 1, t, n, sb));
+        for (size_t k = 0; k < n; k++)
+            cr_assert(sa[k].block == sb[k].block && sa[k].offset == sb[k].offset,
+                      "step %d: slot %zu differs", i, k);
+        pkv_seq_info_t ib;
+        WU_OK(pkv_seq_info(b, 1, &ib));
+        WU_OK(pkv_seq_info(a, 1, &ia));
+        cr_assert(ia.len == ib.len && ia.committed == ib.committed && ia.n_blocks == ib.n_blocks);
+        uint32_t ta[64], tb[64];
+        size_t na, nb;
+        WU_OK(pkv_seq_blocks(a, 1, ta, 64, &na));
+        WU_OK(pkv_seq_blocks(b, 1, tb, 64, &nb));
+        cr_assert(na == nb && memcmp(ta, tb, na * sizeof *ta) == 0, "step %d: tables differ", i);
+    }
+    pkv_stats_t x = stats(a), y = stats(b);
+    cr_assert(x.seals == y.seals && x.dedupes == y.dedupes && x.blocks_used == y.blocks_used &&
+              x.blocks_cached == y.blocks_cached && x.evictions == y.evictions);
+    WU_CHECK(a, "commit_append");
+
+    /* Errors change nothing. */
+    pkv_seq_info_t before, after;
+    WU_OK(pkv_seq_info(a, 1, &before));
+    uint32_t t1 = 9;
+    pkv_slot s1;
+    cr_assert_eq(pkv_seq_commit_append(a, 1, 0, NULL, 0, NULL), PKV_EINVAL);
+    cr_assert_eq(pkv_seq_commit_append(a, 1, 0, NULL, 1, &s1), PKV_EINVAL);
+    cr_assert_eq(pkv_seq_commit_append(a, 1, 0, &t1, 1, NULL), PKV_EINVAL);
+    cr_assert_eq(pkv_seq_commit_append(a, 2, 0, &t1, 1, &s1), PKV_ENOSEQ);
+    cr_assert_eq(pkv_seq_commit_append(a, 1, before.len - before.committed + 1, &t1, 1, &s1),
+                 PKV_ESTATE);
+    cr_assert_eq(pkv_seq_commit_append(NULL, 1, 0, &t1, 1, &s1), PKV_EINVAL);
+    WU_OK(pkv_seq_info(a, 1, &after));
+    cr_assert(before.len == after.len && before.committed == after.committed &&
+              before.n_blocks == after.n_blocks);
+    pkv_close(a);
+    pkv_close(b);
+}
+
+/* All-or-nothing on PKV_EFULL: a cache whose every block is held by a sequence. */
+Test(decode, commit_append_full_cache)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "cache");
+    pkv_options o;
+    opts(&o, 4);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    uint32_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = 50 + (uint32_t)i;
+    pkv_slot s[16];
+    WU_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    WU_OK(pkv_seq_append(c, 1, t, 15, s)); /* 4 blocks, the last one with 3 of 4 */
+    pkv_seq_info_t before, after;
+    WU_OK(pkv_seq_info(c, 1, &before));
+    /* commit all 15 (seals 3 blocks) and append 2 (needs a 5th block): EFULL */
+    cr_assert_eq(pkv_seq_commit_append(c, 1, 15, t, 2, s), PKV_EFULL);
+    WU_OK(pkv_seq_info(c, 1, &after));
+    cr_assert(before.len == after.len && before.committed == after.committed &&
+              before.n_blocks == after.n_blocks, "a failed call changed the sequence");
+    cr_assert_eq(stats(c).seals, 0);
+    /* one token fits in the last block */
+    WU_OK(pkv_seq_commit_append(c, 1, 15, t, 1, s));
+    WU_OK(pkv_seq_info(c, 1, &after));
+    cr_assert(after.len == 16 && after.committed == 15);
+    WU_CHECK(c, "full cache");
+    pkv_close(c);
+}
