@@ -1,0 +1,104 @@
+/*
+ * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
+ *
+ *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP]]]]]
+ *
+ * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
+ * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, 16-token blocks, CAPACITY
+ * blocks, default 1048576), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
+ * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
+ * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
+ * with STEP 1 one pkv_seq_commit_append(1, 1) per token. Prints wall-clock and
+ * calling-thread CPU nanoseconds per token. Under valgrind --tool=callgrind
+ * --instr-atstart=no only the loop is counted (when valgrind/callgrind.h exists).
+ * Built with -DPKV_DECODELOOP_NO_STEP it runs against libraries without
+ * pkv_seq_commit_append (before/after comparisons).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "pagedkv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#endif
+#endif
+#ifndef CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_STOP_INSTRUMENTATION
+#endif
+
+static uint64_t ns(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static unsigned long long arg(int argc, char **argv, int i, unsigned long long dflt) {
+    return argc > i ? strtoull(argv[i], NULL, 10) : dflt;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
+                        "[STEP]]]]]\n", argv[0]);
+        return 2;
+    }
+    uint64_t ntok = arg(argc, argv, 2, 0);
+    pkv_options o;
+    pkv_options_init(&o);
+    o.num_layers = 1;
+    o.num_kv_heads = 1;
+    o.head_dim = 8;
+    o.dtype = PKV_F16;
+    o.block_size = 16;
+    o.durability = (pkv_durability)arg(argc, argv, 3, 0);
+    if (arg(argc, argv, 4, 0)) o.flags |= PKV_OPEN_PREFAULT;
+    int payload = (int)arg(argc, argv, 5, 0);
+    o.capacity = arg(argc, argv, 6, 1u << 20);
+    int step = (int)arg(argc, argv, 7, 0);
+    o.model_id = "pkv-bench/synthetic-1L-1H-d8-f16";
+    pkv_cache *c;
+    int rc = pkv_open(argv[1], &o, &c);
+    if (rc || (rc = pkv_seq_open(c, 1, 0, NULL, 0, NULL))) {
+        fprintf(stderr, "open: %s: %s\n", pkv_strerror(rc), pkv_last_error());
+        return 1;
+    }
+    uint32_t x = 12345;
+    CALLGRIND_START_INSTRUMENTATION;
+    uint64_t t0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_THREAD_CPUTIME_ID);
+    for (uint64_t i = 0; i < ntok && !rc; i++) {
+        x = x * 1103515245u + 12345u;
+        uint32_t tok = x >> 8;
+        pkv_slot s;
+#ifndef PKV_DECODELOOP_NO_STEP
+        if (step) rc = pkv_seq_commit_append(c, 1, i ? 1 : 0, &tok, 1, &s);
+        else
+#endif
+            rc = pkv_seq_append(c, 1, &tok, 1, &s);
+        if (!rc && payload)
+            for (int k = 0; k < 2; k++) {
+                uint8_t *p = pkv_kv(c, s.block, 0, (pkv_kind)k, 0);
+                memset(p + (size_t)s.offset * 16, (int)tok, 16);
+            }
+        if (!rc && !step) rc = pkv_seq_commit(c, 1, 1);
+    }
+    if (!rc && step && ntok) rc = pkv_seq_commit(c, 1, 1);
+    uint64_t t1 = ns(CLOCK_MONOTONIC), c1 = ns(CLOCK_THREAD_CPUTIME_ID);
+    CALLGRIND_STOP_INSTRUMENTATION;
+    if (rc) {
+        fprintf(stderr, "decode: %s: %s\n", pkv_strerror(rc), pkv_last_error());
+        return 1;
+    }
+    printf("wall %.1f ns/token  cpu %.1f ns/token\n", (double)(t1 - t0) / (double)ntok,
+           (double)(c1 - c0) / (double)ntok);
+    pkv_close(c);
+    return 0;
+}
