@@ -112,7 +112,7 @@ static int header_decode(const uint8_t *h, pkv_arena *a, const char *path) {
     if (version != HDR_VERSION)
         return pkv_err(PKV_EVERSION, "%s: format version %u, this library reads %u",
                        path, version, HDR_VERSION);
-    if (pkv_get_u64(h + HDR_SUM_OFF) != XXH3_64bits(h, HDR_SUM_OFF))
+    if (!pkv_sum_ok(pkv_get_u64(h + HDR_SUM_OFF), XXH3_64bits(h, HDR_SUM_OFF)))
         return pkv_err(PKV_ECORRUPT, "%s: header checksum mismatch", path);
     pkv_options o;
     memset(&o, 0, sizeof o);

@@ -577,7 +577,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
     XXH3_64bits_reset(&es);
     XXH3_64bits_update(&es, e, 24);
     XXH3_64bits_update(&es, dst, (size_t)len);
-    if (XXH3_64bits_digest(&es) != esum) {
+    if (!pkv_sum_ok(esum, XXH3_64bits_digest(&es))) {
         snprintf(why, wl, "%s: block entry %u: checksum mismatch (the file is damaged)", b->path, i);
         return -1;
     }
@@ -595,7 +595,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
         }
         if (codec == CODEC_SHUF_LZ4) unshuffle(b->raw, b->shuf, (size_t)bb, b->elem_size);
     }
-    if (XXH3_64bits(b->raw, (size_t)bb) != rsum) {
+    if (!pkv_sum_ok(rsum, XXH3_64bits(b->raw, (size_t)bb))) {
         snprintf(why, wl, "%s: block entry %u: payload checksum mismatch after decompression",
                  b->path, i);
         return -1;
@@ -653,7 +653,7 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
                  path, ver, BN_VERSION);
         return -1;
     }
-    if (pkv_get_u64(h + 504) != XXH3_64bits(h, 504)) {
+    if (!pkv_sum_ok(pkv_get_u64(h + 504), XXH3_64bits(h, 504))) {
         snprintf(why, wl, "%s: header checksum mismatch (the file is damaged)", path);
         return -1;
     }
@@ -709,7 +709,7 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         snprintf(why, wl, "%s: out of memory", path);
         goto out;
     }
-    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || XXH3_64bits(tsec, (size_t)tbytes) != pkv_get_u64(h + 328)) {
+    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || !pkv_sum_ok(pkv_get_u64(h + 328), XXH3_64bits(tsec, (size_t)tbytes))) {
         snprintf(why, wl, "%s: token section unreadable or checksum mismatch", path);
         goto out;
     }
@@ -729,7 +729,7 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         goto out;
     }
     if (memcmp(tr, BN_END, 8) || pkv_get_u64(tr + 8) != b->nblocks ||
-        pkv_get_u64(tr + 16) != XXH3_64bits_digest(xs)) {
+        !pkv_sum_ok(pkv_get_u64(tr + 16), XXH3_64bits_digest(xs))) {
         snprintf(why, wl, "%s: trailer missing or file checksum mismatch", path);
         goto out;
     }

@@ -209,7 +209,7 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         goto out;
     }
     if (r != (long)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
-        pkv_get_u64(h + 56) != XXH3_64bits(h, 56)) {
+        !pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56))) {
         rc = pkv_err(PKV_ECORRUPT, "%s: bad checkpoint header", path);
         goto out;
     }
@@ -236,7 +236,7 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         rc = io_err((int)r, "read", path);
         goto out;
     }
-    if (r != (long)bodylen || XXH3_64bits(body, bodylen) != pkv_get_u64(h + 48)) {
+    if (r != (long)bodylen || !pkv_sum_ok(pkv_get_u64(h + 48), XXH3_64bits(body, bodylen))) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated or checksum mismatch",
                      path);
         goto out;

@@ -50,7 +50,13 @@ enum {
 #define CKPT_MAGIC "PKVCKPT\0"
 #define CKPT_HDR 64u
 #define WAL_VERSION 1u
+#ifdef PKV_FUZZING
+/* The fuzzing variant (internal.h, pkv_sum_ok) uses small segments, so that the
+ * harnesses stay fast and segment rotation is reached. */
+#define SEG_SIZE_DEFAULT (256ull << 10)
+#else
 #define SEG_SIZE_DEFAULT (32ull << 20)
+#endif
 #define REC_MAX_BYTES (256u << 20)
 
 const char *pkv_rec_type_name(unsigned type);
@@ -216,5 +222,16 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
                 uint64_t *next_seg);
 /* Apply one decoded record to the recovering state. */
 int pkv_replay_apply(pkv_cache *c, const pkv_rec *r);
+/* For the fuzz harnesses only (fuzz/): the frame reading of pkv_recover on a
+ * segment image in memory (data[0, len), frames from offset SEG_HDR), and the
+ * rebuild + verification that ends recovery. */
+bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t off,
+                         uint64_t *first, uint32_t *nrec, uint32_t *bytes);
+int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
+                           size_t off, uint64_t first, uint32_t nrec, uint32_t bytes,
+                           uint64_t after, uint64_t *applied);
+bool pkv_replay_later_valid(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
+                            uint64_t want, uint64_t *lsn);
+int pkv_replay_rebuild(pkv_cache *c);
 
 #endif /* PKV_WAL_H */
