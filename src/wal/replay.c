@@ -635,6 +635,23 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         free(stack);
         return pkv_err(PKV_ENOMEM, "recovery scratch");
     }
+    /* Leaf-first (I7) must hold whatever release LSNs the log or checkpoint
+     * holds: a correct writer never releases a child after its parent, but a
+     * forged or damaged file can, and sorting by release LSN alone would then put
+     * a parent ahead of its cached child (found by fuzz/fuzz_record.c). Raise
+     * each block's release LSN to the largest of its descendants', deepest
+     * blocks first, so the sort below is leaf-first in every case. */
+    {
+        size_t ns = 0;
+        for (uint32_t b = 0; b < cap; b++)
+            if (p->b[b].state == BLK_SEALED) lru[ns++] = (lru_ent){0, d[b], b};
+        qsort(lru, ns, sizeof *lru, cmp_lru); /* equal rel: deepest first */
+        for (size_t i = 0; i < ns; i++) {
+            const pkv_block *x = &p->b[lru[i].block];
+            if (x->parent != PKV_NONE && p->b[x->parent].rel_lsn < x->rel_lsn)
+                p->b[x->parent].rel_lsn = x->rel_lsn;
+        }
+    }
     p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
     p->free.count = p->lru.count = 0;
     p->n_used = p->n_sealed = 0;
