@@ -225,6 +225,21 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         rc = pkv_err(PKV_ECORRUPT, "%s: implausible lengths", path);
         goto out;
     }
+    /* Lengths against the bytes present before allocating for them: a header
+     * that claims a body longer than the file, or more raw bytes than LZ4 can
+     * expand the body to (255 bytes out per byte in, at best), would otherwise
+     * make a small damaged or forged file allocate up to a terabyte (found by
+     * fuzz/fuzz_checkpoint.c). */
+    uint8_t probe;
+    if (bodylen && (r = io->pread(io->ctx, fd, &probe, 1, CKPT_HDR + bodylen - 1)) != 1) {
+        rc = r < 0 ? io_err((int)r, "read", path)
+                   : pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated", path);
+        goto out;
+    }
+    if (rawlen / 255 > bodylen) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: implausible lengths", path);
+        goto out;
+    }
     body = malloc(bodylen ? bodylen : 1);
     raw = malloc(rawlen ? rawlen : 1);
     if (!body || !raw) {
