@@ -27,7 +27,7 @@ static void emit(const char *target, const char *tag, const uint8_t *pre, size_t
     mkdir(dir, 0755);
     uint8_t *b = malloc(npre + n + 1);
     if (!b) abort();
-    memcpy(b, pre, npre);
+    if (npre) memcpy(b, pre, npre);
     memcpy(b + npre, p, n);
     snprintf(name, sizeof name, "seed-%s", tag);
     if (fz_write(dir, name, b, npre + n)) fz_fail("write %s/%s", dir, name);

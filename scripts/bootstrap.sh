@@ -2,8 +2,10 @@
 # Install the Debian packages pagedkv needs to build and test. Idempotent: quiet
 # and fast when everything is present; apt-get only for what is missing.
 set -euo pipefail
-pkgs=(build-essential clang meson ninja-build pkg-config liburing-dev liblz4-dev
-      libxxhash-dev libcriterion-dev gnuplot-nox)
+# libclang-rt-14-dev: the libFuzzer and sanitizer runtimes of clang 14 (Debian 12),
+# for -fsanitize=fuzzer in scripts/fuzz.sh.
+pkgs=(build-essential clang libclang-rt-14-dev meson ninja-build pkg-config liburing-dev
+      liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

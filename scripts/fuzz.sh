@@ -94,8 +94,8 @@ printf '%-11s %12s %9s %8s %9s %s\n' target execs exec/s cov corpus result
 for t in "${targets[@]}"; do
   d="$work/$t"
   rc=$(cat "$d/rc" 2>/dev/null || echo 99)
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$d/log" | tail -1 | awk '{print $2}' || true)
-  eps=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$d/log" | tail -1 | awk '{print $2}' || true)
+  execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$d/log" | tail -1 | awk '{print $2}' || true)
+  eps=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$d/log" | tail -1 | awk '{print $2}' || true)
   cov=$(grep -o 'cov: [0-9]*' "$d/log" | tail -1 | awk '{print $2}' || true)
   ncorp=$(ls "$d/corpus" | wc -l)
   crashes=$(ls "$d/artifacts" 2>/dev/null | wc -l)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build and run every test: gcc (warnings are errors), clang (warnings are errors),
-# an ASan+UBSan build, and a ThreadSanitizer build of the thread tests
-# (test_threads, test_stress; see docs/testing.md).
+# an ASan+UBSan build, a ThreadSanitizer build of the thread tests
+# (test_threads, test_stress; see docs/testing.md), then each fuzz target for
+# about a minute (docs/testing-fuzz.md; PKV_SKIP_FUZZ=1 skips that,
+# PKV_FUZZ_TIME=S changes it).
 # Usage: scripts/test.sh [--quick | --tsan]
-#   --quick  gcc only
+#   --quick  gcc only (no fuzzing)
 #   --tsan   the ThreadSanitizer pass only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +52,13 @@ if [ $quick -eq 0 ]; then
   run_suite build-asan -Dwerror=true -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
     -- --setup=sanitize
   run_tsan
+fi
+# Fuzzing (docs/testing-fuzz.md): every libFuzzer target for a bounded time
+# (clang, ASan+UBSan, build-fuzz/), in parallel up to nproc. The corpus-replay
+# tests (suite fuzz-replay) already ran in every pass above. PKV_SKIP_FUZZ=1
+# skips this step for quick local runs; CI leaves it unset.
+if [ $quick -eq 0 ] && [ "${PKV_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "=== fuzz: ${PKV_FUZZ_TIME:-60}s per target"
+  scripts/fuzz.sh --time "${PKV_FUZZ_TIME:-60}" --jobs "$(nproc)"
 fi
 echo "all test suites passed"

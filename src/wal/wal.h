@@ -53,7 +53,7 @@ enum {
 #ifdef PKV_FUZZING
 /* The fuzzing variant (internal.h, pkv_sum_ok) uses small segments, so that the
  * harnesses stay fast and segment rotation is reached. */
-#define SEG_SIZE_DEFAULT (256ull << 10)
+#define SEG_SIZE_DEFAULT (32ull << 10)
 #else
 #define SEG_SIZE_DEFAULT (32ull << 20)
 #endif
