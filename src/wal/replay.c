@@ -338,6 +338,15 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
         unsigned long long n;
         size_t l = strlen(e->d_name);
         if (l == 20 && sscanf(e->d_name, "wal-%16llx", &n) == 1) {
+            /* A correct writer numbers segments up from 1 and never gets near
+             * 2^63. A larger number (a forged or stray file) would make the next
+             * segment's number wrap to 0 and sort before the log it continues,
+             * losing it at the next open (found by fuzz/fuzz_recover.c). */
+            if (n >= 1ull << 63) {
+                rc = pkv_err(PKV_ECORRUPT, "%s/%s: segment number out of range", dir,
+                             e->d_name);
+                break;
+            }
             if (*nsegs == cap) {
                 cap = cap ? cap * 2 : 16;
                 uint64_t *ns = realloc(*segs, cap * sizeof *ns);
