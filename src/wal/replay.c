@@ -730,7 +730,10 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     bool have_ckpt = false;
     double t0 = now_ms();
     int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare);
-    if (rc) return rc;
+    if (rc) {
+        free(nos); /* the names listed before the failure */
+        return rc;
+    }
     c->wal.nspare = nspare;
     uint64_t after = 0;
     bool drop_all = false;
