@@ -69,11 +69,12 @@ run_one() { # target
   local t=$1 d="$work/$1"
   mkdir -p "$d/corpus" "$d/artifacts"
   cp fuzz/corpus/$t/* "$d/corpus/" 2>/dev/null || true
-  cp fuzz/regressions/$t/* "$d/corpus/" 2>/dev/null || true
-  local dict=()
+  # The regression inputs run first too, read-only (never merged into the corpus).
+  local dict=() regr=()
   [ -f fuzz/dict/$t.dict ] && dict=(-dict=fuzz/dict/$t.dict)
+  [ -d fuzz/regressions/$t ] && regr=(fuzz/regressions/$t)
   set +e
-  "$root/$build/fuzz/fuzz-$t" "$d/corpus" "${dict[@]}" -max_total_time="$time_s" \
+  "$root/$build/fuzz/fuzz-$t" "$d/corpus" "${regr[@]}" "${dict[@]}" -max_total_time="$time_s" \
     -artifact_prefix="$d/artifacts/" -print_final_stats=1 -close_fd_mask=3 \
     -timeout=30 -rss_limit_mb=2048 -max_len=65536 >"$d/log" 2>&1
   echo $? >"$d/rc"
