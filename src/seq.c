@@ -47,6 +47,7 @@ static pkv_seq *find_seq(pkv_cache *c, uint64_t id, int *rc) {
 #define MUTATING_ENTRY(c)                                                       \
     do {                                                                        \
         LOCKED_ENTRY(c);                                                        \
+        pkv_wal_throttle(c);                                                    \
         int wrc_ = pkv_wal_writable(c);                                         \
         if (wrc_) {                                                             \
             pkv_unlock(c);                                                      \

@@ -150,6 +150,12 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
         io->close(io->ctx, fd);
         return io_fail(c, rc, "write log segment header");
     }
+    /* In NONE mode the old segment's frames were written unsynced, and a later
+     * pkv_sync syncs only the current segment: sync them before leaving it. */
+    if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE && (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
+        io->close(io->ctx, fd);
+        return io_fail(c, rc, "fdatasync log");
+    }
     if (w->seg_fd >= 0) io->close(io->ctx, w->seg_fd);
     w->seg_fd = fd;
     w->seg_no = no;
@@ -377,6 +383,14 @@ int pkv_wal_unwritable(pkv_cache *c) {
         return pkv_err(PKV_EFAILED, "cache failed after an I/O error (%s); reopen it "
                        "to recover from the log", c->wal.fail_msg);
     return 0;
+}
+
+void pkv_wal_backlog_wait(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    while (w->len >= PKV_WAL_BACKLOG && !w->failed && !w->stop) {
+        pthread_cond_signal(&w->cv_work);
+        pthread_cond_wait(&w->cv_done, &c->lock);
+    }
 }
 
 int pkv_wal_wait(pkv_cache *c, uint64_t lsn) {

@@ -164,6 +164,13 @@ int pkv_wal_wait(pkv_cache *c, uint64_t lsn);
 /* pkv_wal_writable (internal.h), with the cache lock held: 0, or the error code
  * of the failed / read-only state; pkv_wal_unwritable is its slow path. */
 int pkv_wal_unwritable(pkv_cache *c);
+/* Backpressure: a mutating call entering while the unflushed log buffer holds
+ * PKV_WAL_BACKLOG bytes or more waits (lock released) until the flusher has taken
+ * it, so a producer faster than the disk cannot grow the buffer, or the log
+ * between two checkpoints, without bound. Called before the call looks at any
+ * state; pkv_wal_throttle (internal.h) is the inline test. */
+#define PKV_WAL_BACKLOG (8u << 20)
+void pkv_wal_backlog_wait(pkv_cache *c);
 /* pkv_wal_commit_point (internal.h): after a mutating call appended its records
  * (lock held), in ALWAYS mode wait until they are durable. */
 /* LSN up to which freed blocks may be reused (written in NONE mode, else synced). */
