@@ -59,60 +59,131 @@ static void wb_u64(wbuf *b, uint64_t v) {
     b->len += 8;
 }
 
-int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen) {
+/* Blocks copied per hold of the cache lock (a few hundred microseconds). */
+#define SLICE_BLOCKS 4096u
+
+/* Make room for n more bytes and touch them, so that the page faults of a fresh
+ * buffer are taken here (with the cache lock released), not while copying. */
+static int wb_room_touched(wbuf *b, size_t n, size_t *touched) {
+    if (wb_room(b, n)) return PKV_ENOMEM;
+    size_t from = *touched > b->len ? *touched : b->len;
+    if (from < b->len + n) memset(b->p + from, 0, b->len + n - from);
+    if (*touched < b->len + n) *touched = b->len + n;
+    return 0;
+}
+
+static void put_seqs(pkv_cache *c, wbuf *q) {
     const pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
-    wbuf b = {0};
-    if (wb_room(&b, 16 + 8 * 8 + 8)) goto nomem;
-    wb_u32(&b, WAL_VERSION);
-    wb_u32(&b, bs);
-    wb_u32(&b, p->capacity);
-    wb_u32(&b, 0);
-    const pkv_counters *k = &c->ctr;
-    uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
-                       k->evictions, k->cow_copies, k->dedupes, k->seals};
-    for (int i = 0; i < 8; i++) wb_u64(&b, ctr[i]);
-    wb_u64(&b, p->n_sealed);
-    size_t per = 56 + 4ull * bs;
-    if (wb_room(&b, p->n_sealed * per + 8)) goto nomem;
-    for (uint32_t i = 0; i < p->capacity; i++) {
-        const pkv_block *x = &p->b[i];
-        if (x->state != BLK_SEALED) continue;
-        wb_u32(&b, i);
-        wb_u32(&b, x->parent);
-        wb_u64(&b, x->salt);
-        wb_u64(&b, x->hash.lo);
-        wb_u64(&b, x->hash.hi);
-        wb_u64(&b, x->payload_sum);
-        wb_u64(&b, x->rel_lsn);
-        wb_u32(&b, x->flags);
-        wb_u32(&b, 0);
-        const uint32_t *t = pkv_pool_tokens(p, i);
-        for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
-    }
-    wb_u64(&b, c->seqs.count);
+    wb_u64(q, c->seqs.count);
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {
         const pkv_seq *s = c->seqs.slots[i];
         if (!s) continue;
         uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
         uint32_t ntail = (uint32_t)(s->committed % bs);
-        if (wb_room(&b, 32 + 4ull * nb + 4ull * ntail)) goto nomem;
-        wb_u64(&b, s->id);
-        wb_u64(&b, s->salt);
-        wb_u64(&b, s->committed);
-        wb_u32(&b, nb);
-        wb_u32(&b, ntail);
-        for (uint32_t j = 0; j < nb; j++) wb_u32(&b, s->blocks[j]);
+        wb_u64(q, s->id);
+        wb_u64(q, s->salt);
+        wb_u64(q, s->committed);
+        wb_u32(q, nb);
+        wb_u32(q, ntail);
+        for (uint32_t j = 0; j < nb; j++) wb_u32(q, s->blocks[j]);
         if (ntail) {
             const uint32_t *t = pkv_pool_tokens(p, s->blocks[nb - 1]);
-            for (uint32_t j = 0; j < ntail; j++) wb_u32(&b, t[j]);
+            for (uint32_t j = 0; j < ntail; j++) wb_u32(q, t[j]);
         }
     }
+}
+
+static size_t seqs_size(const pkv_cache *c) {
+    const uint32_t bs = c->pool.block_size;
+    size_t n = 8;
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        const pkv_seq *s = c->seqs.slots[i];
+        if (s) n += 32 + 4 * ((s->committed + bs - 1) / bs) + 4 * (s->committed % bs);
+    }
+    return n;
+}
+
+int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *lsn_out,
+                       uint64_t *end_out) {
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size, cap = p->capacity;
+    const size_t per = 56 + 4ull * bs;
+    wbuf b = {0}, q = {0};
+    /* Size the buffer for the blocks sealed now (plus slack) with the lock
+     * released; it grows between slices if more get sealed meanwhile. */
+    size_t est = 16 + 8 * 8 + 8 + (p->n_sealed + p->n_sealed / 16 + SLICE_BLOCKS) * per;
+    pkv_unlock(c);
+    int rc = wb_room(&b, est);
+    pkv_lock(c);
+    if (rc) goto nomem;
+    /* Counters and sequences: exact at the checkpoint LSN (one hold of the lock). */
+    for (;;) {
+        size_t need = seqs_size(c);
+        if (q.cap >= need) break;
+        pkv_unlock(c);
+        rc = wb_room(&q, need);
+        pkv_lock(c);
+        if (rc) goto nomem;
+    }
+    const uint64_t lsn = c->wal.next_lsn - 1;
+    pkv_wal_no_coalesce(&c->wal); /* the snapshot covers lsn: that record is final */
+    wb_u32(&b, WAL_VERSION);
+    wb_u32(&b, bs);
+    wb_u32(&b, cap);
+    wb_u32(&b, 0);
+    const pkv_counters *k = &c->ctr;
+    uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
+                       k->evictions, k->cow_copies, k->dedupes, k->seals};
+    for (int i = 0; i < 8; i++) wb_u64(&b, ctr[i]);
+    size_t count_at = b.len;
+    wb_u64(&b, 0); /* sealed count, patched at the end */
+    put_seqs(c, &q);
+    /* Sealed blocks, a slice per hold of the lock. */
+    uint64_t nsealed = 0;
+    size_t touched = 0;
+    for (uint32_t i = 0; i < cap;) {
+        uint32_t end = cap - i < SLICE_BLOCKS ? cap : i + SLICE_BLOCKS;
+        size_t need = (size_t)(end - i) * per;
+        pkv_unlock(c); /* let waiting callers in; fault in the next slice's room */
+        rc = wb_room_touched(&b, need, &touched);
+        pkv_lock(c);
+        if (rc) goto nomem;
+        for (; i < end; i++) {
+            const pkv_block *x = &p->b[i];
+            if (x->state != BLK_SEALED) continue;
+            wb_u32(&b, i);
+            wb_u32(&b, x->parent);
+            wb_u64(&b, x->salt);
+            wb_u64(&b, x->hash.lo);
+            wb_u64(&b, x->hash.hi);
+            wb_u64(&b, x->payload_sum);
+            wb_u64(&b, x->rel_lsn);
+            wb_u32(&b, x->flags);
+            wb_u32(&b, 0);
+            const uint32_t *t = pkv_pool_tokens(p, i);
+            for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
+            nsealed++;
+        }
+    }
+    *lsn_out = lsn;
+    *end_out = c->wal.next_lsn - 1;
+    pkv_put_u64(b.p + count_at, nsealed);
+    pkv_unlock(c);
+    rc = wb_room(&b, q.len);
+    if (!rc) {
+        memcpy(b.p + b.len, q.p, q.len);
+        b.len += q.len;
+    }
+    pkv_lock(c);
+    if (rc) goto nomem;
+    free(q.p);
     *out = b.p;
     *outlen = b.len;
     return 0;
 nomem:
     free(b.p);
+    free(q.p);
     return pkv_err(PKV_ENOMEM, "checkpoint snapshot");
 }
 

@@ -250,14 +250,13 @@ static void flush_once(pkv_cache *c, bool hard) {
 }
 
 static void limbo_drain(pkv_cache *c);
-static void do_checkpoint(pkv_cache *c);
 
 static void *flusher_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        if (!w->stop && !w->sync_req && !w->ckpt_req) {
+        if (!w->stop && !w->sync_req) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)w->interval_us * 1000u;
@@ -269,13 +268,10 @@ static void *flusher_main(void *arg) {
         w->sync_req = w->hard_req = false;
         flush_once(c, hard);
         limbo_drain(c);
-        if (!w->failed && (w->ckpt_req || w->bytes_since_ckpt >= w->ckpt_bytes))
-            do_checkpoint(c);
-        if (w->ckpt_req) { /* failed or done: wake the requester either way */
-            w->ckpt_req = false;
-            w->ckpt_gen++;
-            pthread_cond_broadcast(&w->cv_done);
-        }
+        /* A checkpoint is due: the checkpoint thread takes it, off this thread, so
+         * group commits go on while it is compressed and written. */
+        if (!w->failed && !w->ckpt_busy && w->bytes_since_ckpt >= w->ckpt_bytes)
+            pthread_cond_signal(&w->cv_ckpt);
         if (w->stop && (w->nrec == 0 || w->failed)) break;
     }
     pthread_mutex_unlock(&c->lock);
@@ -295,32 +291,49 @@ static void limbo_drain(pkv_cache *c) {
 
 void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
 
-/* Checkpoint on the flusher thread; lock held on entry and exit. */
-static void do_checkpoint(pkv_cache *c) {
+/* One checkpoint, on the checkpoint thread; lock held on entry and exit. The
+ * snapshot is copied under the lock in slices (wal/checkpoint.c); compression,
+ * the write and its fdatasync run with the lock released, while the flusher keeps
+ * committing groups. Crash safety: the checkpoint file becomes visible (rename,
+ * directory fsync) only after everything the snapshot reflects is durable in the
+ * log, and segments are recycled only after that. Returns true when written. */
+static bool do_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
+    if (w->failed) return false;
+    w->ckpt_busy = true;
+    uint64_t since = w->bytes_since_ckpt;
     uint8_t *raw = NULL;
     size_t rawlen = 0;
-    uint64_t lsn = w->next_lsn - 1;
-    pkv_wal_no_coalesce(w); /* the snapshot covers lsn: that record is final */
-    if (pkv_ckpt_serialize(c, &raw, &rawlen)) /* out of memory: the log stays */
-        return;                                /* valid, try again later */
-    flush_once(c, true); /* the log is durable through lsn, the arena flushed */
-    if (w->failed || w->durable_lsn < lsn) {
-        free(raw);
-        return;
+    uint64_t lsn = 0, end = 0;
+    if (pkv_ckpt_serialize(c, &raw, &rawlen, &lsn, &end)) { /* out of memory: the */
+        w->ckpt_busy = false;                               /* log stays valid, */
+        return false;                                       /* try again later */
     }
-    /* Segments wholly covered by the checkpoint become spares. */
-    size_t keep = 0;
-    while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
+    /* The snapshot may show records up to `end` (and the payload they checksum):
+     * wait until the log holds them durably, the arena flushed before them. */
+    while (!w->failed && w->durable_lsn < end) {
+        w->sync_req = w->hard_req = true;
+        pthread_cond_signal(&w->cv_work);
+        pthread_cond_wait(&w->cv_done, &c->lock);
+    }
+    if (w->failed) {
+        free(raw);
+        w->ckpt_busy = false;
+        return false;
+    }
     pthread_mutex_unlock(&c->lock);
     int rc = pkv_ckpt_write(w, lsn, raw, rawlen);
     free(raw);
     pthread_mutex_lock(&c->lock);
-    if (rc == PKV_ENOMEM) return; /* nothing written: the log still holds it all */
+    w->ckpt_busy = false;
+    if (rc == PKV_ENOMEM) return false; /* nothing written: the log still holds it all */
     if (rc) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
-        return;
+        return false;
     }
+    /* Segments wholly covered by the checkpoint become spares. */
+    size_t keep = 0;
+    while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
     const pkv_io_ops *io = w->io;
     for (size_t i = 0; i < keep; i++) {
         char from[4200], to[4200];
@@ -337,8 +350,42 @@ static void do_checkpoint(pkv_cache *c) {
     memmove(w->segs, w->segs + keep, (w->nsegs - keep) * sizeof *w->segs);
     w->nsegs -= keep;
     w->ckpt_lsn = lsn;
-    w->bytes_since_ckpt = 0;
+    /* Log written while the checkpoint was taken counts toward the next one. */
+    w->bytes_since_ckpt = w->bytes_since_ckpt > since ? w->bytes_since_ckpt - since : 0;
     w->checkpoints++;
+    return true;
+}
+
+static void *ckpt_main(void *arg) {
+    pkv_cache *c = arg;
+    pkv_wal *w = &c->wal;
+    bool last_failed = false; /* the previous automatic attempt wrote nothing */
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        bool due = !w->failed && w->bytes_since_ckpt >= w->ckpt_bytes;
+        if (w->ckpt_req) {
+            w->ckpt_req = false;
+            do_checkpoint(c);
+            w->ckpt_gen++; /* failed or done: wake the requester either way */
+            pthread_cond_broadcast(&w->cv_done);
+            continue;
+        }
+        if (w->ckpt_stop) {
+            /* Closing: a due checkpoint is still taken, as the flusher used to. */
+            if (due && !last_failed) do_checkpoint(c);
+            break;
+        }
+        if (due && !last_failed) {
+            last_failed = !do_checkpoint(c);
+            continue;
+        }
+        /* Woken by the flusher (each cycle while a checkpoint is due, so a failed
+         * attempt is retried a cycle later), a request, or pkv_close. */
+        pthread_cond_wait(&w->cv_ckpt, &c->lock);
+        last_failed = false;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
 }
 
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
@@ -368,6 +415,9 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     if (pthread_create(&w->thr, NULL, flusher_main, c))
         return pkv_err(PKV_ENOMEM, "cannot start the log flusher thread");
     w->running = true;
+    if (pthread_create(&w->ckpt_thr, NULL, ckpt_main, c))
+        return pkv_err(PKV_ENOMEM, "cannot start the checkpoint thread");
+    w->ckpt_running = true;
     return 0;
 }
 
@@ -407,7 +457,7 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
     uint64_t gen = w->ckpt_gen, before = w->checkpoints;
     w->ckpt_req = true;
-    pthread_cond_signal(&w->cv_work);
+    pthread_cond_signal(&w->cv_ckpt);
     while (w->ckpt_gen == gen) pthread_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
     if (w->checkpoints == before) return pkv_err(PKV_EIO, "checkpoint not written");
@@ -416,6 +466,14 @@ int pkv_wal_checkpoint(pkv_cache *c) {
 
 int pkv_wal_stop(pkv_cache *c) {
     pkv_wal *w = &c->wal;
+    if (w->ckpt_running) { /* first, while the flusher still serves its waits */
+        pthread_mutex_lock(&c->lock);
+        w->ckpt_stop = true;
+        pthread_cond_signal(&w->cv_ckpt);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(w->ckpt_thr, NULL);
+        w->ckpt_running = false;
+    }
     if (!w->running) return 0;
     pthread_mutex_lock(&c->lock);
     w->stop = true;
