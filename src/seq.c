@@ -68,7 +68,13 @@ static inline int finish(pkv_cache *c) {
 static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     if (need <= c->pool.free.count) return 0;
     if (c->limbo.count > 0) {
-        int rc = pkv_wal_wait(c, c->wal.next_lsn - 1);
+        /* Wait only for the records that freed the limbo blocks this call needs:
+         * limbo is in release order, so their stamps ascend from the head. */
+        uint64_t k = need - c->pool.free.count, target = 0;
+        for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
+            target = c->pool.b[b].rel_lsn;
+        if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;
+        int rc = pkv_wal_wait(c, target);
         if (rc) return rc;
         pkv_wal_drain_limbo(c);
         return 1;
