@@ -34,6 +34,7 @@
 #include <xxhash.h>
 
 #define CHUNK (8u << 20)
+#define CKPT_PIECE ((size_t)4 << 20) /* bytes written per synced write */
 
 typedef struct wbuf {
     uint8_t *p;
@@ -254,7 +255,14 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
         free(out);
         return io_err(fd, "create", tmp);
     }
-    rc = io->write(io->ctx, fd, out, o, 0, 1);
+    /* Written and synced a piece at a time: the log's fdatasyncs, which the
+     * flusher keeps issuing meanwhile, then never queue behind more than one piece
+     * of checkpoint data (ext4 commits a file's journal together with the ordered
+     * data of others). */
+    rc = 0;
+    for (size_t off = 0; off < o && rc >= 0; off += CKPT_PIECE)
+        rc = io->write(io->ctx, fd, out + off, o - off < CKPT_PIECE ? o - off : CKPT_PIECE,
+                       off, 1);
     io->close(io->ctx, fd);
     free(out);
     if (rc < 0) {

@@ -30,6 +30,9 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -111,26 +114,36 @@ int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start) {
 }
 
 /* Create (or recycle a spare into) segment `no` starting at LSN `start`, write its
- * header durably, make it current. Called by the flusher (or at open). */
-static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size) {
+ * header durably, make it current. Called by the flusher, or at open before the
+ * threads start, without the cache lock: it takes the lock only to claim a spare
+ * (the checkpoint thread renames segments into spares under it) and to install the
+ * new segment, so callers are not blocked while the segment is allocated and its
+ * header and directory entry are synced. Returns 0, or -errno with *what set; the
+ * caller enters the failed state. */
+static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size,
+                      const char **what) {
     pkv_wal *w = &c->wal;
     const pkv_io_ops *io = w->io;
     char path[4200], spare[4200];
-    int rc = pkv_wal_path(w, path, sizeof path, "wal-", no);
-    if (rc) return rc;
+    *what = "create log segment";
+    if (pkv_wal_path(w, path, sizeof path, "wal-", no)) return -ENAMETOOLONG;
     uint64_t size = w->seg_size > min_size + SEG_HDR ? w->seg_size : min_size + SEG_HDR;
     bool recycled = false;
+    pthread_mutex_lock(&c->lock);
     if (w->nspare > 0 && size == w->seg_size) {
         pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
         if (io->rename(io->ctx, spare, path) == 0) recycled = true;
         w->nspare--;
     }
+    pthread_mutex_unlock(&c->lock);
     int fd = io->open(io->ctx, path, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) return io_fail(c, fd, "create log segment");
+    if (fd < 0) return fd;
+    int rc;
     if (!recycled && (rc = io->allocate(io->ctx, fd, size)) < 0) {
         io->close(io->ctx, fd);
         io->unlink(io->ctx, path);
-        return io_fail(c, rc, "preallocate log segment");
+        *what = "preallocate log segment";
+        return rc;
     }
     uint32_t epoch;
     if (getrandom(&epoch, sizeof epoch, 0) != (ssize_t)sizeof epoch)
@@ -148,15 +161,32 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     if ((rc = io->write(io->ctx, fd, h, SEG_HDR, 0, 1)) < 0 ||
         (rc = io->sync_dir(io->ctx, w->dir)) < 0) {
         io->close(io->ctx, fd);
-        return io_fail(c, rc, "write log segment header");
+        *what = "write log segment header";
+        return rc;
     }
-    if (w->seg_fd >= 0) io->close(io->ctx, w->seg_fd);
+    /* In NONE mode the old segment's frames were written unsynced, and a later
+     * pkv_sync syncs only the current segment: sync them before leaving it. */
+    if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE &&
+        (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
+        io->close(io->ctx, fd);
+        *what = "fdatasync log";
+        return rc;
+    }
+    pthread_mutex_lock(&c->lock);
+    int old = w->seg_fd;
     w->seg_fd = fd;
     w->seg_no = no;
     w->epoch = epoch;
     w->seg_off = SEG_HDR;
     w->seg_cap = size;
-    return pkv_wal_seg_push(w, no, start);
+    rc = pkv_wal_seg_push(w, no, start);
+    pthread_mutex_unlock(&c->lock);
+    if (old >= 0) io->close(io->ctx, old);
+    if (rc) {
+        *what = "rotate log segment";
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 /* Finish checksums of the records in buf[FRAME_HDR, len) and the frame header. */
@@ -214,13 +244,8 @@ static void flush_once(pkv_cache *c, bool hard) {
     if (arena_sync && w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
         what = "flush arena";
     if (!rc && nrec) {
-        if (w->seg_off + len > w->seg_cap) {
-            pthread_mutex_lock(&c->lock);
-            rc = seg_create(c, w->seg_no + 1, first, len);
-            pthread_mutex_unlock(&c->lock);
-            if (rc) what = "rotate log segment";
-            rc = rc ? -EIO : 0;
-        }
+        if (w->seg_off + len > w->seg_cap)
+            rc = seg_create(c, w->seg_no + 1, first, len, &what);
         if (!rc) {
             frame_seal(fb, len, w->epoch, first, nrec);
             if ((rc = io->write(io->ctx, w->seg_fd, fb, len, w->seg_off, sync)) < 0)
@@ -359,6 +384,9 @@ static bool do_checkpoint(pkv_cache *c) {
 static void *ckpt_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
+    /* Compression is CPU work nobody waits for: let the callers and the flusher
+     * run first when the CPUs are busy (nice applies per thread on Linux). */
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     bool last_failed = false; /* the previous automatic attempt wrote nothing */
     pthread_mutex_lock(&c->lock);
     for (;;) {
@@ -409,8 +437,9 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
         w->epoch = w->tail_epoch;
         w->seg_off = w->tail_off;
         w->seg_cap = w->tail_size;
-    } else if ((rc = seg_create(c, next_seg, next_lsn, 0))) {
-        return rc;
+    } else {
+        const char *what = NULL;
+        if ((rc = seg_create(c, next_seg, next_lsn, 0, &what)) < 0) return io_fail(c, rc, what);
     }
     if (pthread_create(&w->thr, NULL, flusher_main, c))
         return pkv_err(PKV_ENOMEM, "cannot start the log flusher thread");
