@@ -31,10 +31,11 @@
 #include <fcntl.h>
 #include <lz4.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #define CHUNK (8u << 20)
-#define CKPT_PIECE ((size_t)4 << 20) /* bytes written per synced write */
+#define CKPT_PIECE ((size_t)2 << 20) /* bytes written per synced write */
 
 typedef struct wbuf {
     uint8_t *p;
@@ -275,12 +276,27 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
     return 0;
 }
 
+void pkv_hint_huge(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t H = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), e = ((uintptr_t)p + n) & ~(H - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* The body is read a chunk at a time into one reused buffer and decompressed
+ * straight into the raw snapshot (no buffer the size of the whole file), hashing
+ * as it goes; the raw snapshot is used only if the whole body's checksum holds. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
                   uint8_t **raw_out, size_t *len_out) {
     uint8_t h[CKPT_HDR];
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
     if (fd < 0) return io_err(fd, "open", path);
-    uint8_t *body = NULL, *raw = NULL;
+    uint8_t *cbuf = NULL, *raw = NULL;
+    XXH3_state_t *st = NULL;
     int rc;
     long r = io->pread(io->ctx, fd, h, CKPT_HDR, 0);
     if (r < 0) {
@@ -304,35 +320,69 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         rc = pkv_err(PKV_ECORRUPT, "%s: implausible lengths", path);
         goto out;
     }
-    body = malloc(bodylen ? bodylen : 1);
+    const size_t ccap = (size_t)LZ4_compressBound(CHUNK) + 8;
+    cbuf = malloc(ccap);
     raw = malloc(rawlen ? rawlen : 1);
-    if (!body || !raw) {
+    st = XXH3_createState();
+    if (!cbuf || !raw || !st) {
         rc = pkv_err(PKV_ENOMEM, "checkpoint of %llu bytes", (unsigned long long)rawlen);
         goto out;
     }
-    r = io->pread(io->ctx, fd, body, bodylen, CKPT_HDR);
-    if (r < 0) {
-        rc = io_err((int)r, "read", path);
-        goto out;
+    pkv_hint_huge(raw, rawlen);
+    XXH3_64bits_reset(st);
+    uint64_t bo = 0, ro = 0;
+    bool bad = false, shortread = false;
+    while (bo < bodylen) {
+        /* A chunk: [u32 raw bytes][u32 compressed bytes][LZ4 block]. Once the
+         * structure is bad, the rest is only hashed (to tell damage from a bug). */
+        size_t want = 8;
+        uint32_t n = 0, cl = 0;
+        if (!bad) {
+            if (bodylen - bo < 8) bad = true;
+        }
+        if (bad) want = bodylen - bo < ccap ? (size_t)(bodylen - bo) : ccap;
+        r = io->pread(io->ctx, fd, cbuf, want, CKPT_HDR + bo);
+        if (r < 0) {
+            rc = io_err((int)r, "read", path);
+            goto out;
+        }
+        if ((size_t)r != want) {
+            shortread = true;
+            break;
+        }
+        XXH3_64bits_update(st, cbuf, want);
+        bo += want;
+        if (bad) continue;
+        n = pkv_get_u32(cbuf);
+        cl = pkv_get_u32(cbuf + 4);
+        if (n > CHUNK || n > rawlen - ro || cl > bodylen - bo || cl > ccap) {
+            bad = true;
+            continue;
+        }
+        r = io->pread(io->ctx, fd, cbuf, cl, CKPT_HDR + bo);
+        if (r < 0) {
+            rc = io_err((int)r, "read", path);
+            goto out;
+        }
+        if ((size_t)r != cl) {
+            shortread = true;
+            break;
+        }
+        XXH3_64bits_update(st, cbuf, cl);
+        bo += cl;
+        int d = LZ4_decompress_safe((const char *)cbuf, (char *)raw + ro, (int)cl, (int)n);
+        if (d != (int)n) {
+            bad = true;
+            continue;
+        }
+        ro += n;
     }
-    if (r != (long)bodylen || XXH3_64bits(body, bodylen) != pkv_get_u64(h + 48)) {
+    if (shortread || XXH3_64bits_digest(st) != pkv_get_u64(h + 48)) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated or checksum mismatch",
                      path);
         goto out;
     }
-    size_t bo = 0, ro = 0;
-    while (bo < bodylen) {
-        if (bodylen - bo < 8) break;
-        uint32_t n = pkv_get_u32(body + bo), cl = pkv_get_u32(body + bo + 4);
-        bo += 8;
-        if (n > CHUNK || n > rawlen - ro || cl > bodylen - bo) break;
-        int d = LZ4_decompress_safe((const char *)body + bo, (char *)raw + ro, (int)cl,
-                                    (int)n);
-        if (d != (int)n) break;
-        bo += cl;
-        ro += n;
-    }
-    if (bo != bodylen || ro != rawlen) {
+    if (bad || ro != rawlen) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body does not decompress", path);
         goto out;
     }
@@ -342,7 +392,8 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     rc = 0;
 out:
     io->close(io->ctx, fd);
-    free(body);
+    if (st) XXH3_freeState(st);
+    free(cbuf);
     free(raw);
     return rc;
 }

@@ -30,9 +30,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/random.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <time.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -384,9 +381,6 @@ static bool do_checkpoint(pkv_cache *c) {
 static void *ckpt_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
-    /* Compression is CPU work nobody waits for: let the callers and the flusher
-     * run first when the CPUs are busy (nice applies per thread on Linux). */
-    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     bool last_failed = false; /* the previous automatic attempt wrote nothing */
     pthread_mutex_lock(&c->lock);
     for (;;) {

@@ -591,6 +591,7 @@ static int sort_lru(lru_ent *a, size_t n) {
     if (n < 2) return 0;
     lru_ent *tmp = malloc(n * sizeof *tmp);
     if (!tmp) return pkv_err(PKV_ENOMEM, "recovery scratch");
+    pkv_hint_huge(tmp, n * sizeof *tmp);
     static const int NB = 12; /* 4 bytes of ~depth, then 8 bytes of the LSN */
     size_t (*cnt)[256] = calloc((size_t)NB, sizeof *cnt);
     if (!cnt) {
@@ -677,6 +678,8 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         free(stack);
         return pkv_err(PKV_ENOMEM, "recovery scratch");
     }
+    pkv_hint_huge(d, (size_t)cap * sizeof *d);
+    pkv_hint_huge(stack, (size_t)(cap + 1) * sizeof *stack);
     /* Blocks the arena no longer holds, and everything chained below them. */
     for (uint32_t b = 0; b < cap; b++)
         if (drop_all || b >= valid_blocks) drop_block(c, b);
@@ -736,6 +739,7 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         free(stack);
         return pkv_err(PKV_ENOMEM, "recovery scratch");
     }
+    pkv_hint_huge(lru, (size_t)cap * sizeof *lru);
     p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
     p->free.count = p->lru.count = 0;
     p->n_used = p->n_sealed = 0;
