@@ -213,7 +213,8 @@ static void remove_old(pkv_wal *w, uint64_t keep) {
     closedir(d);
 }
 
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
+                   size_t len) {
     const pkv_io_ops *io = w->io;
     size_t nchunks = (len + CHUNK - 1) / CHUNK;
     size_t bound = CKPT_HDR + nchunks * 8 + (size_t)LZ4_compressBound(CHUNK) * nchunks;
@@ -237,6 +238,8 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
     memset(h, 0, CKPT_HDR);
     memcpy(h, CKPT_MAGIC, 8);
     pkv_put_u32(h + 8, WAL_VERSION);
+    /* How far past `lsn` the block section may reach (saturating). */
+    pkv_put_u32(h + 12, end_lsn - lsn >= UINT32_MAX ? UINT32_MAX : (uint32_t)(end_lsn - lsn));
     pkv_put_u64(h + 16, lsn);
     pkv_put_u64(h + 24, w->arena_secret);
     pkv_put_u64(h + 32, len);
@@ -291,7 +294,7 @@ void pkv_hint_huge(void *p, size_t n) {
  * straight into the raw snapshot (no buffer the size of the whole file), hashing
  * as it goes; the raw snapshot is used only if the whole body's checksum holds. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
-                  uint8_t **raw_out, size_t *len_out) {
+                  uint64_t *end_lsn, uint8_t **raw_out, size_t *len_out) {
     uint8_t h[CKPT_HDR];
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
     if (fd < 0) return io_err(fd, "open", path);
@@ -314,6 +317,8 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     }
     *lsn = pkv_get_u64(h + 16);
     *secret = pkv_get_u64(h + 24);
+    uint32_t reach = pkv_get_u32(h + 12);
+    *end_lsn = reach == UINT32_MAX ? UINT64_MAX : *lsn + reach;
     uint64_t rawlen = pkv_get_u64(h + 32), bodylen = pkv_get_u64(h + 40);
     if (rawlen > (1ull << 40) || bodylen > (1ull << 40) ||
         bodylen > rawlen / 8 + (rawlen / CHUNK + 1) * (LZ4_compressBound(CHUNK) + 8)) {
@@ -434,24 +439,32 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
     if (b.bad || ns > p->capacity || ns * (56 + 4ull * bs) > len - b.off)
         return pkv_err(PKV_ECORRUPT, "checkpoint: bad sealed block count %llu",
                        (unsigned long long)ns);
-    for (uint64_t i = 0; i < ns; i++) {
-        uint32_t blk = rb_u32(&b), parent = rb_u32(&b);
+    /* The count check above covers all ns records: decode them without
+     * per-field bounds checks (the largest item of loading a 1M-block snapshot). */
+    const size_t per = 56 + 4ull * bs;
+    const uint8_t *q = raw + b.off;
+    for (uint64_t i = 0; i < ns; i++, q += per) {
+        uint32_t blk = pkv_get_u32(q), parent = pkv_get_u32(q + 4);
         if (blk >= p->capacity || (parent != PKV_NONE && parent >= p->capacity))
             return pkv_err(PKV_ECORRUPT, "checkpoint: block %u / parent %u out of range",
                            blk, parent);
         pkv_block *x = &p->b[blk];
         x->state = BLK_SEALED;
         x->parent = parent;
-        x->salt = rb_u64(&b);
-        x->hash.lo = rb_u64(&b);
-        x->hash.hi = rb_u64(&b);
-        x->payload_sum = rb_u64(&b);
-        x->rel_lsn = rb_u64(&b);
-        x->flags = (uint8_t)(rb_u32(&b) & (BLKF_UNVERIFIED | BLKF_BAD));
-        rb_u32(&b);
+        x->salt = pkv_get_u64(q + 8);
+        x->hash.lo = pkv_get_u64(q + 16);
+        x->hash.hi = pkv_get_u64(q + 24);
+        x->payload_sum = pkv_get_u64(q + 32);
+        x->rel_lsn = pkv_get_u64(q + 40);
+        x->flags = (uint8_t)(pkv_get_u32(q + 48) & (BLKF_UNVERIFIED | BLKF_BAD));
         uint32_t *t = pkv_pool_tokens(p, blk);
-        for (uint32_t j = 0; j < bs; j++) t[j] = rb_u32(&b);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(t, q + 56, 4ull * bs);
+#else
+        for (uint32_t j = 0; j < bs; j++) t[j] = pkv_get_u32(q + 56 + 4ull * j);
+#endif
     }
+    b.off += ns * per;
     uint64_t nq = rb_u64(&b);
     if (b.bad) return pkv_err(PKV_ECORRUPT, "checkpoint truncated");
     for (uint64_t i = 0; i < nq; i++) {

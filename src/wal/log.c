@@ -17,12 +17,17 @@
  * previous life fail their checksums and end the log there.
  *
  * Concurrency: records are appended to w->buf under the cache lock. The flusher
- * thread alone touches segment files: it swaps w->buf with its own buffer under
+ * thread alone writes segment files: it swaps w->buf with its own buffer under
  * the lock, releases the lock, flushes the arena if payload was written (payload
  * before the records that seal it), writes the frame with a linked fdatasync,
  * and publishes written_lsn / durable_lsn under the lock. Waiters sleep on
- * cv_done with the cache lock released. Any write or sync error is final: the
- * cache enters its failed state (w->failed) and every later mutation fails.
+ * cv_done with the cache lock released. A second thread takes checkpoints
+ * (do_checkpoint): it copies the snapshot under the lock in slices, waits on
+ * cv_done until the flusher made everything the snapshot shows durable, writes
+ * the checkpoint without the lock, and under the lock renames covered segments
+ * into spares (which is why the flusher claims a spare under the lock too).
+ * Any write or sync error is final: the cache enters its failed state
+ * (w->failed) and every later mutation fails.
  */
 #include "internal.h"
 
@@ -344,7 +349,7 @@ static bool do_checkpoint(pkv_cache *c) {
         return false;
     }
     pthread_mutex_unlock(&c->lock);
-    int rc = pkv_ckpt_write(w, lsn, raw, rawlen);
+    int rc = pkv_ckpt_write(w, lsn, end, raw, rawlen);
     free(raw);
     pthread_mutex_lock(&c->lock);
     w->ckpt_busy = false;

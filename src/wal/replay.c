@@ -371,8 +371,19 @@ static bool scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
         size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
         const uint8_t *w = seg_at(s, o, n);
         if (!w) return false;
+        /* Candidates start with the magic's first byte at an 8-aligned offset;
+         * memchr skips zeros and other bytes fast. */
         size_t k = 0;
-        while (k + FRAME_HDR <= n && pkv_get_u32(w + k) != FRAME_MAGIC) k += 8;
+        while (k + FRAME_HDR <= n) {
+            const uint8_t *m = memchr(w + k, FRAME_MAGIC & 0xff, n - FRAME_HDR + 1 - k);
+            if (!m) {
+                k = ((n - FRAME_HDR) | 7) + 1; /* past the last candidate */
+                break;
+            }
+            k = (size_t)(m - w);
+            if ((k & 7) == 0 && pkv_get_u32(w + k) == FRAME_MAGIC) break;
+            k = (k | 7) + 1;
+        }
         o += k;
         if (k + FRAME_HDR > n) continue; /* nothing in this window */
         uint64_t f;
@@ -803,7 +814,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare);
     if (rc) return rc;
     c->wal.nspare = nspare;
-    uint64_t after = 0;
+    uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {
         char path[4200];
@@ -811,7 +822,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         uint8_t *raw = NULL;
         size_t len = 0;
         uint64_t secret = 0;
-        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &raw, &len);
+        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &reach, &raw, &len);
         if (!rc && secret != c->arena.secret) {
             drop_all = true; /* describes another arena: load nothing from it */
             snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the "
@@ -828,6 +839,16 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->ms_checkpoint = t1 - t0;
     uint64_t last = after;
     if ((rc = replay_log(c, dir, nos, n, after, flags, &last))) goto out;
+    /* The checkpoint's block section may already show records up to `reach`
+     * (they were durable before it was written): a point-in-time stop before
+     * them cannot give the state as of that point. */
+    if (rec->corrupt_lsn && rec->corrupt_lsn <= reach && !drop_all) {
+        rc = pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu, but checkpoint %llu already "
+                     "reflects records up to LSN %llu: cannot recover to a point before "
+                     "them", (unsigned long long)rec->corrupt_lsn,
+                     (unsigned long long)after, (unsigned long long)reach);
+        goto out;
+    }
     rec->last_lsn = last;
     double t2 = now_ms();
     rec->ms_replay = t2 - t1;

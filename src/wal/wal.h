@@ -10,7 +10,8 @@
  * Writers append records to an in-memory buffer under the cache lock; a single
  * flusher thread swaps the buffer out, flushes the arena (so payload reaches disk
  * before the records that seal it), writes the buffer as one frame with a linked
- * fdatasync, and publishes durable_lsn. One frame = one group commit.
+ * fdatasync, and publishes durable_lsn. One frame = one group commit. A
+ * checkpoint thread takes checkpoints without stopping group commit.
  */
 #ifndef PKV_WAL_H
 #define PKV_WAL_H
@@ -216,14 +217,15 @@ void pkv_wal_drain_limbo(pkv_cache *c);
 int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *len, uint64_t *lsn,
                        uint64_t *end_lsn);
 /* Compress and write ckpt-<lsn> atomically (no lock needed). */
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len);
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
+                   size_t len);
 /* Load the metadata of a raw snapshot into the cache (recovery). */
 int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len);
 /* Ask for transparent huge pages for a large fresh buffer (fewer page faults). */
 void pkv_hint_huge(void *p, size_t n);
 /* Read and decompress a checkpoint file. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret,
-                  uint64_t *lsn, uint8_t **raw, size_t *len);
+                  uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw, size_t *len);
 
 /* ---- wal/replay.c ---- */
 /* Recover the cache from directory `dir` (checkpoint + log). */
