@@ -259,14 +259,15 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
         free(out);
         return io_err(fd, "create", tmp);
     }
-    /* Written and synced a piece at a time: the log's fdatasyncs, which the
-     * flusher keeps issuing meanwhile, then never queue behind more than one piece
-     * of checkpoint data (ext4 commits a file's journal together with the ordered
-     * data of others). */
+    /* Written and synced a piece at a time where the log is synced too (GROUP,
+     * ALWAYS): the log's fdatasyncs, which the flusher keeps issuing meanwhile,
+     * then never queue behind more than one piece of checkpoint data (ext4
+     * commits a file's journal together with the ordered data of others). In
+     * NONE mode nothing waits for the log, so one write and one sync is best. */
+    const size_t piece = w->mode == PKV_DURABLE_NONE ? o : CKPT_PIECE;
     rc = 0;
-    for (size_t off = 0; off < o && rc >= 0; off += CKPT_PIECE)
-        rc = io->write(io->ctx, fd, out + off, o - off < CKPT_PIECE ? o - off : CKPT_PIECE,
-                       off, 1);
+    for (size_t off = 0; off < o && rc >= 0; off += piece)
+        rc = io->write(io->ctx, fd, out + off, o - off < piece ? o - off : piece, off, 1);
     io->close(io->ctx, fd);
     free(out);
     if (rc < 0) {
