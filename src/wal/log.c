@@ -358,14 +358,18 @@ static bool do_checkpoint(pkv_cache *c) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return false;
     }
-    /* Segments wholly covered by the checkpoint become spares. */
+    /* Segments wholly covered by the checkpoint become spares. The log keeps
+     * going while a checkpoint is taken, so more segments may be live than with
+     * a checkpoint that stopped the log; spares are then kept only while live
+     * segments and spares together stay within four files. */
     size_t keep = 0;
     while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
     const pkv_io_ops *io = w->io;
+    const size_t live = w->nsegs - keep;
     for (size_t i = 0; i < keep; i++) {
         char from[4200], to[4200];
         pkv_wal_path(w, from, sizeof from, "wal-", w->segs[i].no);
-        if (w->nspare < 2 && w->segs[i].no != w->seg_no) {
+        if (w->nspare < 2 && live + w->nspare < 4 && w->segs[i].no != w->seg_no) {
             pkv_wal_path(w, to, sizeof to, "wal-spare-", w->nspare);
             if (io->rename(io->ctx, from, to) == 0) {
                 w->nspare++;
