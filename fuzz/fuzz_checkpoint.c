@@ -58,7 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         membuf m = {copy, size};
         pkv_io_ops io = {.ctx = &m, .open = m_open, .close = m_close, .pread = m_pread};
         uint64_t lsn = 0;
-        rc = pkv_ckpt_read(&io, "fuzz-ckpt", &secret, &lsn, &raw, &rawlen);
+        uint64_t end_lsn = 0;
+        rc = pkv_ckpt_read(&io, "fuzz-ckpt", &secret, &lsn, &end_lsn, &raw, &rawlen);
         FZ_ASSERT(rc == 0 || rc == PKV_ECORRUPT || rc == PKV_EVERSION || rc == PKV_ENOMEM,
                   "pkv_ckpt_read: %d", rc);
         if (rc) {

@@ -164,10 +164,10 @@ static void gen_geo(unsigned geo) {
             ck = slurp(path, &cn);
             snprintf(tag, sizeof tag, "g%u-v%d-file", geo, variant);
             emit("checkpoint", tag, &pre, 1, ck, cn);
-            uint64_t secret, lsn;
+            uint64_t secret, lsn, reach;
             uint8_t *raw;
             size_t rl;
-            if (!pkv_ckpt_read(pkv_io_default(), path, &secret, &lsn, &raw, &rl)) {
+            if (!pkv_ckpt_read(pkv_io_default(), path, &secret, &lsn, &reach, &raw, &rl)) {
                 uint8_t p1[9];
                 p1[0] = (uint8_t)(geo | 4);
                 pkv_put_u64(p1 + 1, secret);

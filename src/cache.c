@@ -34,6 +34,7 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->seg_fd = -1;
     pthread_cond_init(&w->cv_work, NULL);
     pthread_cond_init(&w->cv_done, NULL);
+    pthread_cond_init(&w->cv_ckpt, NULL);
     return 0;
 }
 
@@ -113,6 +114,7 @@ void pkv_close(pkv_cache *c) {
     pkv_wal_free(&c->wal);
     pthread_cond_destroy(&c->wal.cv_work);
     pthread_cond_destroy(&c->wal.cv_done);
+    pthread_cond_destroy(&c->wal.cv_ckpt);
     pkv_seqmap_free(&c->seqs);
     pkv_index_free(&c->index);
     pkv_pool_free(&c->pool);

@@ -31,9 +31,11 @@
 #include <fcntl.h>
 #include <lz4.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #define CHUNK (8u << 20)
+#define CKPT_PIECE ((size_t)2 << 20) /* bytes written per synced write */
 
 typedef struct wbuf {
     uint8_t *p;
@@ -59,60 +61,131 @@ static void wb_u64(wbuf *b, uint64_t v) {
     b->len += 8;
 }
 
-int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen) {
+/* Blocks copied per hold of the cache lock (a few hundred microseconds). */
+#define SLICE_BLOCKS 4096u
+
+/* Make room for n more bytes and touch them, so that the page faults of a fresh
+ * buffer are taken here (with the cache lock released), not while copying. */
+static int wb_room_touched(wbuf *b, size_t n, size_t *touched) {
+    if (wb_room(b, n)) return PKV_ENOMEM;
+    size_t from = *touched > b->len ? *touched : b->len;
+    if (from < b->len + n) memset(b->p + from, 0, b->len + n - from);
+    if (*touched < b->len + n) *touched = b->len + n;
+    return 0;
+}
+
+static void put_seqs(pkv_cache *c, wbuf *q) {
     const pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
-    wbuf b = {0};
-    if (wb_room(&b, 16 + 8 * 8 + 8)) goto nomem;
-    wb_u32(&b, WAL_VERSION);
-    wb_u32(&b, bs);
-    wb_u32(&b, p->capacity);
-    wb_u32(&b, 0);
-    const pkv_counters *k = &c->ctr;
-    uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
-                       k->evictions, k->cow_copies, k->dedupes, k->seals};
-    for (int i = 0; i < 8; i++) wb_u64(&b, ctr[i]);
-    wb_u64(&b, p->n_sealed);
-    size_t per = 56 + 4ull * bs;
-    if (wb_room(&b, p->n_sealed * per + 8)) goto nomem;
-    for (uint32_t i = 0; i < p->capacity; i++) {
-        const pkv_block *x = &p->b[i];
-        if (x->state != BLK_SEALED) continue;
-        wb_u32(&b, i);
-        wb_u32(&b, x->parent);
-        wb_u64(&b, x->salt);
-        wb_u64(&b, x->hash.lo);
-        wb_u64(&b, x->hash.hi);
-        wb_u64(&b, x->payload_sum);
-        wb_u64(&b, x->rel_lsn);
-        wb_u32(&b, x->flags);
-        wb_u32(&b, 0);
-        const uint32_t *t = pkv_pool_tokens(p, i);
-        for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
-    }
-    wb_u64(&b, c->seqs.count);
+    wb_u64(q, c->seqs.count);
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {
         const pkv_seq *s = c->seqs.slots[i];
         if (!s) continue;
         uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
         uint32_t ntail = (uint32_t)(s->committed % bs);
-        if (wb_room(&b, 32 + 4ull * nb + 4ull * ntail)) goto nomem;
-        wb_u64(&b, s->id);
-        wb_u64(&b, s->salt);
-        wb_u64(&b, s->committed);
-        wb_u32(&b, nb);
-        wb_u32(&b, ntail);
-        for (uint32_t j = 0; j < nb; j++) wb_u32(&b, s->blocks[j]);
+        wb_u64(q, s->id);
+        wb_u64(q, s->salt);
+        wb_u64(q, s->committed);
+        wb_u32(q, nb);
+        wb_u32(q, ntail);
+        for (uint32_t j = 0; j < nb; j++) wb_u32(q, s->blocks[j]);
         if (ntail) {
             const uint32_t *t = pkv_pool_tokens(p, s->blocks[nb - 1]);
-            for (uint32_t j = 0; j < ntail; j++) wb_u32(&b, t[j]);
+            for (uint32_t j = 0; j < ntail; j++) wb_u32(q, t[j]);
         }
     }
+}
+
+static size_t seqs_size(const pkv_cache *c) {
+    const uint32_t bs = c->pool.block_size;
+    size_t n = 8;
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        const pkv_seq *s = c->seqs.slots[i];
+        if (s) n += 32 + 4 * ((s->committed + bs - 1) / bs) + 4 * (s->committed % bs);
+    }
+    return n;
+}
+
+int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *lsn_out,
+                       uint64_t *end_out) {
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size, cap = p->capacity;
+    const size_t per = 56 + 4ull * bs;
+    wbuf b = {0}, q = {0};
+    /* Size the buffer for the blocks sealed now (plus slack) with the lock
+     * released; it grows between slices if more get sealed meanwhile. */
+    size_t est = 16 + 8 * 8 + 8 + (p->n_sealed + p->n_sealed / 16 + SLICE_BLOCKS) * per;
+    pkv_unlock(c);
+    int rc = wb_room(&b, est);
+    pkv_lock(c);
+    if (rc) goto nomem;
+    /* Counters and sequences: exact at the checkpoint LSN (one hold of the lock). */
+    for (;;) {
+        size_t need = seqs_size(c);
+        if (q.cap >= need) break;
+        pkv_unlock(c);
+        rc = wb_room(&q, need);
+        pkv_lock(c);
+        if (rc) goto nomem;
+    }
+    const uint64_t lsn = c->wal.next_lsn - 1;
+    pkv_wal_no_coalesce(&c->wal); /* the snapshot covers lsn: that record is final */
+    wb_u32(&b, WAL_VERSION);
+    wb_u32(&b, bs);
+    wb_u32(&b, cap);
+    wb_u32(&b, 0);
+    const pkv_counters *k = &c->ctr;
+    uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
+                       k->evictions, k->cow_copies, k->dedupes, k->seals};
+    for (int i = 0; i < 8; i++) wb_u64(&b, ctr[i]);
+    size_t count_at = b.len;
+    wb_u64(&b, 0); /* sealed count, patched at the end */
+    put_seqs(c, &q);
+    /* Sealed blocks, a slice per hold of the lock. */
+    uint64_t nsealed = 0;
+    size_t touched = 0;
+    for (uint32_t i = 0; i < cap;) {
+        uint32_t end = cap - i < SLICE_BLOCKS ? cap : i + SLICE_BLOCKS;
+        size_t need = (size_t)(end - i) * per;
+        pkv_unlock(c); /* let waiting callers in; fault in the next slice's room */
+        rc = wb_room_touched(&b, need, &touched);
+        pkv_lock(c);
+        if (rc) goto nomem;
+        for (; i < end; i++) {
+            const pkv_block *x = &p->b[i];
+            if (x->state != BLK_SEALED) continue;
+            wb_u32(&b, i);
+            wb_u32(&b, x->parent);
+            wb_u64(&b, x->salt);
+            wb_u64(&b, x->hash.lo);
+            wb_u64(&b, x->hash.hi);
+            wb_u64(&b, x->payload_sum);
+            wb_u64(&b, x->rel_lsn);
+            wb_u32(&b, x->flags);
+            wb_u32(&b, 0);
+            const uint32_t *t = pkv_pool_tokens(p, i);
+            for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
+            nsealed++;
+        }
+    }
+    *lsn_out = lsn;
+    *end_out = c->wal.next_lsn - 1;
+    pkv_put_u64(b.p + count_at, nsealed);
+    pkv_unlock(c);
+    rc = wb_room(&b, q.len);
+    if (!rc) {
+        memcpy(b.p + b.len, q.p, q.len);
+        b.len += q.len;
+    }
+    pkv_lock(c);
+    if (rc) goto nomem;
+    free(q.p);
     *out = b.p;
     *outlen = b.len;
     return 0;
 nomem:
     free(b.p);
+    free(q.p);
     return pkv_err(PKV_ENOMEM, "checkpoint snapshot");
 }
 
@@ -140,7 +213,8 @@ static void remove_old(pkv_wal *w, uint64_t keep) {
     closedir(d);
 }
 
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
+                   size_t len) {
     const pkv_io_ops *io = w->io;
     size_t nchunks = (len + CHUNK - 1) / CHUNK;
     size_t bound = CKPT_HDR + nchunks * 8 + (size_t)LZ4_compressBound(CHUNK) * nchunks;
@@ -164,6 +238,8 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
     memset(h, 0, CKPT_HDR);
     memcpy(h, CKPT_MAGIC, 8);
     pkv_put_u32(h + 8, WAL_VERSION);
+    /* How far past `lsn` the block section may reach (saturating). */
+    pkv_put_u32(h + 12, end_lsn - lsn >= UINT32_MAX ? UINT32_MAX : (uint32_t)(end_lsn - lsn));
     pkv_put_u64(h + 16, lsn);
     pkv_put_u64(h + 24, w->arena_secret);
     pkv_put_u64(h + 32, len);
@@ -183,7 +259,15 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
         free(out);
         return io_err(fd, "create", tmp);
     }
-    rc = io->write(io->ctx, fd, out, o, 0, 1);
+    /* Written and synced a piece at a time where the log is synced too (GROUP,
+     * ALWAYS): the log's fdatasyncs, which the flusher keeps issuing meanwhile,
+     * then never queue behind more than one piece of checkpoint data (ext4
+     * commits a file's journal together with the ordered data of others). In
+     * NONE mode nothing waits for the log, so one write and one sync is best. */
+    const size_t piece = w->mode == PKV_DURABLE_NONE ? o : CKPT_PIECE;
+    rc = 0;
+    for (size_t off = 0; off < o && rc >= 0; off += piece)
+        rc = io->write(io->ctx, fd, out + off, o - off < piece ? o - off : piece, off, 1);
     io->close(io->ctx, fd);
     free(out);
     if (rc < 0) {
@@ -196,12 +280,27 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len) {
     return 0;
 }
 
+void pkv_hint_huge(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t H = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), e = ((uintptr_t)p + n) & ~(H - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* The body is read a chunk at a time into one reused buffer and decompressed
+ * straight into the raw snapshot (no buffer the size of the whole file), hashing
+ * as it goes; the raw snapshot is used only if the whole body's checksum holds. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
-                  uint8_t **raw_out, size_t *len_out) {
+                  uint64_t *end_lsn, uint8_t **raw_out, size_t *len_out) {
     uint8_t h[CKPT_HDR];
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
     if (fd < 0) return io_err(fd, "open", path);
-    uint8_t *body = NULL, *raw = NULL;
+    uint8_t *cbuf = NULL, *raw = NULL;
+    XXH3_state_t *st = NULL;
     int rc;
     long r = io->pread(io->ctx, fd, h, CKPT_HDR, 0);
     if (r < 0) {
@@ -219,6 +318,8 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     }
     *lsn = pkv_get_u64(h + 16);
     *secret = pkv_get_u64(h + 24);
+    uint32_t reach = pkv_get_u32(h + 12);
+    *end_lsn = reach == UINT32_MAX ? UINT64_MAX : *lsn + reach;
     uint64_t rawlen = pkv_get_u64(h + 32), bodylen = pkv_get_u64(h + 40);
     if (rawlen > (1ull << 40) || bodylen > (1ull << 40) ||
         bodylen > rawlen / 8 + (rawlen / CHUNK + 1) * (LZ4_compressBound(CHUNK) + 8)) {
@@ -240,35 +341,69 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         rc = pkv_err(PKV_ECORRUPT, "%s: implausible lengths", path);
         goto out;
     }
-    body = malloc(bodylen ? bodylen : 1);
+    const size_t ccap = (size_t)LZ4_compressBound(CHUNK) + 8;
+    cbuf = malloc(ccap);
     raw = malloc(rawlen ? rawlen : 1);
-    if (!body || !raw) {
+    st = XXH3_createState();
+    if (!cbuf || !raw || !st) {
         rc = pkv_err(PKV_ENOMEM, "checkpoint of %llu bytes", (unsigned long long)rawlen);
         goto out;
     }
-    r = io->pread(io->ctx, fd, body, bodylen, CKPT_HDR);
-    if (r < 0) {
-        rc = io_err((int)r, "read", path);
-        goto out;
+    pkv_hint_huge(raw, rawlen);
+    XXH3_64bits_reset(st);
+    uint64_t bo = 0, ro = 0;
+    bool bad = false, shortread = false;
+    while (bo < bodylen) {
+        /* A chunk: [u32 raw bytes][u32 compressed bytes][LZ4 block]. Once the
+         * structure is bad, the rest is only hashed (to tell damage from a bug). */
+        size_t want = 8;
+        uint32_t n = 0, cl = 0;
+        if (!bad) {
+            if (bodylen - bo < 8) bad = true;
+        }
+        if (bad) want = bodylen - bo < ccap ? (size_t)(bodylen - bo) : ccap;
+        r = io->pread(io->ctx, fd, cbuf, want, CKPT_HDR + bo);
+        if (r < 0) {
+            rc = io_err((int)r, "read", path);
+            goto out;
+        }
+        if ((size_t)r != want) {
+            shortread = true;
+            break;
+        }
+        XXH3_64bits_update(st, cbuf, want);
+        bo += want;
+        if (bad) continue;
+        n = pkv_get_u32(cbuf);
+        cl = pkv_get_u32(cbuf + 4);
+        if (n > CHUNK || n > rawlen - ro || cl > bodylen - bo || cl > ccap) {
+            bad = true;
+            continue;
+        }
+        r = io->pread(io->ctx, fd, cbuf, cl, CKPT_HDR + bo);
+        if (r < 0) {
+            rc = io_err((int)r, "read", path);
+            goto out;
+        }
+        if ((size_t)r != cl) {
+            shortread = true;
+            break;
+        }
+        XXH3_64bits_update(st, cbuf, cl);
+        bo += cl;
+        int d = LZ4_decompress_safe((const char *)cbuf, (char *)raw + ro, (int)cl, (int)n);
+        if (d != (int)n) {
+            bad = true;
+            continue;
+        }
+        ro += n;
     }
-    if (r != (long)bodylen || !pkv_sum_ok(pkv_get_u64(h + 48), XXH3_64bits(body, bodylen))) {
+    if (shortread || !pkv_sum_ok(pkv_get_u64(h + 48), XXH3_64bits_digest(st))) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated or checksum mismatch",
                      path);
         goto out;
     }
-    size_t bo = 0, ro = 0;
-    while (bo < bodylen) {
-        if (bodylen - bo < 8) break;
-        uint32_t n = pkv_get_u32(body + bo), cl = pkv_get_u32(body + bo + 4);
-        bo += 8;
-        if (n > CHUNK || n > rawlen - ro || cl > bodylen - bo) break;
-        int d = LZ4_decompress_safe((const char *)body + bo, (char *)raw + ro, (int)cl,
-                                    (int)n);
-        if (d != (int)n) break;
-        bo += cl;
-        ro += n;
-    }
-    if (bo != bodylen || ro != rawlen) {
+    if (bad || ro != rawlen) {
         rc = pkv_err(PKV_ECORRUPT, "%s: checkpoint body does not decompress", path);
         goto out;
     }
@@ -278,7 +413,8 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     rc = 0;
 out:
     io->close(io->ctx, fd);
-    free(body);
+    if (st) XXH3_freeState(st);
+    free(cbuf);
     free(raw);
     return rc;
 }
@@ -319,24 +455,32 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
     if (b.bad || ns > p->capacity || ns * (56 + 4ull * bs) > len - b.off)
         return pkv_err(PKV_ECORRUPT, "checkpoint: bad sealed block count %llu",
                        (unsigned long long)ns);
-    for (uint64_t i = 0; i < ns; i++) {
-        uint32_t blk = rb_u32(&b), parent = rb_u32(&b);
+    /* The count check above covers all ns records: decode them without
+     * per-field bounds checks (the largest item of loading a 1M-block snapshot). */
+    const size_t per = 56 + 4ull * bs;
+    const uint8_t *q = raw + b.off;
+    for (uint64_t i = 0; i < ns; i++, q += per) {
+        uint32_t blk = pkv_get_u32(q), parent = pkv_get_u32(q + 4);
         if (blk >= p->capacity || (parent != PKV_NONE && parent >= p->capacity))
             return pkv_err(PKV_ECORRUPT, "checkpoint: block %u / parent %u out of range",
                            blk, parent);
         pkv_block *x = &p->b[blk];
         x->state = BLK_SEALED;
         x->parent = parent;
-        x->salt = rb_u64(&b);
-        x->hash.lo = rb_u64(&b);
-        x->hash.hi = rb_u64(&b);
-        x->payload_sum = rb_u64(&b);
-        x->rel_lsn = rb_u64(&b);
-        x->flags = (uint8_t)(rb_u32(&b) & (BLKF_UNVERIFIED | BLKF_BAD));
-        rb_u32(&b);
+        x->salt = pkv_get_u64(q + 8);
+        x->hash.lo = pkv_get_u64(q + 16);
+        x->hash.hi = pkv_get_u64(q + 24);
+        x->payload_sum = pkv_get_u64(q + 32);
+        x->rel_lsn = pkv_get_u64(q + 40);
+        x->flags = (uint8_t)(pkv_get_u32(q + 48) & (BLKF_UNVERIFIED | BLKF_BAD));
         uint32_t *t = pkv_pool_tokens(p, blk);
-        for (uint32_t j = 0; j < bs; j++) t[j] = rb_u32(&b);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(t, q + 56, 4ull * bs);
+#else
+        for (uint32_t j = 0; j < bs; j++) t[j] = pkv_get_u32(q + 56 + 4ull * j);
+#endif
     }
+    b.off += ns * per;
     uint64_t nq = rb_u64(&b);
     if (b.bad) return pkv_err(PKV_ECORRUPT, "checkpoint truncated");
     for (uint64_t i = 0; i < nq; i++) {

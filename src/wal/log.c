@@ -17,12 +17,17 @@
  * previous life fail their checksums and end the log there.
  *
  * Concurrency: records are appended to w->buf under the cache lock. The flusher
- * thread alone touches segment files: it swaps w->buf with its own buffer under
+ * thread alone writes segment files: it swaps w->buf with its own buffer under
  * the lock, releases the lock, flushes the arena if payload was written (payload
  * before the records that seal it), writes the frame with a linked fdatasync,
  * and publishes written_lsn / durable_lsn under the lock. Waiters sleep on
- * cv_done with the cache lock released. Any write or sync error is final: the
- * cache enters its failed state (w->failed) and every later mutation fails.
+ * cv_done with the cache lock released. A second thread takes checkpoints
+ * (do_checkpoint): it copies the snapshot under the lock in slices, waits on
+ * cv_done until the flusher made everything the snapshot shows durable, writes
+ * the checkpoint without the lock, and under the lock renames covered segments
+ * into spares (which is why the flusher claims a spare under the lock too).
+ * Any write or sync error is final: the cache enters its failed state
+ * (w->failed) and every later mutation fails.
  */
 #include "internal.h"
 
@@ -111,26 +116,36 @@ int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start) {
 }
 
 /* Create (or recycle a spare into) segment `no` starting at LSN `start`, write its
- * header durably, make it current. Called by the flusher (or at open). */
-static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size) {
+ * header durably, make it current. Called by the flusher, or at open before the
+ * threads start, without the cache lock: it takes the lock only to claim a spare
+ * (the checkpoint thread renames segments into spares under it) and to install the
+ * new segment, so callers are not blocked while the segment is allocated and its
+ * header and directory entry are synced. Returns 0, or -errno with *what set; the
+ * caller enters the failed state. */
+static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size,
+                      const char **what) {
     pkv_wal *w = &c->wal;
     const pkv_io_ops *io = w->io;
     char path[4200], spare[4200];
-    int rc = pkv_wal_path(w, path, sizeof path, "wal-", no);
-    if (rc) return rc;
+    *what = "create log segment";
+    if (pkv_wal_path(w, path, sizeof path, "wal-", no)) return -ENAMETOOLONG;
     uint64_t size = w->seg_size > min_size + SEG_HDR ? w->seg_size : min_size + SEG_HDR;
     bool recycled = false;
+    pthread_mutex_lock(&c->lock);
     if (w->nspare > 0 && size == w->seg_size) {
         pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
         if (io->rename(io->ctx, spare, path) == 0) recycled = true;
         w->nspare--;
     }
+    pthread_mutex_unlock(&c->lock);
     int fd = io->open(io->ctx, path, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) return io_fail(c, fd, "create log segment");
+    if (fd < 0) return fd;
+    int rc;
     if (!recycled && (rc = io->allocate(io->ctx, fd, size)) < 0) {
         io->close(io->ctx, fd);
         io->unlink(io->ctx, path);
-        return io_fail(c, rc, "preallocate log segment");
+        *what = "preallocate log segment";
+        return rc;
     }
     uint32_t epoch;
     if (getrandom(&epoch, sizeof epoch, 0) != (ssize_t)sizeof epoch)
@@ -148,21 +163,32 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     if ((rc = io->write(io->ctx, fd, h, SEG_HDR, 0, 1)) < 0 ||
         (rc = io->sync_dir(io->ctx, w->dir)) < 0) {
         io->close(io->ctx, fd);
-        return io_fail(c, rc, "write log segment header");
+        *what = "write log segment header";
+        return rc;
     }
     /* In NONE mode the old segment's frames were written unsynced, and a later
      * pkv_sync syncs only the current segment: sync them before leaving it. */
-    if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE && (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
+    if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE &&
+        (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
         io->close(io->ctx, fd);
-        return io_fail(c, rc, "fdatasync log");
+        *what = "fdatasync log";
+        return rc;
     }
-    if (w->seg_fd >= 0) io->close(io->ctx, w->seg_fd);
+    pthread_mutex_lock(&c->lock);
+    int old = w->seg_fd;
     w->seg_fd = fd;
     w->seg_no = no;
     w->epoch = epoch;
     w->seg_off = SEG_HDR;
     w->seg_cap = size;
-    return pkv_wal_seg_push(w, no, start);
+    rc = pkv_wal_seg_push(w, no, start);
+    pthread_mutex_unlock(&c->lock);
+    if (old >= 0) io->close(io->ctx, old);
+    if (rc) {
+        *what = "rotate log segment";
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 /* Finish checksums of the records in buf[FRAME_HDR, len) and the frame header. */
@@ -220,13 +246,8 @@ static void flush_once(pkv_cache *c, bool hard) {
     if (arena_sync && w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
         what = "flush arena";
     if (!rc && nrec) {
-        if (w->seg_off + len > w->seg_cap) {
-            pthread_mutex_lock(&c->lock);
-            rc = seg_create(c, w->seg_no + 1, first, len);
-            pthread_mutex_unlock(&c->lock);
-            if (rc) what = "rotate log segment";
-            rc = rc ? -EIO : 0;
-        }
+        if (w->seg_off + len > w->seg_cap)
+            rc = seg_create(c, w->seg_no + 1, first, len, &what);
         if (!rc) {
             frame_seal(fb, len, w->epoch, first, nrec);
             if ((rc = io->write(io->ctx, w->seg_fd, fb, len, w->seg_off, sync)) < 0)
@@ -256,14 +277,13 @@ static void flush_once(pkv_cache *c, bool hard) {
 }
 
 static void limbo_drain(pkv_cache *c);
-static void do_checkpoint(pkv_cache *c);
 
 static void *flusher_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        if (!w->stop && !w->sync_req && !w->ckpt_req) {
+        if (!w->stop && !w->sync_req) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)w->interval_us * 1000u;
@@ -275,13 +295,10 @@ static void *flusher_main(void *arg) {
         w->sync_req = w->hard_req = false;
         flush_once(c, hard);
         limbo_drain(c);
-        if (!w->failed && (w->ckpt_req || w->bytes_since_ckpt >= w->ckpt_bytes))
-            do_checkpoint(c);
-        if (w->ckpt_req) { /* failed or done: wake the requester either way */
-            w->ckpt_req = false;
-            w->ckpt_gen++;
-            pthread_cond_broadcast(&w->cv_done);
-        }
+        /* A checkpoint is due: the checkpoint thread takes it, off this thread, so
+         * group commits go on while it is compressed and written. */
+        if (!w->failed && !w->ckpt_busy && w->bytes_since_ckpt >= w->ckpt_bytes)
+            pthread_cond_signal(&w->cv_ckpt);
         if (w->stop && (w->nrec == 0 || w->failed)) break;
     }
     pthread_mutex_unlock(&c->lock);
@@ -301,37 +318,58 @@ static void limbo_drain(pkv_cache *c) {
 
 void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
 
-/* Checkpoint on the flusher thread; lock held on entry and exit. */
-static void do_checkpoint(pkv_cache *c) {
+/* One checkpoint, on the checkpoint thread; lock held on entry and exit. The
+ * snapshot is copied under the lock in slices (wal/checkpoint.c); compression,
+ * the write and its fdatasync run with the lock released, while the flusher keeps
+ * committing groups. Crash safety: the checkpoint file becomes visible (rename,
+ * directory fsync) only after everything the snapshot reflects is durable in the
+ * log, and segments are recycled only after that. Returns true when written. */
+static bool do_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
+    if (w->failed) return false;
+    w->ckpt_busy = true;
+    uint64_t since = w->bytes_since_ckpt;
     uint8_t *raw = NULL;
     size_t rawlen = 0;
-    uint64_t lsn = w->next_lsn - 1;
-    pkv_wal_no_coalesce(w); /* the snapshot covers lsn: that record is final */
-    if (pkv_ckpt_serialize(c, &raw, &rawlen)) /* out of memory: the log stays */
-        return;                                /* valid, try again later */
-    flush_once(c, true); /* the log is durable through lsn, the arena flushed */
-    if (w->failed || w->durable_lsn < lsn) {
-        free(raw);
-        return;
+    uint64_t lsn = 0, end = 0;
+    if (pkv_ckpt_serialize(c, &raw, &rawlen, &lsn, &end)) { /* out of memory: the */
+        w->ckpt_busy = false;                               /* log stays valid, */
+        return false;                                       /* try again later */
     }
-    /* Segments wholly covered by the checkpoint become spares. */
-    size_t keep = 0;
-    while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
+    /* The snapshot may show records up to `end` (and the payload they checksum):
+     * wait until the log holds them durably, the arena flushed before them. */
+    while (!w->failed && w->durable_lsn < end) {
+        w->sync_req = w->hard_req = true;
+        pthread_cond_signal(&w->cv_work);
+        pthread_cond_wait(&w->cv_done, &c->lock);
+    }
+    if (w->failed) {
+        free(raw);
+        w->ckpt_busy = false;
+        return false;
+    }
     pthread_mutex_unlock(&c->lock);
-    int rc = pkv_ckpt_write(w, lsn, raw, rawlen);
+    int rc = pkv_ckpt_write(w, lsn, end, raw, rawlen);
     free(raw);
     pthread_mutex_lock(&c->lock);
-    if (rc == PKV_ENOMEM) return; /* nothing written: the log still holds it all */
+    w->ckpt_busy = false;
+    if (rc == PKV_ENOMEM) return false; /* nothing written: the log still holds it all */
     if (rc) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
-        return;
+        return false;
     }
+    /* Segments wholly covered by the checkpoint become spares. The log keeps
+     * going while a checkpoint is taken, so more segments may be live than with
+     * a checkpoint that stopped the log; spares are then kept only while live
+     * segments and spares together stay within four files. */
+    size_t keep = 0;
+    while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
     const pkv_io_ops *io = w->io;
+    const size_t live = w->nsegs - keep;
     for (size_t i = 0; i < keep; i++) {
         char from[4200], to[4200];
         pkv_wal_path(w, from, sizeof from, "wal-", w->segs[i].no);
-        if (w->nspare < 2 && w->segs[i].no != w->seg_no) {
+        if (w->nspare < 2 && live + w->nspare < 4 && w->segs[i].no != w->seg_no) {
             pkv_wal_path(w, to, sizeof to, "wal-spare-", w->nspare);
             if (io->rename(io->ctx, from, to) == 0) {
                 w->nspare++;
@@ -343,8 +381,42 @@ static void do_checkpoint(pkv_cache *c) {
     memmove(w->segs, w->segs + keep, (w->nsegs - keep) * sizeof *w->segs);
     w->nsegs -= keep;
     w->ckpt_lsn = lsn;
-    w->bytes_since_ckpt = 0;
+    /* Log written while the checkpoint was taken counts toward the next one. */
+    w->bytes_since_ckpt = w->bytes_since_ckpt > since ? w->bytes_since_ckpt - since : 0;
     w->checkpoints++;
+    return true;
+}
+
+static void *ckpt_main(void *arg) {
+    pkv_cache *c = arg;
+    pkv_wal *w = &c->wal;
+    bool last_failed = false; /* the previous automatic attempt wrote nothing */
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        bool due = !w->failed && w->bytes_since_ckpt >= w->ckpt_bytes;
+        if (w->ckpt_req) {
+            w->ckpt_req = false;
+            do_checkpoint(c);
+            w->ckpt_gen++; /* failed or done: wake the requester either way */
+            pthread_cond_broadcast(&w->cv_done);
+            continue;
+        }
+        if (w->ckpt_stop) {
+            /* Closing: a due checkpoint is still taken, as the flusher used to. */
+            if (due && !last_failed) do_checkpoint(c);
+            break;
+        }
+        if (due && !last_failed) {
+            last_failed = !do_checkpoint(c);
+            continue;
+        }
+        /* Woken by the flusher (each cycle while a checkpoint is due, so a failed
+         * attempt is retried a cycle later), a request, or pkv_close. */
+        pthread_cond_wait(&w->cv_ckpt, &c->lock);
+        last_failed = false;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
 }
 
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
@@ -368,12 +440,16 @@ int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
         w->epoch = w->tail_epoch;
         w->seg_off = w->tail_off;
         w->seg_cap = w->tail_size;
-    } else if ((rc = seg_create(c, next_seg, next_lsn, 0))) {
-        return rc;
+    } else {
+        const char *what = NULL;
+        if ((rc = seg_create(c, next_seg, next_lsn, 0, &what)) < 0) return io_fail(c, rc, what);
     }
     if (pthread_create(&w->thr, NULL, flusher_main, c))
         return pkv_err(PKV_ENOMEM, "cannot start the log flusher thread");
     w->running = true;
+    if (pthread_create(&w->ckpt_thr, NULL, ckpt_main, c))
+        return pkv_err(PKV_ENOMEM, "cannot start the checkpoint thread");
+    w->ckpt_running = true;
     return 0;
 }
 
@@ -421,7 +497,7 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
     uint64_t gen = w->ckpt_gen, before = w->checkpoints;
     w->ckpt_req = true;
-    pthread_cond_signal(&w->cv_work);
+    pthread_cond_signal(&w->cv_ckpt);
     while (w->ckpt_gen == gen) pthread_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
     if (w->checkpoints == before) return pkv_err(PKV_EIO, "checkpoint not written");
@@ -430,6 +506,14 @@ int pkv_wal_checkpoint(pkv_cache *c) {
 
 int pkv_wal_stop(pkv_cache *c) {
     pkv_wal *w = &c->wal;
+    if (w->ckpt_running) { /* first, while the flusher still serves its waits */
+        pthread_mutex_lock(&c->lock);
+        w->ckpt_stop = true;
+        pthread_cond_signal(&w->cv_ckpt);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(w->ckpt_thr, NULL);
+        w->ckpt_running = false;
+    }
     if (!w->running) return 0;
     pthread_mutex_lock(&c->lock);
     w->stop = true;

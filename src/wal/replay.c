@@ -194,27 +194,85 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* A segment being read. Frames are read through a window of the file (a buffer
+ * reused from segment to segment), so recovery reads each byte once into memory
+ * that is already faulted in, instead of allocating and filling a buffer the size
+ * of the whole preallocated segment. */
+#define WINDOW (4u << 20)
+
+typedef struct rdbuf {
+    uint8_t *p;
+    size_t cap;
+} rdbuf;
+
 typedef struct seg {
     uint64_t no, start, size;
     uint32_t epoch;
-    uint8_t *data; /* whole file */
-    size_t len;
     bool valid;
+    const pkv_io_ops *io;
+    int fd;
+    char path[4200];
+    uint64_t len;      /* bytes the file holds, at most size */
+    rdbuf *rb;         /* the window: file bytes [base, base + wlen) */
+    uint64_t base;
+    size_t wlen;
+    int err;           /* a read failed (message set): recovery fails */
 } seg;
 
-static int seg_load(pkv_cache *c, const char *dir, uint64_t no, seg *s, bool header_only) {
+static void seg_close(seg *s) {
+    if (s->fd >= 0) s->io->close(s->io->ctx, s->fd);
+    s->fd = -1;
+}
+
+/* Bytes [off, off + n) of the segment, or NULL if the file ends before (or a read
+ * failed: s->err). The pointer is valid until the next call. */
+static const uint8_t *seg_at(seg *s, uint64_t off, size_t n) {
+    if (off > s->len || n > s->len - off) return NULL;
+    if (off >= s->base && off + n <= s->base + s->wlen) return s->rb->p + (off - s->base);
+    if (s->err) return NULL;
+    size_t want = n > WINDOW ? n : WINDOW;
+    if (want > s->len - off) want = (size_t)(s->len - off);
+    if (s->rb->cap < want) {
+        size_t cap = want > WINDOW ? want : WINDOW;
+        uint8_t *np = realloc(s->rb->p, cap);
+        if (!np) {
+            s->err = pkv_err(PKV_ENOMEM, "reading %s", s->path);
+            return NULL;
+        }
+        s->rb->p = np;
+        s->rb->cap = cap;
+    }
+    s->wlen = 0;
+    long r = s->io->pread(s->io->ctx, s->fd, s->rb->p, want, off);
+    if (r < 0) {
+        s->err = pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
+        return NULL;
+    }
+    s->base = off;
+    s->wlen = (size_t)r;
+    if ((size_t)r < want) s->len = off + (uint64_t)r; /* shorter than it said */
+    return n <= s->wlen ? s->rb->p : NULL;
+}
+
+/* Open segment `no` and read its header; unless header_only, keep it open for
+ * reading and find how many bytes the file holds (up to its allocated size). */
+static int seg_open(pkv_cache *c, const char *dir, uint64_t no, seg *s, rdbuf *rb,
+                    bool header_only) {
     const pkv_io_ops *io = c->wal.io;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)no);
     memset(s, 0, sizeof *s);
     s->no = no;
-    int fd = io->open(io->ctx, path, O_RDONLY, 0);
-    if (fd < 0) return pkv_err(PKV_EIO, "open %s: %s", path, strerror(-fd));
+    s->io = io;
+    s->rb = rb;
+    s->fd = -1;
+    snprintf(s->path, sizeof s->path, "%s/wal-%016llx", dir, (unsigned long long)no);
+    int fd = io->open(io->ctx, s->path, O_RDONLY, 0);
+    if (fd < 0) return pkv_err(PKV_EIO, "open %s: %s", s->path, strerror(-fd));
+    s->fd = fd;
     uint8_t h[SEG_HDR];
     long r = io->pread(io->ctx, fd, h, SEG_HDR, 0);
     if (r < 0) {
-        io->close(io->ctx, fd);
-        return pkv_err(PKV_EIO, "read %s: %s", path, strerror((int)-r));
+        seg_close(s);
+        return pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
     }
     if (r == (long)SEG_HDR && !memcmp(h, SEG_MAGIC, 8) &&
         pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56)) && pkv_get_u32(h + 8) == WAL_VERSION &&
@@ -228,45 +286,39 @@ static int seg_load(pkv_cache *c, const char *dir, uint64_t no, seg *s, bool hea
             c->arena.foreign_log = true;
         }
     }
-    if (s->valid && !header_only) {
-        /* The header's allocated size (up to 16 GiB) is only a claim: read in
-         * growing pieces and stop at the end of the file, so a short or forged
-         * segment costs the memory of the bytes it holds, not of its claim
-         * (fuzz/regressions/recover/segment-claims-16g). */
-        size_t cap = s->size < (1u << 20) ? (size_t)s->size : (1u << 20);
-        s->data = malloc(cap ? cap : 1);
-        for (;;) {
-            if (!s->data) {
-                io->close(io->ctx, fd);
-                return pkv_err(PKV_ENOMEM, "reading %s", path);
-            }
-            r = cap > s->len ? io->pread(io->ctx, fd, s->data + s->len, cap - s->len, s->len) : 0;
-            if (r < 0) {
-                io->close(io->ctx, fd);
-                free(s->data);
-                s->data = NULL;
-                return pkv_err(PKV_EIO, "read %s: %s", path, strerror((int)-r));
-            }
-            s->len += (size_t)r;
-            if (s->len < cap || cap == s->size) break;
-            cap = s->size - cap < cap ? (size_t)s->size : 2 * cap;
-            uint8_t *nd = realloc(s->data, cap);
-            if (!nd) free(s->data);
-            s->data = nd;
+    if (!s->valid || header_only) {
+        seg_close(s);
+        return 0;
+    }
+    /* Usually the file holds all `size` bytes; if not, read to its end. */
+    s->len = s->size;
+    s->base = s->size; /* empty window */
+    uint8_t last;
+    r = s->size ? io->pread(io->ctx, fd, &last, 1, s->size - 1) : 1;
+    if (r < 0) {
+        seg_close(s);
+        return pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
+    }
+    if (r != 1) {
+        uint64_t off = 0;
+        while (off < s->len && seg_at(s, off, 1)) off = s->base + s->wlen;
+        if (s->err) {
+            seg_close(s);
+            return s->err;
         }
     }
-    io->close(io->ctx, fd);
     return 0;
 }
 
-/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. */
-static bool frame_ok(const seg *s, size_t off, uint64_t *first, uint32_t *nrec,
+/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. On true
+ * the whole frame is in the window (seg_at(s, off, FRAME_HDR + bytes) is cheap). */
+static bool frame_ok(seg *s, uint64_t off, uint64_t *first, uint32_t *nrec,
                      uint32_t *bytes) {
-    if (off + FRAME_HDR > s->len) return false;
-    const uint8_t *f = s->data + off;
-    if (pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
+    const uint8_t *f = seg_at(s, off, FRAME_HDR);
+    if (!f || pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
     uint32_t nb = pkv_get_u32(f + 20);
     if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
+    if (!(f = seg_at(s, off, FRAME_HDR + (size_t)nb))) return false;
     XXH3_state_t st;
     memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
     XXH3_64bits_reset_withSeed(&st, s->epoch);
@@ -279,10 +331,12 @@ static bool frame_ok(const seg *s, size_t off, uint64_t *first, uint32_t *nrec,
     return *nrec > 0;
 }
 
-/* Apply the records of a valid frame with LSN > after. */
-static int frame_apply(pkv_cache *c, const seg *s, size_t off, uint64_t first,
+/* Apply the records of a valid frame (just checked by frame_ok) with LSN > after. */
+static int frame_apply(pkv_cache *c, seg *s, uint64_t off, uint64_t first,
                        uint32_t nrec, uint32_t bytes, uint64_t after, uint64_t *applied) {
-    const uint8_t *p = s->data + off + FRAME_HDR, *end = p + bytes;
+    const uint8_t *f = seg_at(s, off, FRAME_HDR + (size_t)bytes);
+    if (!f) return s->err ? s->err : pkv_err(PKV_EIO, "frame vanished in %s", s->path);
+    const uint8_t *p = f + FRAME_HDR, *end = p + bytes;
     for (uint32_t i = 0; i < nrec; i++) {
         if (end - p < (long)(REC_HDR + REC_TRAILER))
             return pkv_err(PKV_ECORRUPT, "frame at LSN %llu truncated",
@@ -307,32 +361,74 @@ static int frame_apply(pkv_cache *c, const seg *s, size_t off, uint64_t first,
                                   (unsigned long long)first);
 }
 
-/* Look for a valid frame with LSN >= want anywhere after `from` in s. */
-static bool later_valid(const seg *s, size_t from, uint64_t want, uint64_t *lsn) {
-    for (size_t o = (from + 8) & ~(size_t)7; o + FRAME_HDR <= s->len; o += 8) {
+/* Scan the 8-byte aligned offsets after `from` for a valid frame: with holding
+ * false, one with an LSN >= lsn (*found: its first LSN); with holding true, one
+ * whose LSNs include lsn (*found: its offset). */
+static bool scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
+                        uint64_t *found) {
+    uint64_t o = (from + 8) & ~(uint64_t)7;
+    while (o + FRAME_HDR <= s->len) {
+        size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
+        const uint8_t *w = seg_at(s, o, n);
+        if (!w) return false;
+        /* Candidates start with the magic's first byte at an 8-aligned offset;
+         * memchr skips zeros and other bytes fast. */
+        size_t k = 0;
+        while (k + FRAME_HDR <= n) {
+            const uint8_t *m = memchr(w + k, FRAME_MAGIC & 0xff, n - FRAME_HDR + 1 - k);
+            if (!m) {
+                k = ((n - FRAME_HDR) | 7) + 1; /* past the last candidate */
+                break;
+            }
+            k = (size_t)(m - w);
+            if ((k & 7) == 0 && pkv_get_u32(w + k) == FRAME_MAGIC) break;
+            k = (k | 7) + 1;
+        }
+        o += k;
+        if (k + FRAME_HDR > n) continue; /* nothing in this window */
         uint64_t f;
-        uint32_t n, b;
-        if (pkv_get_u32(s->data + o) != FRAME_MAGIC) continue;
-        if (frame_ok(s, o, &f, &n, &b) && f + n - 1 >= want) {
-            *lsn = f;
+        uint32_t nr, b;
+        if (frame_ok(s, o, &f, &nr, &b) &&
+            (holding ? f <= lsn && lsn <= f + nr - 1 : f + nr - 1 >= lsn)) {
+            *found = holding ? o : f;
             return true;
         }
+        o += 8;
     }
     return false;
 }
 
+/* Look for a valid frame with LSN >= want anywhere after `from` in s. */
+static bool later_valid(seg *s, uint64_t from, uint64_t want, uint64_t *lsn) {
+    return scan_frames(s, from, want, false, lsn);
+}
+
 /* Find a valid frame after `from` whose LSNs include `lsn`. */
-static bool frame_holding(const seg *s, size_t from, uint64_t lsn, size_t *at) {
-    for (size_t o = (from + 8) & ~(size_t)7; o + FRAME_HDR <= s->len; o += 8) {
-        uint64_t f;
-        uint32_t n, b;
-        if (pkv_get_u32(s->data + o) != FRAME_MAGIC) continue;
-        if (frame_ok(s, o, &f, &n, &b) && f <= lsn && lsn <= f + n - 1) {
-            *at = o;
-            return true;
+static bool frame_holding(seg *s, uint64_t from, uint64_t lsn, uint64_t *at) {
+    return scan_frames(s, from, lsn, true, at);
+}
+
+/* Are all bytes from `off` (8-aligned) to the end zero? A last partial word counts
+ * as zero. */
+static bool zero_from(seg *s, uint64_t off) {
+    uint64_t o = off;
+    while (o + 8 <= s->len) {
+        size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
+        const uint8_t *w = seg_at(s, o, n);
+        if (!w) return false;
+        size_t k = 0;
+        uint64_t acc = 0;
+        for (; k + 64 <= n && !acc; k += 64) {
+            uint64_t x[8];
+            memcpy(x, w + k, 64);
+            acc = x[0] | x[1] | x[2] | x[3] | x[4] | x[5] | x[6] | x[7];
         }
+        if (acc) return false;
+        for (; k + 8 <= n; k += 8)
+            if (pkv_get_u64(w + k)) return false;
+        o += k;
     }
-    return false;
+    return true;
 }
 
 static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
@@ -381,105 +477,119 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
     return rc;
 }
 
+/* Read one segment (open, valid, not after a gap) from *expect on. *stop: the log
+ * ends for good here (point-in-time recovery before a corruption). */
+static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
+                      bool *stop) {
+    pkv_recovery_t *rec = &c->rec;
+    uint64_t expect = *expect_io;
+    uint64_t off = SEG_HDR;
+    bool reached = s->start >= expect;
+    int rc;
+    for (;;) {
+        uint64_t first;
+        uint32_t nrec, bytes;
+        if (!frame_ok(s, off, &first, &nrec, &bytes)) {
+            /* Damage in frames the checkpoint already covers is harmless: skip
+             * to the valid frame holding the first LSN still needed. */
+            uint64_t o2;
+            if (!reached && frame_holding(s, off, expect, &o2)) {
+                off = o2;
+                continue;
+            }
+            break;
+        }
+        if (first + nrec - 1 < expect) { /* wholly before: already in checkpoint */
+            off += FRAME_HDR + bytes;
+            continue;
+        }
+        if (first > expect) break; /* not a continuation: treat as invalid */
+        reached = true;
+        rc = frame_apply(c, s, off, first, nrec, bytes, expect - 1, &rec->records_replayed);
+        if (rc) return rc;
+        expect = first + nrec;
+        off += FRAME_HDR + bytes;
+        c->wal.bytes_since_ckpt += FRAME_HDR + bytes;
+    }
+    *expect_io = expect;
+    if (s->err) return s->err;
+    /* The log ends at `off` in this segment, unless the next segment continues. */
+    uint64_t f;
+    const uint8_t *h;
+    if (off + FRAME_HDR <= s->len && later_valid(s, off, expect, &f)) {
+        rec->corrupt_lsn = expect;
+        if (!(flags & PKV_OPEN_POINT_IN_TIME))
+            return pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
+                           "offset %llu) and followed by valid records from LSN %llu; "
+                           "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
+                           (unsigned long long)expect, (unsigned long long)s->no,
+                           (unsigned long long)off, (unsigned long long)f,
+                           (unsigned long long)(expect - 1));
+        *stop = true;
+    } else if (!s->err && (reached || s->start >= expect) &&
+               (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
+               pkv_get_u32(h + 4) == s->epoch) {
+        uint32_t nb = pkv_get_u32(h + 20);
+        rec->torn_bytes += FRAME_HDR + (nb < s->len - off ? nb : s->len - off);
+    }
+    if (s->err) return s->err;
+    /* Resume writing here only if nothing at all follows the end. */
+    bool clean = !rec->torn_bytes && !*stop && zero_from(s, off);
+    if (s->err) return s->err;
+    c->wal.tail_ok = clean && s->len == s->size;
+    c->wal.tail_no = s->no;
+    c->wal.tail_off = off;
+    c->wal.tail_size = s->size;
+    c->wal.tail_epoch = s->epoch;
+    return 0;
+}
+
 /* Read the log after `after`; sets *last to the last LSN applied or skipped. */
 static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t n,
                       uint64_t after, uint32_t flags, uint64_t *last) {
     pkv_recovery_t *rec = &c->rec;
     uint64_t expect = after + 1;
     size_t i0 = 0;
+    rdbuf rb = {NULL, 0};
+    int rc = 0;
     /* Start at the last segment whose start LSN is <= after + 1. */
     seg s;
     for (size_t i = 0; i < n; i++) {
-        int rc = seg_load(c, dir, nos[i], &s, true);
-        if (rc) return rc;
+        if ((rc = seg_open(c, dir, nos[i], &s, &rb, true))) return rc;
         if (s.valid && s.start <= expect) i0 = i;
-        if (s.valid) rc = pkv_wal_seg_push(&c->wal, s.no, s.start);
-        free(s.data);
-        if (rc) return rc;
+        if (s.valid && (rc = pkv_wal_seg_push(&c->wal, s.no, s.start))) return rc;
     }
     for (size_t i = i0; i < n; i++) {
-        int rc = seg_load(c, dir, nos[i], &s, false);
-        if (rc) return rc;
+        if ((rc = seg_open(c, dir, nos[i], &s, &rb, false))) break;
         if (!s.valid) {
-            free(s.data);
+            seg_close(&s);
             continue; /* a segment whose header never became durable: nothing in it */
         }
         if (s.start > expect) { /* a gap: records between are missing */
-            bool any = false;
             uint64_t f;
-            if (later_valid(&s, SEG_HDR - 8, 0, &f)) any = true;
-            free(s.data);
+            bool any = later_valid(&s, SEG_HDR - 8, 0, &f);
+            seg_close(&s);
+            if (s.err) {
+                rc = s.err;
+                break;
+            }
             if (!any) continue;
             rec->corrupt_lsn = expect;
             if (flags & PKV_OPEN_POINT_IN_TIME) break;
-            return pkv_err(PKV_ECORRUPT, "log records from LSN %llu are missing (segment "
-                           "%llu starts at %llu); open with PKV_OPEN_POINT_IN_TIME to "
-                           "recover up to LSN %llu", (unsigned long long)expect,
-                           (unsigned long long)s.no, (unsigned long long)s.start,
-                           (unsigned long long)(expect - 1));
+            rc = pkv_err(PKV_ECORRUPT, "log records from LSN %llu are missing (segment "
+                         "%llu starts at %llu); open with PKV_OPEN_POINT_IN_TIME to "
+                         "recover up to LSN %llu", (unsigned long long)expect,
+                         (unsigned long long)s.no, (unsigned long long)s.start,
+                         (unsigned long long)(expect - 1));
+            break;
         }
-        size_t off = SEG_HDR;
-        bool stop = false, reached = s.start >= expect;
-        for (;;) {
-            uint64_t first;
-            uint32_t nrec, bytes;
-            if (!frame_ok(&s, off, &first, &nrec, &bytes)) {
-                /* Damage in frames the checkpoint already covers is harmless: skip
-                 * to the valid frame holding the first LSN still needed. */
-                size_t o2;
-                if (!reached && frame_holding(&s, off, expect, &o2)) {
-                    off = o2;
-                    continue;
-                }
-                break;
-            }
-            if (first + nrec - 1 < expect) { /* wholly before: already in checkpoint */
-                off += FRAME_HDR + bytes;
-                continue;
-            }
-            if (first > expect) break; /* not a continuation: treat as invalid */
-            reached = true;
-            rc = frame_apply(c, &s, off, first, nrec, bytes, expect - 1, &rec->records_replayed);
-            if (rc) {
-                free(s.data);
-                return rc;
-            }
-            expect = first + nrec;
-            off += FRAME_HDR + bytes;
-            c->wal.bytes_since_ckpt += FRAME_HDR + bytes;
-        }
-        /* The log ends at `off` in this segment, unless the next segment continues. */
-        uint64_t f;
-        if (off + FRAME_HDR <= s.len && later_valid(&s, off, expect, &f)) {
-            rec->corrupt_lsn = expect;
-            if (!(flags & PKV_OPEN_POINT_IN_TIME)) {
-                int e = pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
-                                "offset %zu) and followed by valid records from LSN %llu; "
-                                "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
-                                (unsigned long long)expect, (unsigned long long)s.no, off,
-                                (unsigned long long)f, (unsigned long long)(expect - 1));
-                free(s.data);
-                return e;
-            }
-            stop = true;
-        } else if ((reached || s.start >= expect) && off + FRAME_HDR <= s.len &&
-                   pkv_get_u32(s.data + off) == FRAME_MAGIC &&
-                   pkv_get_u32(s.data + off + 4) == s.epoch) {
-            uint32_t nb = pkv_get_u32(s.data + off + 20);
-            rec->torn_bytes += FRAME_HDR + (nb < s.len - off ? nb : s.len - off);
-        }
-        /* Resume writing here only if nothing at all follows the end. */
-        bool clean = !rec->torn_bytes && !stop;
-        for (size_t o = off; clean && o < s.len; o += 8)
-            clean = pkv_get_u64(s.data + o) == 0 || o + 8 > s.len;
-        c->wal.tail_ok = clean && s.len == s.size;
-        c->wal.tail_no = s.no;
-        c->wal.tail_off = off;
-        c->wal.tail_size = s.size;
-        c->wal.tail_epoch = s.epoch;
-        free(s.data);
-        if (stop) break;
+        bool stop = false;
+        rc = replay_seg(c, &s, &expect, flags, &stop);
+        seg_close(&s);
+        if (rc || stop) break;
     }
+    free(rb.p);
+    if (rc) return rc;
     *last = expect - 1;
     return 0;
 }
@@ -491,11 +601,53 @@ typedef struct lru_ent {
     uint32_t depth, block;
 } lru_ent;
 
-static int cmp_lru(const void *a, const void *b) {
-    const lru_ent *x = a, *y = b;
-    if (x->rel != y->rel) return x->rel < y->rel ? -1 : 1;
-    if (x->depth != y->depth) return x->depth > y->depth ? -1 : 1; /* children first */
-    return x->block < y->block ? -1 : x->block > y->block;
+/* Sort into LRU order: release LSN ascending, then depth descending (children
+ * first), then block ascending. The entries arrive in block order, so a stable
+ * LSD radix sort by depth descending and then by release LSN gives exactly that
+ * order; byte positions where every key agrees are skipped. O(n), where qsort was
+ * the largest single item of a 1M-block rebuild. PKV_ENOMEM without scratch memory
+ * (the open fails). */
+static int sort_lru(lru_ent *a, size_t n) {
+    if (n < 2) return 0;
+    lru_ent *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) return pkv_err(PKV_ENOMEM, "recovery scratch");
+    pkv_hint_huge(tmp, n * sizeof *tmp);
+    static const int NB = 12; /* 4 bytes of ~depth, then 8 bytes of the LSN */
+    size_t (*cnt)[256] = calloc((size_t)NB, sizeof *cnt);
+    if (!cnt) {
+        free(tmp);
+        return pkv_err(PKV_ENOMEM, "recovery scratch");
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t d = ~a[i].depth;
+        uint64_t r = a[i].rel;
+        for (int b = 0; b < 4; b++) cnt[b][(d >> (8 * b)) & 255]++;
+        for (int b = 0; b < 8; b++) cnt[4 + b][(r >> (8 * b)) & 255]++;
+    }
+    lru_ent *src = a, *dst = tmp;
+    for (int b = 0; b < NB; b++) {
+        size_t *h = cnt[b], sum = 0;
+        bool trivial = false;
+        for (int v = 0; v < 256; v++) {
+            if (h[v] == n) trivial = true;
+            size_t k = h[v];
+            h[v] = sum;
+            sum += k;
+        }
+        if (trivial) continue;
+        for (size_t i = 0; i < n; i++) {
+            unsigned v = b < 4 ? (~src[i].depth >> (8 * b)) & 255
+                               : (unsigned)(src[i].rel >> (8 * (b - 4))) & 255;
+            dst[h[v]++] = src[i];
+        }
+        lru_ent *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, n * sizeof *a);
+    free(cnt);
+    free(tmp);
+    return 0;
 }
 
 /* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is
@@ -555,6 +707,8 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         free(stack);
         return pkv_err(PKV_ENOMEM, "recovery scratch");
     }
+    pkv_hint_huge(d, (size_t)cap * sizeof *d);
+    pkv_hint_huge(stack, (size_t)(cap + 1) * sizeof *stack);
     /* Blocks the arena no longer holds, and everything chained below them. */
     for (uint32_t b = 0; b < cap; b++)
         if (drop_all || b >= valid_blocks) drop_block(c, b);
@@ -656,17 +810,25 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         free(stack);
         return pkv_err(PKV_ENOMEM, "recovery scratch");
     }
+    pkv_hint_huge(lru, (size_t)cap * sizeof *lru);
     /* Leaf-first (I7) must hold whatever release LSNs the log or checkpoint
      * holds: a correct writer never releases a child after its parent, but a
      * forged or damaged file can, and sorting by release LSN alone would then put
      * a parent ahead of its cached child (found by fuzz/fuzz_record.c). Raise
      * each block's release LSN to the largest of its descendants', deepest
-     * blocks first, so the sort below is leaf-first in every case. */
+     * blocks first (sort_lru with equal keys orders by depth, deepest first), so
+     * the LRU sort below is leaf-first in every case. */
     {
         size_t ns = 0;
         for (uint32_t b = 0; b < cap; b++)
             if (p->b[b].state == BLK_SEALED) lru[ns++] = (lru_ent){0, d[b], b};
-        qsort(lru, ns, sizeof *lru, cmp_lru); /* equal rel: deepest first */
+        int src = sort_lru(lru, ns);
+        if (src) {
+            free(lru);
+            free(d);
+            free(stack);
+            return src;
+        }
         for (size_t i = 0; i < ns; i++) {
             const pkv_block *x = &p->b[lru[i].block];
             if (x->parent != PKV_NONE && p->b[x->parent].rel_lsn < x->rel_lsn)
@@ -678,6 +840,9 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
     p->n_used = p->n_sealed = 0;
     for (uint32_t b = 0; b < cap; b++) {
         pkv_block *x = &p->b[b];
+        /* The index inserts are random accesses: start the miss some blocks ahead. */
+        if (b + 16 < cap && p->b[b + 16].state == BLK_SEALED)
+            pkv_index_prefetch(&c->index, p->b[b + 16].hash.lo);
         if (x->state == BLK_SEALED) {
             p->n_sealed++;
             x->flags |= BLKF_UNVERIFIED;
@@ -696,12 +861,13 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         }
         if (x->ref > 0) p->n_used++;
     }
-    qsort(lru, nl, sizeof *lru, cmp_lru);
-    for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->lru, LIST_LRU, lru[i].block);
+    int rc = sort_lru(lru, nl);
+    if (!rc)
+        for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->lru, LIST_LRU, lru[i].block);
     free(lru);
     free(d);
     free(stack);
-    return 0;
+    return rc;
 }
 
 /* Verify the payload of every sealed block a recovered sequence holds. */
@@ -735,7 +901,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         return rc;
     }
     c->wal.nspare = nspare;
-    uint64_t after = 0;
+    uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {
         char path[4200];
@@ -743,7 +909,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         uint8_t *raw = NULL;
         size_t len = 0;
         uint64_t secret = 0;
-        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &raw, &len);
+        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &reach, &raw, &len);
         if (!rc && secret != c->arena.secret) {
             drop_all = true; /* describes another arena: load nothing from it */
             snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the "
@@ -760,6 +926,16 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->ms_checkpoint = t1 - t0;
     uint64_t last = after;
     if ((rc = replay_log(c, dir, nos, n, after, flags, &last))) goto out;
+    /* The checkpoint's block section may already show records up to `reach`
+     * (they were durable before it was written): a point-in-time stop before
+     * them cannot give the state as of that point. */
+    if (rec->corrupt_lsn && rec->corrupt_lsn <= reach && !drop_all) {
+        rc = pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu, but checkpoint %llu already "
+                     "reflects records up to LSN %llu: cannot recover to a point before "
+                     "them", (unsigned long long)rec->corrupt_lsn,
+                     (unsigned long long)after, (unsigned long long)reach);
+        goto out;
+    }
     rec->last_lsn = last;
     double t2 = now_ms();
     rec->ms_replay = t2 - t1;
@@ -822,20 +998,23 @@ out:
 
 bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t off,
                          uint64_t *first, uint32_t *nrec, uint32_t *bytes) {
-    seg s = {.epoch = epoch, .data = (uint8_t *)data, .len = len, .valid = true};
+    rdbuf rb = {(uint8_t *)data, len};
+    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
     return frame_ok(&s, off, first, nrec, bytes);
 }
 
 int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
                            size_t off, uint64_t first, uint32_t nrec, uint32_t bytes,
                            uint64_t after, uint64_t *applied) {
-    seg s = {.epoch = epoch, .data = (uint8_t *)data, .len = len, .valid = true};
+    rdbuf rb = {(uint8_t *)data, len};
+    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
     return frame_apply(c, &s, off, first, nrec, bytes, after, applied);
 }
 
 bool pkv_replay_later_valid(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
                             uint64_t want, uint64_t *lsn) {
-    seg s = {.epoch = epoch, .data = (uint8_t *)data, .len = len, .valid = true};
+    rdbuf rb = {(uint8_t *)data, len};
+    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
     return later_valid(&s, from, want, lsn);
 }
 

@@ -10,7 +10,8 @@
  * Writers append records to an in-memory buffer under the cache lock; a single
  * flusher thread swaps the buffer out, flushes the arena (so payload reaches disk
  * before the records that seal it), writes the buffer as one frame with a linked
- * fdatasync, and publishes durable_lsn. One frame = one group commit.
+ * fdatasync, and publishes durable_lsn. One frame = one group commit. A
+ * checkpoint thread takes checkpoints without stopping group commit.
  */
 #ifndef PKV_WAL_H
 #define PKV_WAL_H
@@ -130,6 +131,12 @@ typedef struct pkv_wal {
     bool running, stop, sync_req, hard_req, ckpt_req;
     uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
     pthread_cond_t cv_work, cv_done;
+    /* The checkpoint thread: snapshots under the lock in short slices, then
+     * compresses and writes with the lock released, while the flusher goes on
+     * committing groups. */
+    pthread_t ckpt_thr;
+    bool ckpt_running, ckpt_stop, ckpt_busy;
+    pthread_cond_t cv_ckpt;
     int failed; /* 0 or the error that put the cache in its failed state */
     char fail_msg[256]; /* what failed, for every later PKV_EFAILED */
     uint64_t bytes_since_ckpt;
@@ -179,7 +186,7 @@ static inline uint64_t pkv_wal_safe_lsn(const pkv_wal *w) {
 }
 /* Barrier: flush and sync everything appended so far (lock held). */
 int pkv_wal_sync(pkv_cache *c);
-/* Run a checkpoint on the flusher and wait for it (lock held). */
+/* Run a checkpoint on the checkpoint thread and wait for it (lock held). */
 int pkv_wal_checkpoint(pkv_cache *c);
 void pkv_wal_free(pkv_wal *w);
 int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint64_t no);
@@ -213,15 +220,25 @@ void pkv_log_bad(pkv_cache *c, uint32_t b);
 void pkv_wal_drain_limbo(pkv_cache *c);
 
 /* ---- wal/checkpoint.c ---- */
-/* Serialize all metadata (cache lock held) into a malloc'd buffer. */
-int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *len);
+/* Serialize all metadata into a malloc'd buffer. Cache lock held on entry and on
+ * exit; it is released between slices of blocks (and while buffers grow). Counters
+ * and sequences are exact at *lsn (the LSN the checkpoint covers); each sealed
+ * block is copied under the lock at some point between *lsn and *end_lsn, so the
+ * block section may already show records in (lsn, end_lsn]: replaying the log
+ * from lsn + 1 reapplies them (every record sets absolute values). The snapshot
+ * may replace the log only once end_lsn is durable. */
+int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *len, uint64_t *lsn,
+                       uint64_t *end_lsn);
 /* Compress and write ckpt-<lsn> atomically (no lock needed). */
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, const uint8_t *raw, size_t len);
+int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
+                   size_t len);
 /* Load the metadata of a raw snapshot into the cache (recovery). */
 int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len);
+/* Ask for transparent huge pages for a large fresh buffer (fewer page faults). */
+void pkv_hint_huge(void *p, size_t n);
 /* Read and decompress a checkpoint file. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret,
-                  uint64_t *lsn, uint8_t **raw, size_t *len);
+                  uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw, size_t *len);
 
 /* ---- wal/replay.c ---- */
 /* Recover the cache from directory `dir` (checkpoint + log). */
