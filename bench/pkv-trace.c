@@ -64,6 +64,7 @@ static struct config {
     bool payload, prefault, check;
     uint64_t checkpoint_mib;
     const char *dir;
+    const char *arena_dir;
     const char *csv;
     const char *label;
     size_t limit;
@@ -111,6 +112,9 @@ static void usage(FILE *f) {
 "  --check              pkv_check() after each engine replay\n"
 "  --dir DIR            where the temporary cache directory goes (default /tmp);\n"
 "                       it is removed after each capacity\n"
+"  --arena-dir DIR      put the arena file in a temporary directory under DIR\n"
+"                       (pkv_options.arena_dir, e.g. /dev/shm; default: in the\n"
+"                       cache directory); removed after each capacity too\n"
 "  --csv FILE           write one row per (capacity, policy) for plot-trace.sh\n"
 "  --label NAME         trace name in the CSV (default: file name or 'synthetic')\n",
             default_capacities, default_policies);
@@ -120,6 +124,7 @@ static void usage(FILE *f) {
 
 static pkv_cache *g_cache;
 static char g_root[PATH_MAX - 16];
+static char g_aroot[PATH_MAX - 16]; /* --arena-dir: the arena's temporary directory */
 static volatile sig_atomic_t g_stop;
 
 static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
@@ -139,6 +144,10 @@ static void cleanup(void) {
     if (g_root[0]) {
         nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         g_root[0] = '\0';
+    }
+    if (g_aroot[0]) {
+        nftw(g_aroot, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        g_aroot[0] = '\0';
     }
 }
 
@@ -250,6 +259,15 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
     }
     char cachedir[PATH_MAX];
     snprintf(cachedir, sizeof cachedir, "%s/cache", g_root);
+    if (cfg.arena_dir) {
+        k = snprintf(g_aroot, sizeof g_aroot, "%s/pkv-trace-XXXXXX", cfg.arena_dir);
+        if (k < 0 || (size_t)k >= sizeof g_aroot) die("--arena-dir path too long");
+        if (!mkdtemp(g_aroot)) {
+            int e = errno;
+            g_aroot[0] = '\0';
+            die("mkdtemp under %s: %s", cfg.arena_dir, strerror(e));
+        }
+    }
 
     pkv_options opt;
     pkv_options_init(&opt);
@@ -263,6 +281,7 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
     opt.durability = PKV_DURABLE_NONE;
     opt.checkpoint_bytes = cfg.checkpoint_mib << 20;
     opt.flags = cfg.prefault ? PKV_OPEN_PREFAULT : 0;
+    opt.arena_dir = cfg.arena_dir ? g_aroot : NULL;
     double t0 = now_s();
     PKV(pkv_open(cachedir, &opt, &g_cache), 0);
     er->open_s = now_s() - t0;
@@ -319,7 +338,7 @@ int main(int argc, char **argv) {
     trace_synth_defaults(&cfg.syn);
     enum {
         O_TRACE = 256, O_SYN, O_REQ, O_WRITE, O_SEED, O_BS, O_BATCH, O_CAPS, O_POL, O_EMAX,
-        O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_CKPT, O_CHECK, O_DIR, O_CSV,
+        O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_CKPT, O_CHECK, O_DIR, O_ADIR, O_CSV,
         O_LABEL, O_PROTECT, O_GHOST, O_HELP
     };
     static const struct option longopts[] = {
@@ -341,6 +360,7 @@ int main(int argc, char **argv) {
         {"checkpoint-mib", required_argument, 0, O_CKPT},
         {"check", no_argument, 0, O_CHECK},
         {"dir", required_argument, 0, O_DIR},
+        {"arena-dir", required_argument, 0, O_ADIR},
         {"csv", required_argument, 0, O_CSV},
         {"label", required_argument, 0, O_LABEL},
         {"protect", required_argument, 0, O_PROTECT},
@@ -385,6 +405,7 @@ int main(int argc, char **argv) {
             break;
         case O_CHECK: cfg.check = true; break;
         case O_DIR: cfg.dir = optarg; break;
+        case O_ADIR: cfg.arena_dir = optarg; break;
         case O_CSV: cfg.csv = optarg; break;
         case O_LABEL: cfg.label = optarg; break;
         case O_PROTECT: ok = parse_double(optarg, 1e-6, 1.0, &cfg.protect); break;
@@ -475,9 +496,10 @@ int main(int argc, char **argv) {
            pct(inf_hits * cfg.block_size, t.prompt_tokens), pct(inf_hits, tb.candidate_refs),
            tb.max_req_blocks);
     printf("  engine: %s, durability NONE, payload %s, prefault %s, batch %u tokens, "
-           "checkpoint every %" PRIu64 " MiB of log\n",
+           "checkpoint every %" PRIu64 " MiB of log, arena under %s\n",
            cfg.no_engine ? "off" : "on", cfg.payload ? "on" : "off", cfg.prefault ? "on" : "off",
-           cfg.batch, cfg.checkpoint_mib ? cfg.checkpoint_mib : 64);
+           cfg.batch, cfg.checkpoint_mib ? cfg.checkpoint_mib : 64,
+           cfg.arena_dir ? cfg.arena_dir : cfg.dir);
 
     if (cfg.csv) {
         g_csv = fopen(cfg.csv, "w");

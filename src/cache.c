@@ -28,6 +28,7 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->mode = opt->durability; /* validated by check_options */
     w->interval_us = opt->group_commit_us ? opt->group_commit_us : 2000;
     w->ckpt_bytes = opt->checkpoint_bytes ? opt->checkpoint_bytes : 64ull << 20;
+    w->ckpt_adaptive = opt->checkpoint_bytes == 0;
     w->seg_size = SEG_SIZE_DEFAULT;
     w->arena_secret = c->arena.secret;
     w->arena_fd = c->arena.fd;

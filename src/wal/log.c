@@ -277,6 +277,7 @@ static void flush_once(pkv_cache *c, bool hard) {
 }
 
 static void limbo_drain(pkv_cache *c);
+static bool ckpt_due(const pkv_wal *w);
 
 static void *flusher_main(void *arg) {
     pkv_cache *c = arg;
@@ -297,7 +298,7 @@ static void *flusher_main(void *arg) {
         limbo_drain(c);
         /* A checkpoint is due: the checkpoint thread takes it, off this thread, so
          * group commits go on while it is compressed and written. */
-        if (!w->failed && !w->ckpt_busy && w->bytes_since_ckpt >= w->ckpt_bytes)
+        if (!w->failed && !w->ckpt_busy && ckpt_due(w))
             pthread_cond_signal(&w->cv_ckpt);
         if (w->stop && (w->nrec == 0 || w->failed)) break;
     }
@@ -317,6 +318,21 @@ static void limbo_drain(pkv_cache *c) {
 }
 
 void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
+
+/* Is an automatic checkpoint due? With an explicit checkpoint_bytes, when that
+ * much log has been written since the last one. By default (checkpoint_bytes 0)
+ * when the log since the last one reaches 64 MiB or the raw size of that
+ * checkpoint, whichever is larger: a checkpoint costs time in proportion to the
+ * metadata it snapshots (serialize, LZ4, write), so a fixed threshold makes a
+ * large cache spend most of its logging time rewriting its whole metadata (a
+ * 2M-block cache writes a ~240 MB snapshot per 64 MiB of log); this way each
+ * byte of log costs at most about one byte of checkpoint, and recovery replays
+ * at most about as much log as it loads checkpoint. */
+static bool ckpt_due(const pkv_wal *w) {
+    uint64_t t = w->ckpt_bytes;
+    if (w->ckpt_adaptive && w->ckpt_raw > t) t = w->ckpt_raw;
+    return w->bytes_since_ckpt >= t;
+}
 
 /* One checkpoint, on the checkpoint thread; lock held on entry and exit. The
  * snapshot is copied under the lock in slices (wal/checkpoint.c); compression,
@@ -381,6 +397,7 @@ static bool do_checkpoint(pkv_cache *c) {
     memmove(w->segs, w->segs + keep, (w->nsegs - keep) * sizeof *w->segs);
     w->nsegs -= keep;
     w->ckpt_lsn = lsn;
+    w->ckpt_raw = rawlen;
     /* Log written while the checkpoint was taken counts toward the next one. */
     w->bytes_since_ckpt = w->bytes_since_ckpt > since ? w->bytes_since_ckpt - since : 0;
     w->checkpoints++;
@@ -393,7 +410,7 @@ static void *ckpt_main(void *arg) {
     bool last_failed = false; /* the previous automatic attempt wrote nothing */
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        bool due = !w->failed && w->bytes_since_ckpt >= w->ckpt_bytes;
+        bool due = !w->failed && ckpt_due(w);
         if (w->ckpt_req) {
             w->ckpt_req = false;
             do_checkpoint(c);

@@ -918,6 +918,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         } else if (!rc) {
             rc = pkv_ckpt_load(c, raw, len);
             rec->checkpoint_lsn = after;
+            c->wal.ckpt_raw = len;
         }
         free(raw);
         if (rc) goto out;

@@ -81,7 +81,9 @@ typedef struct pkv_wal {
     char *dir;
     pkv_durability mode;
     uint32_t interval_us;
-    uint64_t ckpt_bytes;
+    uint64_t ckpt_bytes;  /* checkpoint_bytes, or 64 MiB when it was 0 */
+    bool ckpt_adaptive;   /* checkpoint_bytes was 0: see pkv_wal_ckpt_due */
+    uint64_t ckpt_raw;    /* raw snapshot bytes of the newest checkpoint (0: none) */
     uint64_t seg_size;
     uint64_t arena_secret;
     int arena_fd;
