@@ -26,8 +26,8 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
     p->block_size = block_size;
     p->bs_shift = (block_size & (block_size - 1)) ? -1 : __builtin_ctz(block_size);
     size_t meta_bytes = (size_t)capacity * sizeof(pkv_block);
-    p->b = aligned_alloc(64, (meta_bytes + 63) / 64 * 64);
-    p->tokens = calloc((size_t)capacity * block_size, sizeof(uint32_t));
+    p->b = pkv_huge_alloc(meta_bytes, false);
+    p->tokens = pkv_huge_alloc((size_t)capacity * block_size * sizeof(uint32_t), true);
     if (!p->b || !p->tokens) {
         pkv_pool_free(p);
         return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);

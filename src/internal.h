@@ -313,6 +313,14 @@ int pkv_seqmap_reserve(pkv_seqmap *m);
 void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s);
 void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id);
 
+/* ---- Large arrays (hugemem.c) ---------------------------------------------- */
+
+/* n bytes (zeroed if zero), 2 MiB-aligned with transparent huge pages advised
+ * when n >= 2 MiB; free with free(). NULL when out of memory. */
+void *pkv_huge_alloc(size_t n, bool zero);
+/* Advise MADV_HUGEPAGE for the 2 MiB pages wholly inside [p, p + n). */
+void pkv_hint_huge(void *p, size_t n);
+
 /* ---- The cache (cache.c) ------------------------------------------------- */
 
 #include "wal/wal.h"

@@ -280,17 +280,6 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
     return 0;
 }
 
-void pkv_hint_huge(void *p, size_t n) {
-#ifdef MADV_HUGEPAGE
-    const uintptr_t H = (uintptr_t)2 << 20;
-    uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), e = ((uintptr_t)p + n) & ~(H - 1);
-    if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
-#else
-    (void)p;
-    (void)n;
-#endif
-}
-
 /* The body is read a chunk at a time into one reused buffer and decompressed
  * straight into the raw snapshot (no buffer the size of the whole file), hashing
  * as it goes; the raw snapshot is used only if the whole body's checksum holds. */

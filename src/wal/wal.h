@@ -237,7 +237,6 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
 /* Load the metadata of a raw snapshot into the cache (recovery). */
 int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len);
 /* Ask for transparent huge pages for a large fresh buffer (fewer page faults). */
-void pkv_hint_huge(void *p, size_t n);
 /* Read and decompress a checkpoint file. */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret,
                   uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw, size_t *len);
