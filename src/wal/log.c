@@ -296,7 +296,7 @@ static void *flusher_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
     const uint64_t interval_ns = (uint64_t)w->interval_us * 1000u;
-    uint64_t started = 0; /* CLOCK_REALTIME ns at the start of the last group */
+    uint64_t started = realtime_ns(); /* start of the last group (or of the thread) */
     pthread_mutex_lock(&c->lock);
     for (;;) {
         if (!w->stop && !w->sync_req) {
