@@ -4,27 +4,19 @@
  * headers, the log walk with torn-tail / corruption / gap decisions
  * (src/wal/replay.c), rebuild, verification and the repair checkpoint.
  *
- * Input: byte 0 holds flags; the rest is split at the separator "PKVFZSEP" into
- *   part 0  the arena header page (zero-padded or cut to 4096 bytes), followed
- *           in the file by zeroed block slots (all of them, or half with flag 2);
- *   part 1  a checkpoint file, named ckpt-<LSN at offset 16> (absent if empty);
- *   part 2+ log segments, each named wal-<number at offset 16>.
- * The options passed to pkv_open are those of the header (so the open gets past
- * the geometry check), except with flag 8, which passes a fixed geometry.
+ * Input: a cache directory as built by fuzz_dir.c (format in fuzz_dir.h).
  * Flags: 1 read-only open first; 2 short arena; 4 PKV_OPEN_POINT_IN_TIME.
  * A writable open that succeeds is checked (pkv_check, read-back), given one
  * more committed token on a new sequence, closed and reopened: the reopen must
  * succeed and recover exactly the sequences and committed tokens it had.
  * Built against libpagedkv_fuzz, so every on-disk checksum matches.
  */
-#include "fuzz_common.h"
+#include "fuzz_dir.h"
 #include "internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
-
-#define MAX_PARTS 6
 
 typedef struct snap {
     size_t n;
@@ -108,65 +100,11 @@ static void exercise(pkv_cache *c, const char *what) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size < 1) return 0;
-    unsigned flags = data[0];
-    const uint8_t *part[MAX_PARTS];
-    size_t plen[MAX_PARTS];
-    size_t np = fz_split(data + 1, size - 1, part, plen, MAX_PARTS);
-
-    uint8_t hdr[PKV_PAGE];
-    memset(hdr, 0, sizeof hdr);
-    memcpy(hdr, part[0], plen[0] < PKV_PAGE ? plen[0] : PKV_PAGE);
-    /* Options from the header, bounded so one input cannot ask for gigabytes. */
-    pkv_options o;
-    pkv_options_init(&o);
-    o.num_layers = pkv_get_u32(hdr + 16);
-    o.num_kv_heads = pkv_get_u32(hdr + 20);
-    o.head_dim = pkv_get_u32(hdr + 24);
-    o.block_size = pkv_get_u32(hdr + 28);
-    o.dtype = (pkv_dtype)pkv_get_u32(hdr + 32);
-    o.capacity = pkv_get_u64(hdr + 40);
-    char model[PKV_MODEL_ID_MAX + 1];
-    uint32_t ml = pkv_get_u32(hdr + 88);
-    if (ml > PKV_MODEL_ID_MAX) ml = PKV_MODEL_ID_MAX;
-    memcpy(model, hdr + 92, ml);
-    model[ml] = 0;
-    o.model_id = model[0] ? model : "fuzz-model";
-    if (flags & 8) {
-        o.num_layers = o.num_kv_heads = 1;
-        o.head_dim = 2;
-        o.block_size = 4;
-        o.dtype = PKV_F32;
-        o.capacity = 8;
-    }
-    pkv_geometry g;
-    if (pkv_geometry_from_options(&o, &g)) return 0;
-    if (g.capacity > 4096 || g.slot_bytes > (1u << 20) || g.capacity * g.slot_bytes > (16u << 20))
-        return 0;
-    o.io = fz_io();
-    o.durability = PKV_DURABLE_NONE;
-    o.group_commit_us = 1000000; /* the harness's own calls flush */
-
-    const char *dir = fz_dir("recover");
-    char name[64];
-    /* The arena: header page, then zeroed slots (sparse). */
-    if (fz_write(dir, "arena", hdr, sizeof hdr)) fz_fail("write arena");
-    {
-        char path[600];
-        snprintf(path, sizeof path, "%s/arena", dir);
-        uint64_t slots = (flags & 2) ? g.capacity / 2 : g.capacity;
-        if (truncate(path, (off_t)(PKV_PAGE + slots * g.slot_bytes))) fz_fail("truncate");
-    }
-    if (np > 1 && plen[1] > 0) {
-        uint64_t lsn = plen[1] >= 24 ? pkv_get_u64(part[1] + 16) : 0;
-        snprintf(name, sizeof name, "ckpt-%016llx", (unsigned long long)lsn);
-        if (fz_write(dir, name, part[1], plen[1])) fz_fail("write ckpt");
-    }
-    for (size_t i = 2; i < np; i++) {
-        uint64_t no = plen[i] >= 24 ? pkv_get_u64(part[i] + 16) : i - 1;
-        snprintf(name, sizeof name, "wal-%016llx", (unsigned long long)no);
-        if (fz_write(dir, name, part[i], plen[i])) fz_fail("write segment");
-    }
+    fz_cachedir cd;
+    if (!fz_cachedir_build(&cd, "recover", data, size)) return 0;
+    const unsigned flags = cd.flags;
+    const char *dir = cd.dir;
+    pkv_options o = cd.o;
 
     pkv_cache *c = NULL;
     int rc;

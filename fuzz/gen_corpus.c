@@ -192,21 +192,29 @@ static void gen_geo(unsigned geo) {
             seglen[i] = trimmed(segdata[i], n);
             total += 8 + seglen[i];
         }
-        for (int flags = 0; flags < 3; flags++) {
-            static const uint8_t fl[3] = {0, 1, 5};
-            uint8_t *r = malloc(total), *q = r;
-            *q++ = fl[flags];
-            memcpy(q, arena, PKV_PAGE), q += PKV_PAGE;
+        /* One directory image; byte 0 (the flags) varies per seed. */
+        uint8_t *r = malloc(total), *q = r;
+        *q++ = 0;
+        memcpy(q, arena, PKV_PAGE), q += PKV_PAGE;
+        memcpy(q, FZ_SEP, 8), q += 8;
+        if (ck) memcpy(q, ck, cn), q += cn;
+        for (int i = 0; i < ns; i++) {
             memcpy(q, FZ_SEP, 8), q += 8;
-            if (ck) memcpy(q, ck, cn), q += cn;
-            for (int i = 0; i < ns; i++) {
-                memcpy(q, FZ_SEP, 8), q += 8;
-                memcpy(q, segdata[i], seglen[i]), q += seglen[i];
-            }
+            memcpy(q, segdata[i], seglen[i]), q += seglen[i];
+        }
+        static const uint8_t fl[3] = {0, 1, 5};
+        for (int flags = 0; flags < 3; flags++) {
+            r[0] = fl[flags];
             snprintf(tag, sizeof tag, "g%u-v%d-f%d", geo, variant, fl[flags]);
             emit("recover", tag, NULL, 0, r, (size_t)(q - r));
-            free(r);
         }
+        /* fuzz_kvdump: bits 4-6 pick the command, bit 7 --json (fuzz_kvdump.c). */
+        for (int cmd = 0; cmd < 8; cmd++) {
+            r[0] = (uint8_t)(cmd << 4 | (cmd & 1 ? 0x80 : 0));
+            snprintf(tag, sizeof tag, "g%u-v%d-c%d", geo, variant, cmd);
+            emit("kvdump", tag, NULL, 0, r, (size_t)(q - r));
+        }
+        free(r);
         for (int i = 0; i < ns; i++) free(segdata[i]);
         free(arena);
         free(ck);

@@ -11,7 +11,7 @@
 #   --regen-corpus  regenerate the seeds from real files (fuzz/gen_corpus.c),
 #                   minimize them into fuzz/corpus/<t>, then run as usual
 #   --keep          keep the scratch directory (default: removed unless a crash)
-#   target          record checkpoint recover bundle api (default: all)
+#   target          record checkpoint recover bundle api kvdump (default: all)
 # Prints executions, exec/s, coverage and corpus size per target. Exits 1 if any
 # target crashed (a sanitizer report, a failed harness check, a leak, a timeout or
 # an out-of-memory), after printing the path of each crash file; copy it into
@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(record checkpoint recover bundle api)
+all=(record checkpoint recover bundle api kvdump)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (have: ${all[*]})" >&2; exit 2; }

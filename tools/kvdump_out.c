@@ -447,7 +447,7 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
         rc = KD_USAGE;
         goto out;
     }
-    if (pkv_get_u64(b + 4088) != XXH3_64bits(b, 4088)) {
+    if (!pkv_sum_ok(pkv_get_u64(b + 4088), XXH3_64bits(b, 4088))) {
         snprintf(why, wl, "%s: header checksum mismatch (the header is damaged)", path);
         rc = KD_PROBLEMS;
         goto out;

@@ -68,7 +68,7 @@ static bool frame_ok(const segdata *s, size_t off, uint64_t *first, uint32_t *nr
     XXH3_64bits_reset_withSeed(&st, s->epoch);
     XXH3_64bits_update(&st, f, 24);
     XXH3_64bits_update(&st, f + FRAME_HDR, nb);
-    if (XXH3_64bits_digest(&st) != pkv_get_u64(f + 24)) return false;
+    if (!pkv_sum_ok(pkv_get_u64(f + 24), XXH3_64bits_digest(&st))) return false;
     *first = pkv_get_u64(f + 8);
     *nrec = pkv_get_u32(f + 16);
     *bytes = nb;
@@ -124,7 +124,7 @@ static void read_ckpt_header(const char *dir, kd_log *L) {
     ssize_t r = pread(fd, h, CKPT_HDR, 0);
     close(fd);
     if (r != (ssize_t)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
-        pkv_get_u64(h + 56) != XXH3_64bits(h, 56)) {
+        !pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56))) {
         snprintf(L->ckpt_err, sizeof L->ckpt_err, "ckpt-%016llx: bad checkpoint header",
                  (unsigned long long)L->ckpt_lsn);
         return;
@@ -162,7 +162,7 @@ static void load_seg_header(const char *dir, const kd_hdr *h, kd_seg *s) {
         snprintf(s->why, sizeof s->why, "bad magic");
         return;
     }
-    if (pkv_get_u64(b + 56) != XXH3_64bits(b, 56)) {
+    if (!pkv_sum_ok(pkv_get_u64(b + 56), XXH3_64bits(b, 56))) {
         snprintf(s->why, sizeof s->why, "header checksum mismatch");
         return;
     }
@@ -292,7 +292,8 @@ static int frame_records(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
             bad = "record LSN does not follow the frame's";
             break;
         }
-        if (pkv_get_u64(p + rl - REC_TRAILER) != XXH3_64bits_withSeed(p, rl - REC_TRAILER, sd->epoch)) {
+        if (!pkv_sum_ok(pkv_get_u64(p + rl - REC_TRAILER),
+                        XXH3_64bits_withSeed(p, rl - REC_TRAILER, sd->epoch))) {
             bad = "record checksum mismatch";
             break;
         }

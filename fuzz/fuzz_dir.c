@@ -1,0 +1,71 @@
+/*
+ * fuzz_dir.c — builds a cache directory from fuzz input (format in fuzz_dir.h).
+ */
+#include "fuzz_dir.h"
+#include "internal.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+#define MAX_PARTS 6
+
+bool fz_cachedir_build(fz_cachedir *cd, const char *name, const uint8_t *data, size_t size) {
+    if (size < 1) return false;
+    cd->flags = data[0];
+    const uint8_t *part[MAX_PARTS];
+    size_t plen[MAX_PARTS];
+    size_t np = fz_split(data + 1, size - 1, part, plen, MAX_PARTS);
+
+    uint8_t hdr[PKV_PAGE];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, part[0], plen[0] < PKV_PAGE ? plen[0] : PKV_PAGE);
+    pkv_options *o = &cd->o;
+    pkv_options_init(o);
+    o->num_layers = pkv_get_u32(hdr + 16);
+    o->num_kv_heads = pkv_get_u32(hdr + 20);
+    o->head_dim = pkv_get_u32(hdr + 24);
+    o->block_size = pkv_get_u32(hdr + 28);
+    o->dtype = (pkv_dtype)pkv_get_u32(hdr + 32);
+    o->capacity = pkv_get_u64(hdr + 40);
+    uint32_t ml = pkv_get_u32(hdr + 88);
+    if (ml > PKV_MODEL_ID_MAX) ml = PKV_MODEL_ID_MAX;
+    memcpy(cd->model, hdr + 92, ml);
+    cd->model[ml] = 0;
+    o->model_id = cd->model[0] ? cd->model : "fuzz-model";
+    if (cd->flags & 8) {
+        o->num_layers = o->num_kv_heads = 1;
+        o->head_dim = 2;
+        o->block_size = 4;
+        o->dtype = PKV_F32;
+        o->capacity = 8;
+    }
+    pkv_geometry g;
+    if (pkv_geometry_from_options(o, &g)) return false;
+    if (g.capacity > 4096 || g.slot_bytes > (1u << 20) || g.capacity * g.slot_bytes > (16u << 20))
+        return false;
+    o->io = fz_io();
+    o->durability = PKV_DURABLE_NONE;
+    o->group_commit_us = 1000000; /* the harness's own calls flush */
+
+    cd->dir = fz_dir(name);
+    char fname[64];
+    /* The arena: header page, then zeroed slots (sparse). */
+    if (fz_write(cd->dir, "arena", hdr, sizeof hdr)) fz_fail("write arena");
+    {
+        char path[600];
+        snprintf(path, sizeof path, "%s/arena", cd->dir);
+        uint64_t slots = (cd->flags & 2) ? g.capacity / 2 : g.capacity;
+        if (truncate(path, (off_t)(PKV_PAGE + slots * g.slot_bytes))) fz_fail("truncate");
+    }
+    if (np > 1 && plen[1] > 0) {
+        uint64_t lsn = plen[1] >= 24 ? pkv_get_u64(part[1] + 16) : 0;
+        snprintf(fname, sizeof fname, "ckpt-%016llx", (unsigned long long)lsn);
+        if (fz_write(cd->dir, fname, part[1], plen[1])) fz_fail("write ckpt");
+    }
+    for (size_t i = 2; i < np; i++) {
+        uint64_t no = plen[i] >= 24 ? pkv_get_u64(part[i] + 16) : i - 1;
+        snprintf(fname, sizeof fname, "wal-%016llx", (unsigned long long)no);
+        if (fz_write(cd->dir, fname, part[i], plen[i])) fz_fail("write segment");
+    }
+    return true;
+}
