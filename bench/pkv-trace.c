@@ -107,8 +107,8 @@ static void usage(FILE *f) {
 "  --limit N            replay only the first N requests\n"
 "  --payload            also write K/V through pkv_kv() (off: metadata path only)\n"
 "  --prefault           open the cache with PKV_OPEN_PREFAULT\n"
-"  --checkpoint-mib N   log size that triggers a checkpoint (default: the\n"
-"                       engine's, 64 MiB)\n"
+"  --checkpoint-mib N   exact log size that triggers a checkpoint (default: the\n"
+"                       engine's: 64 MiB or the newest snapshot's size)\n"
 "  --check              pkv_check() after each engine replay\n"
 "  --dir DIR            where the temporary cache directory goes (default /tmp);\n"
 "                       it is removed after each capacity\n"
@@ -495,11 +495,15 @@ int main(int argc, char **argv) {
            "largest request holds %" PRIu64 " blocks\n",
            pct(inf_hits * cfg.block_size, t.prompt_tokens), pct(inf_hits, tb.candidate_refs),
            tb.max_req_blocks);
+    char ckpt[96];
+    if (cfg.checkpoint_mib)
+        snprintf(ckpt, sizeof ckpt, "every %" PRIu64 " MiB of log", cfg.checkpoint_mib);
+    else
+        snprintf(ckpt, sizeof ckpt, "the engine's default (64 MiB of log or the snapshot's size)");
     printf("  engine: %s, durability NONE, payload %s, prefault %s, batch %u tokens, "
-           "checkpoint every %" PRIu64 " MiB of log, arena under %s\n",
+           "checkpoints %s, arena under %s\n",
            cfg.no_engine ? "off" : "on", cfg.payload ? "on" : "off", cfg.prefault ? "on" : "off",
-           cfg.batch, cfg.checkpoint_mib ? cfg.checkpoint_mib : 64,
-           cfg.arena_dir ? cfg.arena_dir : cfg.dir);
+           cfg.batch, ckpt, cfg.arena_dir ? cfg.arena_dir : cfg.dir);
 
     if (cfg.csv) {
         g_csv = fopen(cfg.csv, "w");
