@@ -20,19 +20,22 @@
 #include <stdlib.h>
 #include <xxhash.h>
 
+static size_t pool_token_bytes(const pkv_pool *p) {
+    return (size_t)p->capacity * p->block_size * sizeof(uint32_t);
+}
+
 int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
     memset(p, 0, sizeof *p);
     p->capacity = capacity;
     p->block_size = block_size;
     p->bs_shift = (block_size & (block_size - 1)) ? -1 : __builtin_ctz(block_size);
     size_t meta_bytes = (size_t)capacity * sizeof(pkv_block);
-    p->b = pkv_huge_alloc(meta_bytes, false);
-    p->tokens = pkv_huge_alloc((size_t)capacity * block_size * sizeof(uint32_t), true);
+    p->b = pkv_huge_alloc(meta_bytes);
+    p->tokens = pkv_huge_alloc(pool_token_bytes(p));
     if (!p->b || !p->tokens) {
         pkv_pool_free(p);
         return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
     }
-    memset(p->b, 0, meta_bytes);
     p->free.head = p->free.tail = PKV_NONE;
     p->lru.head = p->lru.tail = PKV_NONE;
     for (uint32_t i = 0; i < capacity; i++) {
@@ -44,8 +47,8 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
 }
 
 void pkv_pool_free(pkv_pool *p) {
-    free(p->b);
-    free(p->tokens);
+    pkv_huge_free(p->b, (size_t)p->capacity * sizeof(pkv_block));
+    pkv_huge_free(p->tokens, pool_token_bytes(p));
     p->b = NULL;
     p->tokens = NULL;
 }

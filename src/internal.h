@@ -315,9 +315,11 @@ void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id);
 
 /* ---- Large arrays (hugemem.c) ---------------------------------------------- */
 
-/* n bytes (zeroed if zero), 2 MiB-aligned with transparent huge pages advised
- * when n >= 2 MiB; free with free(). NULL when out of memory. */
-void *pkv_huge_alloc(size_t n, bool zero);
+/* n zeroed bytes, 2 MiB-aligned with transparent huge pages advised when
+ * n >= 2 MiB (else 64-byte aligned heap memory). NULL when out of memory. */
+void *pkv_huge_alloc(size_t n);
+/* Free what pkv_huge_alloc(n) returned (NULL is fine). */
+void pkv_huge_free(void *p, size_t n);
 /* Advise MADV_HUGEPAGE for the 2 MiB pages wholly inside [p, p + n). */
 void pkv_hint_huge(void *p, size_t n);
 

@@ -22,7 +22,7 @@
 int pkv_index_init(pkv_index *ix, uint32_t capacity) {
     uint64_t n = 16;
     while (n < 2ull * capacity) n <<= 1;
-    ix->slots = pkv_huge_alloc(n * sizeof *ix->slots, false);
+    ix->slots = pkv_huge_alloc(n * sizeof *ix->slots);
     if (!ix->slots) return pkv_err(PKV_ENOMEM, "prefix index of %llu slots",
                                    (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++) {
@@ -36,7 +36,7 @@ int pkv_index_init(pkv_index *ix, uint32_t capacity) {
 }
 
 void pkv_index_free(pkv_index *ix) {
-    free(ix->slots);
+    pkv_huge_free(ix->slots, (size_t)(ix->mask + 1) * sizeof *ix->slots);
     ix->slots = NULL;
 }
 
