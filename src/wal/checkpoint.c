@@ -283,6 +283,18 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
 /* The body is read a chunk at a time into one reused buffer and decompressed
  * straight into the raw snapshot (no buffer the size of the whole file), hashing
  * as it goes; the raw snapshot is used only if the whole body's checksum holds. */
+/* Read n body bytes at body offset *bo into buf, hash them into st and advance
+ * *bo. 0, 1 if the file ends first, or a negative error (message set). */
+static int read_hashed(const pkv_io_ops *io, int fd, const char *path, uint8_t *buf,
+                       size_t n, uint64_t *bo, XXH3_state_t *st) {
+    long r = io->pread(io->ctx, fd, buf, n, CKPT_HDR + *bo);
+    if (r < 0) return io_err((int)r, "read", path);
+    if ((size_t)r != n) return 1;
+    XXH3_64bits_update(st, buf, n);
+    *bo += n;
+    return 0;
+}
+
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
                   uint64_t *end_lsn, uint8_t **raw_out, size_t *len_out) {
     uint8_t h[CKPT_HDR];
@@ -351,17 +363,11 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
             if (bodylen - bo < 8) bad = true;
         }
         if (bad) want = bodylen - bo < ccap ? (size_t)(bodylen - bo) : ccap;
-        r = io->pread(io->ctx, fd, cbuf, want, CKPT_HDR + bo);
-        if (r < 0) {
-            rc = io_err((int)r, "read", path);
-            goto out;
-        }
-        if ((size_t)r != want) {
+        if ((rc = read_hashed(io, fd, path, cbuf, want, &bo, st)) < 0) goto out;
+        if (rc) {
             shortread = true;
             break;
         }
-        XXH3_64bits_update(st, cbuf, want);
-        bo += want;
         if (bad) continue;
         n = pkv_get_u32(cbuf);
         cl = pkv_get_u32(cbuf + 4);
@@ -369,17 +375,11 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
             bad = true;
             continue;
         }
-        r = io->pread(io->ctx, fd, cbuf, cl, CKPT_HDR + bo);
-        if (r < 0) {
-            rc = io_err((int)r, "read", path);
-            goto out;
-        }
-        if ((size_t)r != cl) {
+        if ((rc = read_hashed(io, fd, path, cbuf, cl, &bo, st)) < 0) goto out;
+        if (rc) {
             shortread = true;
             break;
         }
-        XXH3_64bits_update(st, cbuf, cl);
-        bo += cl;
         int d = LZ4_decompress_safe((const char *)cbuf, (char *)raw + ro, (int)cl, (int)n);
         if (d != (int)n) {
             bad = true;

@@ -537,23 +537,24 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     return 0;
 }
 
+/* Raise *stop under the lock, wake the thread and join it, if it runs. */
+static void stop_thread(pkv_cache *c, bool *running, bool *stop, pthread_cond_t *cv,
+                        pthread_t thr) {
+    if (!*running) return;
+    pthread_mutex_lock(&c->lock);
+    *stop = true;
+    pthread_cond_signal(cv);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(thr, NULL);
+    *running = false;
+}
+
 int pkv_wal_stop(pkv_cache *c) {
     pkv_wal *w = &c->wal;
-    if (w->ckpt_running) { /* first, while the flusher still serves its waits */
-        pthread_mutex_lock(&c->lock);
-        w->ckpt_stop = true;
-        pthread_cond_signal(&w->cv_ckpt);
-        pthread_mutex_unlock(&c->lock);
-        pthread_join(w->ckpt_thr, NULL);
-        w->ckpt_running = false;
-    }
+    /* The checkpoint thread first, while the flusher still serves its waits. */
+    stop_thread(c, &w->ckpt_running, &w->ckpt_stop, &w->cv_ckpt, w->ckpt_thr);
     if (!w->running) return 0;
-    pthread_mutex_lock(&c->lock);
-    w->stop = true;
-    pthread_cond_signal(&w->cv_work);
-    pthread_mutex_unlock(&c->lock);
-    pthread_join(w->thr, NULL);
-    w->running = false;
+    stop_thread(c, &w->running, &w->stop, &w->cv_work, w->thr);
     return w->failed;
 }
 
