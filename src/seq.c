@@ -263,6 +263,23 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
     s->len += n;
 }
 
+/* The decode fast path of append: one token into the sequence's partial last
+ * block when that block is its own (ref 1, so no copy-on-write, and open, since a
+ * partial block is never sealed). It takes no block and logs nothing, so it needs
+ * no plan. append_fast_ok() changes nothing; append_fast() cannot fail. */
+static inline bool append_fast_ok(const pkv_cache *c, const pkv_seq *s) {
+    return pkv_bmod(&c->pool, s->len) != 0 && c->pool.b[s->blocks[s->nblocks - 1]].ref == 1;
+}
+
+static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slot *slot) {
+    pkv_pool *p = &c->pool;
+    uint32_t off = pkv_bmod(p, s->len), blk = s->blocks[s->nblocks - 1];
+    p->tokens[(uint64_t)blk * p->block_size + off] = token;
+    slot->block = blk;
+    slot->offset = off;
+    s->len++;
+}
+
 int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots) {
     if (!tokens || !slots || n == 0)
@@ -274,6 +291,11 @@ int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
 retry:
     s = find_seq(c, id, &rc);
     if (!s) goto out;
+    if (n == 1 && append_fast_ok(c, s)) {
+        append_fast(c, s, tokens[0], slots);
+        rc = finish(c);
+        goto out;
+    }
     if ((rc = append_plan_make(c, s, n, 0, &ap)) == 1) goto retry;
     if (rc || (rc = pkv_wal_reserve(c, ap.log))) goto out;
     append_apply(c, s, tokens, n, slots, &ap);
@@ -345,6 +367,22 @@ static void commit_apply(pkv_cache *c, pkv_seq *s, const commit_plan *cp) {
     c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
 }
 
+/* The decode fast path of commit: n pending tokens that continue the partial tail
+ * block without filling it, when the last record logged is this sequence's
+ * unflushed COMMIT: nothing is sealed and that record grows in place by their ids
+ * (pkv_log_commit_grow). The same state and log bytes as commit_apply. false:
+ * nothing changed, take the general path (which also reports errors). */
+static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
+    const pkv_pool *p = &c->pool;
+    uint64_t old = s->committed, newc = old + n;
+    if (n > s->len - old || pkv_bdiv(p, newc) != pkv_bdiv(p, old) || pkv_bmod(p, old) == 0 ||
+        c->wal.cap - c->wal.len < 4 * n + 8 || !pkv_log_commit_grow(c, s, old, newc))
+        return false;
+    s->committed = newc;
+    c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
+    return true;
+}
+
 int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
     if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
     MUTATING_ENTRY(c);
@@ -352,6 +390,10 @@ int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
     commit_plan cp = {0};
     pkv_seq *s = find_seq(c, id, &rc);
     if (!s) goto out;
+    if (commit_fast(c, s, n)) {
+        rc = finish(c);
+        goto out;
+    }
     if ((rc = commit_plan_make(c, s, n, &cp)) || (rc = pkv_wal_reserve(c, cp.log))) goto out;
     commit_apply(c, s, &cp);
     rc = finish(c);
@@ -373,6 +415,14 @@ int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint
 retry:
     s = find_seq(c, id, &rc);
     if (!s) goto out;
+    /* Decode: the append needs no plan and the commit leaves len and the table as
+     * they are, so checking the append first and then trying the commit keeps
+     * all-or-nothing. */
+    if (n == 1 && append_fast_ok(c, s) && (n_commit == 0 || commit_fast(c, s, n_commit))) {
+        append_fast(c, s, tokens[0], slots);
+        rc = finish(c);
+        goto out;
+    }
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) goto out;
     /* Planned on the table before the commit, which is valid: the commit seals only
      * full blocks, so the partial last block the append writes into is unchanged, and

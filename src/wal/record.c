@@ -195,11 +195,12 @@ static bool commit_coalescable(const pkv_wal *w, uint64_t id, uint64_t old) {
            pkv_get_u64(w->buf + w->mc_off + REC_HDR + 8) == old; /* continues it */
 }
 
-/* Grow the candidate record by the tokens [old, new) of the tail block it ends in. */
-static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+/* Grow the candidate record by the tokens [old, newc) of the tail block it ends in
+ * (the pool holds their ids). The caller has reserved room for them. */
+static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old, uint64_t newc) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
-    uint64_t newc = s->committed, bi = pkv_bdiv(p, old);
+    uint64_t bi = pkv_bdiv(p, old);
     if (pkv_bmod(p, old) == 0 || pkv_bdiv(p, newc) != bi) return false;
     uint8_t *r = w->buf + w->mc_off, *q = r + REC_HDR;
     uint32_t nb = pkv_get_u32(q + 20), ntail = pkv_get_u32(q + 28);
@@ -222,12 +223,16 @@ static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old) {
     return true;
 }
 
+bool pkv_log_commit_grow(pkv_cache *c, const pkv_seq *s, uint64_t old, uint64_t newc) {
+    return commit_coalescable(&c->wal, s->id, old) && commit_extend(c, s, old, newc);
+}
+
 void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
     bool merge = commit_coalescable(w, s->id, old);
     if (merge) {
-        if (commit_extend(c, s, old)) return;
+        if (commit_extend(c, s, old, s->committed)) return;
         old = w->mc_old; /* rewrite it as one commit from where it started */
     }
     uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);

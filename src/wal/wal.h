@@ -211,6 +211,11 @@ static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
 /* Log a commit from old_committed to s->committed; coalesced into the previous
  * record when that is an unflushed COMMIT of the same sequence. */
 void pkv_log_commit(pkv_cache *c, const struct pkv_seq *s, uint64_t old_committed);
+/* The decode fast path of pkv_log_commit: when the last record is the unflushed
+ * COMMIT of s and [old, newc) continues its partial tail block, grow it by those
+ * tokens and return true (room for 4 * (newc - old) + 8 bytes reserved; s->committed
+ * is set by the caller afterwards). Otherwise change nothing and return false. */
+bool pkv_log_commit_grow(pkv_cache *c, const struct pkv_seq *s, uint64_t old, uint64_t newc);
 static inline size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
 void pkv_log_seq_block(pkv_cache *c, const struct pkv_seq *s, uint32_t idx, uint32_t ntok);
 static inline size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
