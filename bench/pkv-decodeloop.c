@@ -1,14 +1,16 @@
 /*
  * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
  *
- *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP]]]]]
+ *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL]]]]]]
  *
  * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
  * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, 16-token blocks, CAPACITY
  * blocks, default 1048576), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
- * with STEP 1 one pkv_seq_commit_append(1, 1) per token. Prints wall-clock and
+ * with STEP 1 one pkv_seq_commit_append(1, 1) per token. FILL 1 first fills the
+ * whole cache with cached blocks (one sequence prefilled and closed), so every block
+ * the loop takes is an eviction, as on a cache in service. Prints wall-clock and
  * calling-thread CPU nanoseconds per token. Under valgrind --tool=callgrind
  * --instr-atstart=no only the loop is counted (when valgrind/callgrind.h exists).
  * Built with -DPKV_DECODELOOP_NO_STEP it runs against libraries without
@@ -48,7 +50,7 @@ static unsigned long long arg(int argc, char **argv, int i, unsigned long long d
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
-                        "[STEP]]]]]\n", argv[0]);
+                        "[STEP [FILL]]]]]]\n", argv[0]);
         return 2;
     }
     uint64_t ntok = arg(argc, argv, 2, 0);
@@ -72,6 +74,23 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint32_t x = 12345;
+    if (arg(argc, argv, 8, 0)) { /* fill: every block cached, none free */
+        uint32_t buf[512];
+        pkv_slot sl[512];
+        uint64_t left = o.capacity * o.block_size;
+        rc = pkv_seq_open(c, 2, 0, NULL, 0, NULL);
+        while (!rc && left) {
+            size_t k = left < 512 ? (size_t)left : 512;
+            for (size_t i = 0; i < k; i++) buf[i] = (x = x * 1103515245u + 12345u) >> 8;
+            if (!(rc = pkv_seq_append(c, 2, buf, k, sl))) rc = pkv_seq_commit(c, 2, k);
+            left -= k;
+        }
+        if (!rc) rc = pkv_seq_close(c, 2);
+        if (rc) {
+            fprintf(stderr, "fill: %s: %s\n", pkv_strerror(rc), pkv_last_error());
+            return 1;
+        }
+    }
     CALLGRIND_START_INSTRUMENTATION;
     uint64_t t0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_THREAD_CPUTIME_ID);
     for (uint64_t i = 0; i < ntok && !rc; i++) {

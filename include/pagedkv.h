@@ -207,6 +207,23 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
 int pkv_seq_commit_append(pkv_cache *cache, uint64_t id, size_t n_commit,
                           const uint32_t *tokens, size_t n, pkv_slot *slots);
 
+/* One sequence's part of a batched decode step (pkv_seq_step_batch). */
+typedef struct pkv_step {
+    uint64_t id;       /* the sequence */
+    uint32_t n_commit; /* pending tokens to commit first, as pkv_seq_commit (0: none) */
+    uint32_t token;    /* the token to append after the commit */
+    pkv_slot slot;     /* out: where that token's K/V goes */
+} pkv_step;
+
+/* A decode step for a batch of sequences in one call: for i = 0, 1, ... n-1 in order,
+ * pkv_seq_commit_append(cache, steps[i].id, steps[i].n_commit, &steps[i].token, 1,
+ * &steps[i].slot), under one lock acquisition. Each step is all-or-nothing; the
+ * batch stops at the first step that fails and returns that error, with *done (may
+ * be NULL) the number of steps carried out: steps [0, *done) took effect and have
+ * their slots, steps [*done, n) changed nothing. Under PKV_DURABLE_ALWAYS it waits
+ * once, after the last step. PKV_EINVAL if steps is NULL or n is 0. */
+int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
+
 /* Create sequence `child` sharing every block of `parent`, the partial last block
  * included, with the parent's salt. The parent must have no pending tokens
  * (PKV_ESTATE otherwise). */

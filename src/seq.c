@@ -402,38 +402,73 @@ out:
     return rc;
 }
 
-int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
-                          size_t n, pkv_slot *slots) {
-    if (n && (!tokens || !slots))
-        return pkv_err(PKV_EINVAL, "append of %zu tokens needs tokens and slots", n);
-    if (n_commit == 0 && n == 0) return pkv_err(PKV_EINVAL, "nothing to commit or append");
-    MUTATING_ENTRY(c);
+/* One decode step of sequence `id`, the cache lock held and the cache writable:
+ * commit n_commit pending tokens, then append n. All-or-nothing. Freed blocks are
+ * stamped; the caller reaches the commit point. */
+static int step_locked(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
+                       size_t n, pkv_slot *slots) {
     int rc = 0;
     pkv_seq *s;
     commit_plan cp = {0};
     append_plan ap = {0};
 retry:
     s = find_seq(c, id, &rc);
-    if (!s) goto out;
+    if (!s) return rc;
     /* Decode: the append needs no plan and the commit leaves len and the table as
      * they are, so checking the append first and then trying the commit keeps
      * all-or-nothing. */
     if (n == 1 && append_fast_ok(c, s) && (n_commit == 0 || commit_fast(c, s, n_commit))) {
         append_fast(c, s, tokens[0], slots);
-        rc = finish(c);
-        goto out;
+        return 0;
     }
-    if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) goto out;
+    if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
     /* Planned on the table before the commit, which is valid: the commit seals only
      * full blocks, so the partial last block the append writes into is unchanged, and
      * nothing is shared once pending tokens exist. Each seal may dedupe onto a cached
      * block, taking it off the LRU: that many spare blocks are required. */
     if (n && (rc = append_plan_make(c, s, n, cp.full - cp.first, &ap)) == 1) goto retry;
-    if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) goto out;
+    if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) return rc;
     if (n_commit) commit_apply(c, s, &cp);
     if (n) append_apply(c, s, tokens, n, slots, &ap);
-    rc = finish(c);
-out:
+    if (c->limbo.tail != PKV_NONE) pkv_limbo_stamp(c);
+    return 0;
+}
+
+int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
+                          size_t n, pkv_slot *slots) {
+    if (n && (!tokens || !slots))
+        return pkv_err(PKV_EINVAL, "append of %zu tokens needs tokens and slots", n);
+    if (n_commit == 0 && n == 0) return pkv_err(PKV_EINVAL, "nothing to commit or append");
+    MUTATING_ENTRY(c);
+    int rc = step_locked(c, id, n_commit, tokens, n, slots);
+    if (!rc) rc = pkv_wal_commit_point(c);
+    pkv_unlock(c);
+    return rc;
+}
+
+/* The steps run in order, each exactly as pkv_seq_commit_append would (the log
+ * throttle and the writability check included), under one lock acquisition; the
+ * freed blocks of each step are stamped before the next, so a later step can wait
+ * for them like a later call. Durability is waited for once, after the last. */
+int pkv_seq_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done) {
+    if (done) *done = 0;
+    if (!steps || n == 0) return pkv_err(PKV_EINVAL, "a batch needs steps and n > 0");
+    MUTATING_ENTRY(c);
+    int rc = 0;
+    size_t i = 0;
+    for (; i < n; i++) {
+        pkv_step *st = &steps[i];
+        if (i) {
+            pkv_wal_throttle(c);
+            if ((rc = pkv_wal_writable(c))) break;
+        }
+        if ((rc = step_locked(c, st->id, st->n_commit, &st->token, 1, &st->slot))) break;
+    }
+    if (i) {
+        int wrc = pkv_wal_commit_point(c);
+        if (!rc) rc = wrc;
+    }
+    if (done) *done = i;
     pkv_unlock(c);
     return rc;
 }

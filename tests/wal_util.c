@@ -564,6 +564,37 @@ int wu_do_commit_append(wu_wl *w, uint64_t id, size_t nc, const uint32_t *t, siz
     return 0;
 }
 
+int wu_do_step_batch(wu_wl *w, const uint64_t *ids, const uint32_t *nc, const uint32_t *t,
+                     size_t n, size_t *done)
+{
+    pkv_step st[64];
+    WU_ASSERT(n >= 1 && n <= 64, "batch of %zu steps", n);
+    for (size_t i = 0; i < n; i++)
+        st[i] = (pkv_step){.id = ids[i], .n_commit = nc[i], .token = t[i],
+                           .slot = {0xFFFFFFFFu, 0xFFFFFFFFu}};
+    size_t k = (size_t)-1;
+    int rc = wl_call(w, pkv_seq_step_batch(w->c, st, n, &k), "pkv_seq_step_batch");
+    WU_ASSERT(k <= n && (rc != 0 || k == n), "step batch of %zu: done %zu, rc %d", n, k, rc);
+    if (done) *done = k;
+    uint32_t bs = w->inf.block_size;
+    for (size_t i = 0; i < k; i++) { /* steps [0, k) took effect, in order */
+        wu_seq *s = wu_model_find(&w->m, ids[i]);
+        WU_ASSERT(s, "step %zu: sequence %llu not in the model", i, (unsigned long long)ids[i]);
+        s->committed += nc[i];
+        wu_seq_reserve(s, s->len + 2);
+        size_t p = s->len;
+        WU_ASSERT(st[i].slot.block < w->inf.capacity && st[i].slot.offset == p % bs,
+                  "step %zu: slot (%u, %u) for position %zu", i, st[i].slot.block,
+                  st[i].slot.offset, p);
+        s->tok[p] = t[i];
+        uint64_t h = pt_hstep(pt_hprefix(s->salt, s->tok, p), t[i]);
+        wu_kv_write(w->c, &w->inf, st[i].slot.block, st[i].slot.offset, h);
+        if (w->written) w->written(w->hctx, st[i].slot.block, st[i].slot.offset);
+        s->len++;
+    }
+    return rc;
+}
+
 int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child)
 {
     uint64_t ch = w->next_id++;

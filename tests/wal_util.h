@@ -174,6 +174,10 @@ int wu_do_commit(wu_wl *w, uint64_t id, size_t n);
 /* pkv_seq_commit_append(id, nc, t, k): commit nc pending tokens, append t[0..k) and
  * write their K/V (all-or-nothing, so the model changes only on success). */
 int wu_do_commit_append(wu_wl *w, uint64_t id, size_t nc, const uint32_t *t, size_t k);
+/* pkv_seq_step_batch over steps (ids[i], nc[i], t[i]), i < n <= 64: the model takes
+ * steps [0, *done) (done may be NULL) and their K/V is written. */
+int wu_do_step_batch(wu_wl *w, const uint64_t *ids, const uint32_t *nc, const uint32_t *t,
+                     size_t n, size_t *done);
 int wu_do_fork(wu_wl *w, uint64_t parent, uint64_t *child);
 int wu_do_truncate(wu_wl *w, uint64_t id, size_t new_len);
 int wu_do_close(wu_wl *w, uint64_t id);
