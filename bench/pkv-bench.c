@@ -361,6 +361,7 @@ enum {
     M_STEP_KV_NS_TOKEN,
     M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,
+    M_STEP_BATCH_NS_TOKEN,
     M_APPEND_NS,
     M_APPEND_ALLOC_NS,
     M_COMMIT_NS,
@@ -412,6 +413,9 @@ static const metric_def metric_defs[M_COUNT] = {
                             "ns/token", 0},
     [M_BATCH_NS_TOKEN] = {"decode_batch_ns_per_token",
                           "(c) decode append(1)+commit(1), 64 seqs round-robin", "ns/token", 0},
+    [M_STEP_BATCH_NS_TOKEN] = {"decode_step_batch_ns_per_token",
+                               "(c) decode step, 64 seqs in one pkv_seq_step_batch call",
+                               "ns/token", 0},
     [M_APPEND_NS] = {"append_ns", "    append(1) within a block", "ns/call", 0},
     [M_APPEND_ALLOC_NS] = {"append_alloc_ns", "    append(1) that takes a new block",
                            "ns/call", 0},
@@ -821,6 +825,50 @@ static void micro_seal(bench *b, unsigned run, run_result *res) {
     res->m[M_SEAL_NS_BLOCK] = n_com ? res->m[M_COMMIT_SEAL_NS] - res->m[M_COMMIT_NS] : NAN;
 }
 
+/* (c) batched decode: BATCH_SEQS sequences, one pkv_seq_step_batch call per step
+ * of the whole batch (each step commits the token before and appends the next), as
+ * a batched decoder would call it; sized like the seal split. */
+static void micro_step_batch(bench *b, unsigned run, run_result *res) {
+    snprintf(g_phase, sizeof g_phase, "run %u, (c) step batch", run);
+    rng r;
+    rng_init(&r, cfg.seed, 11);
+    const uint32_t bs = cfg.block_size;
+    uint64_t nseq = BATCH_SEQS, nblk = BATCH_BLOCKS;
+    while (nblk > 1 && nseq * nblk * bs > (1u << 18)) nblk /= 2;
+    while (nseq * nblk > micro_block_budget() && nblk > 1) nblk /= 2;
+    while (nseq * nblk > micro_block_budget() && nseq > 1) nseq /= 2;
+    pkv_step st[BATCH_SEQS];
+    uint32_t *tok = xmalloc(nseq * sizeof *tok);
+    uint64_t t = 0, n = 0;
+    for (unsigned round = 0; round < BATCH_ROUNDS; round++) {
+        for (uint64_t s = 0; s < nseq; s++) {
+            st[s].id = b->next_id++;
+            PKV(pkv_seq_open(b->c, st[s].id, 0, NULL, 0, NULL));
+        }
+        for (uint64_t pos = 0; pos < nblk * bs; pos++) {
+            fill_tokens(&r, tok, nseq);
+            for (uint64_t s = 0; s < nseq; s++) {
+                st[s].n_commit = pos ? 1 : 0;
+                st[s].token = tok[s];
+            }
+            size_t done;
+            uint64_t t0 = now_ns();
+            PKV(pkv_seq_step_batch(b->c, st, nseq, &done));
+            t += now_ns() - t0;
+            n += nseq;
+            if (cfg.payload)
+                for (uint64_t s = 0; s < nseq; s++) write_payload(b, &st[s].slot, &tok[s], 1);
+        }
+        for (uint64_t s = 0; s < nseq; s++) {
+            PKV(pkv_seq_commit(b->c, st[s].id, 1));
+            PKV(pkv_seq_close(b->c, st[s].id));
+        }
+        check_stop();
+    }
+    free(tok);
+    res->m[M_STEP_BATCH_NS_TOKEN] = (double)t / (double)n;
+}
+
 /* ---- One run ----------------------------------------------------------------- */
 
 static void open_cache(bench *b, unsigned run, run_result *res) {
@@ -877,6 +925,7 @@ static void do_run(bench *b, unsigned run, run_result *res) {
                  cfg.payload, false);
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
+    micro_step_batch(b, run, res);
     PKV(pkv_stats(b->c, &res->st_final));
     if (cfg.check) run_check(b, "after the micro-benchmarks");
     close_cache(b);

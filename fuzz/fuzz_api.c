@@ -251,6 +251,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             rc = pkv_sync(c);
             FZ_ASSERT(rc == 0, "pkv_sync: %d %s", rc, pkv_last_error());
             break;
+        case 14: { /* a batched decode step over distinct ids (id NIDS+1: unknown) */
+            pkv_step st[NIDS + 1];
+            size_t n = 0, done = 99;
+            uint8_t mask = fz_u8(&in);
+            bool room = true;
+            for (int k = 0; k <= NIDS; k++) {
+                if (!(mask >> k & 1) && !(k == id && (mask & 0x80))) continue;
+                room = room && (k == NIDS || model[k].len + 1 < MAXTOK);
+                st[n++] = (pkv_step){.id = (uint64_t)k + 1, .n_commit = fz_u8(&in) % 3u,
+                                     .token = fz_u8(&in) & 3u};
+            }
+            if (n == 0 || !room) break;
+            snprintf(when, sizeof when, "step batch of %zu", n);
+            rc = pkv_seq_step_batch(c, st, n, &done);
+            FZ_ASSERT(done <= n && (rc == 0) == (done == n), "%s: rc %d, done %zu", when, rc,
+                      done);
+            for (size_t i = 0; i < done; i++) { /* steps [0, done) took effect */
+                mseq *x = &model[st[i].id - 1];
+                FZ_ASSERT(st[i].id <= NIDS && x->open && st[i].n_commit <= x->len - x->committed,
+                          "%s: step %zu should have failed", when, i);
+                FZ_ASSERT(st[i].slot.block < cap && st[i].slot.offset == x->len % bs,
+                          "%s: step %zu slot (%u, %u)", when, i, st[i].slot.block,
+                          st[i].slot.offset);
+                x->committed += st[i].n_commit;
+                x->tok[x->len] = st[i].token;
+                write_kv(c, st[i].slot, x->salt, x->tok, x->len);
+                x->len++;
+            }
+            if (done < n) { /* the failing step: the error names why */
+                mseq *x = st[done].id <= NIDS ? &model[st[done].id - 1] : NULL;
+                if (!x || !x->open) FZ_ASSERT(rc == PKV_ENOSEQ, "%s: unknown id gave %d", when, rc);
+                else if (st[done].n_commit > x->len - x->committed)
+                    FZ_ASSERT(rc == PKV_ESTATE, "%s: gave %d", when, rc);
+                else FZ_ASSERT(rc == PKV_EFULL, "%s: %d %s", when, rc, pkv_last_error());
+            }
+            break;
+        }
         default: /* close and reopen: committed tokens of open sequences survive */
             snprintf(when, sizeof when, "reopen");
             pkv_close(c);

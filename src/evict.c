@@ -24,6 +24,31 @@ void pkv_evict_on_referenced(pkv_cache *c, uint32_t b) {
     pkv_list_remove(&c->pool, &c->pool.lru, b);
 }
 
+/* The next pkv_block_alloc takes the free list's head or, with none free, evicts
+ * the LRU head: its record, its LRU successor and parent records and its index slot
+ * are then written, each a likely cache miss on a large cache. A decoder calls this
+ * a few tokens before its block fills: stage 0 prefetches the head records, stage 1
+ * (a token later, the head record now cached) the lines that record points to. */
+void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
+    const pkv_pool *p = &c->pool;
+    if (p->free.head != PKV_NONE) {
+        if (stage == 0) pkv_prefetch(&p->b[p->free.head]);
+        else pkv_prefetch(pkv_pool_tokens(p, p->free.head));
+        return;
+    }
+    uint32_t b = p->lru.head;
+    if (b == PKV_NONE) return;
+    const pkv_block *x = &p->b[b];
+    if (stage == 0) {
+        pkv_prefetch(x);
+        return;
+    }
+    if (x->next != PKV_NONE) pkv_prefetch(&p->b[x->next]);
+    if (x->parent != PKV_NONE) pkv_prefetch(&p->b[x->parent]);
+    pkv_index_prefetch(&c->index, x->hash.lo);
+    pkv_prefetch(pkv_pool_tokens(p, b));
+}
+
 uint32_t pkv_evict_one(pkv_cache *c) {
     pkv_pool *p = &c->pool;
     uint32_t b = p->lru.head;

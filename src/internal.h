@@ -386,6 +386,8 @@ void pkv_limbo_stamp(pkv_cache *c);
 /* Evict the least recently released cached leaf; returns it, now BLK_FREE and off
  * every list, or PKV_NONE if nothing is evictable. */
 uint32_t pkv_evict_one(pkv_cache *c);
+/* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1; evict.c). */
+void pkv_alloc_prefetch(const pkv_cache *c, int stage);
 /* The eviction policy's view of ref transitions of sealed blocks. */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b);
 void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);

@@ -267,17 +267,48 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
  * block when that block is its own (ref 1, so no copy-on-write, and open, since a
  * partial block is never sealed). It takes no block and logs nothing, so it needs
  * no plan. append_fast_ok() changes nothing; append_fast() cannot fail. */
+/* The block s's last token just filled will be sealed by the commit of that token:
+ * hash it now and start loading its prefix-index slot, the seal's likely miss (the
+ * seal hashes again; this costs one hash of block_size ids). Only when the parent
+ * is already sealed, as in decoding. */
+static void seal_prefetch(const pkv_cache *c, const pkv_seq *s) {
+    const pkv_pool *p = &c->pool;
+    uint32_t i = s->nblocks - 1;
+    pkv_h128 ph;
+    if (i == 0) ph = pkv_hash_root(c->arena.secret, s->salt);
+    else if (p->b[s->blocks[i - 1]].state == BLK_SEALED) ph = p->b[s->blocks[i - 1]].hash;
+    else return;
+    pkv_h128 h = pkv_hash_block(c->arena.secret, ph, pkv_pool_tokens(p, s->blocks[i]),
+                                p->block_size);
+    pkv_index_prefetch(&c->index, h.lo);
+}
+
 static inline bool append_fast_ok(const pkv_cache *c, const pkv_seq *s) {
     return pkv_bmod(&c->pool, s->len) != 0 && c->pool.b[s->blocks[s->nblocks - 1]].ref == 1;
 }
 
 static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slot *slot) {
     pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
     uint32_t off = pkv_bmod(p, s->len), blk = s->blocks[s->nblocks - 1];
-    p->tokens[(uint64_t)blk * p->block_size + off] = token;
+    p->tokens[(uint64_t)blk * bs + off] = token;
     slot->block = blk;
     slot->offset = off;
     s->len++;
+    /* A few tokens before the block fills, start loading what its seal and the
+     * next block's allocation will touch, so those misses overlap decoding. */
+    if (pkv_unlikely(off + 5 >= bs) && bs >= 8) {
+        if (off + 5 == bs) {
+            pkv_alloc_prefetch(c, 0);
+        } else if (off + 3 == bs) {
+            pkv_alloc_prefetch(c, 1);
+            if (c->arena.geo.block_bytes <= 4096) /* the seal's checksum reads it */
+                for (uint64_t k = 0; k < c->arena.geo.block_bytes; k += 64)
+                    pkv_prefetch(pkv_arena_block(&c->arena, blk) + k);
+        } else if (off + 1 == bs) {
+            seal_prefetch(c, s);
+        }
+    }
 }
 
 int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
@@ -316,6 +347,10 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     pkv_h128 ph = i ? p->b[parent].hash : pkv_hash_root(c->arena.secret, s->salt);
     const uint32_t *toks = pkv_pool_tokens(p, b);
     pkv_h128 h = pkv_hash_block(c->arena.secret, ph, toks, p->block_size);
+    /* The index probe is a likely miss: start it, and checksum the payload while it
+     * loads (the checksum is wasted only when the block dedupes, which is rare). */
+    pkv_index_prefetch(&c->index, h.lo);
+    uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
     uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
     if (e != PKV_NONE) {
         pkv_block_acquire(c, e);
@@ -329,7 +364,7 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     x->parent = parent;
     x->salt = s->salt;
     x->flags = 0;
-    x->payload_sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
+    x->payload_sum = sum;
     pkv_index_insert(&c->index, h.lo, b);
     p->n_sealed++;
     if (parent != PKV_NONE) p->b[parent].nchild++;
