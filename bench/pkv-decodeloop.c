@@ -8,7 +8,8 @@
  * blocks, default 1048576), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
- * with STEP 1 one pkv_seq_commit_append(1, 1) per token. FILL 1 first fills the
+ * with STEP 1 one pkv_seq_commit_append(1, 1) per token, with STEP 2 one
+ * pkv_seq_step_batch call per step of 64 sequences (TOKENS in all). FILL 1 first fills the
  * whole cache with cached blocks (one sequence prefilled and closed), so every block
  * the loop takes is an eviction, as on a cache in service. Prints wall-clock and
  * calling-thread CPU nanoseconds per token. Under valgrind --tool=callgrind
@@ -91,9 +92,24 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    enum { NB = 64 };
+    pkv_step st[NB];
+    for (uint64_t k = 0; step == 2 && k < NB && !rc; k++) {
+        st[k].id = 100 + k;
+        rc = pkv_seq_open(c, st[k].id, 0, NULL, 0, NULL);
+    }
     CALLGRIND_START_INSTRUMENTATION;
     uint64_t t0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_THREAD_CPUTIME_ID);
-    for (uint64_t i = 0; i < ntok && !rc; i++) {
+    for (uint64_t i = 0; step == 2 && i < ntok / NB && !rc; i++) {
+        for (int k = 0; k < NB; k++) {
+            st[k].n_commit = i ? 1 : 0;
+            st[k].token = (x = x * 1103515245u + 12345u) >> 8;
+        }
+        size_t done;
+        rc = pkv_seq_step_batch(c, st, NB, &done);
+    }
+    if (step == 2) ntok = ntok / NB * NB;
+    for (uint64_t i = 0; step != 2 && i < ntok && !rc; i++) {
         x = x * 1103515245u + 12345u;
         uint32_t tok = x >> 8;
         pkv_slot s;
@@ -109,7 +125,7 @@ int main(int argc, char **argv) {
             }
         if (!rc && !step) rc = pkv_seq_commit(c, 1, 1);
     }
-    if (!rc && step && ntok) rc = pkv_seq_commit(c, 1, 1);
+    if (!rc && step == 1 && ntok) rc = pkv_seq_commit(c, 1, 1);
     uint64_t t1 = ns(CLOCK_MONOTONIC), c1 = ns(CLOCK_THREAD_CPUTIME_ID);
     CALLGRIND_STOP_INSTRUMENTATION;
     if (rc) {

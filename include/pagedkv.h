@@ -220,8 +220,9 @@ typedef struct pkv_step {
  * &steps[i].slot), under one lock acquisition. Each step is all-or-nothing; the
  * batch stops at the first step that fails and returns that error, with *done (may
  * be NULL) the number of steps carried out: steps [0, *done) took effect and have
- * their slots, steps [*done, n) changed nothing. Under PKV_DURABLE_ALWAYS it waits
- * once, after the last step. PKV_EINVAL if steps is NULL or n is 0. */
+ * their slots, steps [*done, n) changed nothing. Name a sequence at most once per
+ * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step. PKV_EINVAL if
+ * steps is NULL or n is 0. */
 int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
 
 /* Create sequence `child` sharing every block of `parent`, the partial last block
