@@ -292,6 +292,12 @@ typedef struct pkv_seq {
     uint64_t committed; /* tokens whose K/V is committed */
     uint32_t *blocks;   /* block table: ceil(len / block_size) entries */
     uint32_t nblocks, cap;
+    /* Its latest COMMIT record while it may still grow in place (wal/record.c):
+     * valid while mc_gen == wal.gen (0: none); at buf + mc_off, its slot ending at
+     * mc_end, written from committed length mc_old. */
+    uint64_t mc_gen;
+    size_t mc_off, mc_end;
+    uint64_t mc_old;
 } pkv_seq;
 
 typedef struct pkv_seqmap {
@@ -352,6 +358,8 @@ static inline void pkv_unlock(pkv_cache *c) { pthread_mutex_unlock(&c->lock); }
 
 /* Fast paths of the log calls every mutation makes (wal/log.c has the rest). */
 static inline int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+    /* the next record may first leave the last COMMIT's unused slot as slack */
+    if (c->wal.tail_end > c->wal.len) bytes += c->wal.tail_end - c->wal.len;
     return pkv_likely(c->wal.cap - c->wal.len >= bytes) ? 0 : pkv_wal_grow(c, bytes);
 }
 static inline int pkv_wal_writable(pkv_cache *c) {

@@ -59,6 +59,15 @@ int pkv_wal_grow(pkv_cache *c, size_t bytes) {
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     pkv_wal *w = &c->wal;
     size_t total = pkv_rec_size(payload);
+    if (w->tail_end > w->len) { /* keep the last COMMIT's slot: slack (record.c) */
+        size_t k = w->tail_end - w->len;
+        pkv_assert(k >= 8 && k % 8 == 0 && w->cap - w->len >= k);
+        pkv_put_u32(w->buf + w->len, 0);
+        pkv_put_u32(w->buf + w->len + 4, (uint32_t)k);
+        w->len += k;
+        w->slack += k;
+    }
+    w->tail_end = 0;
     pkv_assert(w->cap - w->len >= total);
     uint8_t *r = w->buf + w->len;
     memset(r, 0, total);
@@ -213,6 +222,24 @@ static void frame_seal(uint8_t *buf, size_t len, uint32_t epoch, uint64_t first,
     pkv_put_u64(buf + 24, XXH3_64bits_digest(&st));
 }
 
+/* Squeeze the slack left behind growable COMMITs (record.c) out of the records in
+ * buf[FRAME_HDR, len): a slack run starts with a u32 0 (no record has length 0)
+ * and its u32 size. Returns the new length. */
+static size_t frame_squeeze(uint8_t *buf, size_t len) {
+    size_t dst = FRAME_HDR;
+    for (size_t off = FRAME_HDR; off < len;) {
+        uint32_t rl = pkv_get_u32(buf + off);
+        if (rl == 0) {
+            off += pkv_get_u32(buf + off + 4);
+            continue;
+        }
+        if (dst != off) memmove(buf + dst, buf + off, rl);
+        dst += rl;
+        off += rl;
+    }
+    return dst;
+}
+
 /* One group commit. Lock held on entry and exit; released during I/O. */
 static void flush_once(pkv_cache *c, bool hard) {
     pkv_wal *w = &c->wal;
@@ -238,8 +265,13 @@ static void flush_once(pkv_cache *c, bool hard) {
     w->fcap = fcap;
     w->len = FRAME_HDR;
     w->nrec = 0;
+    bool slack = w->slack != 0;
+    w->slack = 0;
+    pkv_wal_no_coalesce(w); /* the records taken are final */
     if (arena_sync) w->arena_dirty = w->seal_dirty = false;
     pthread_mutex_unlock(&c->lock);
+
+    if (slack) len = frame_squeeze(fb, len);
 
     int rc = 0;
     const char *what = NULL;

@@ -157,7 +157,8 @@ void pkv_log_evict(pkv_cache *c, uint32_t b) {
 }
 
 /* The committed part of a sequence's table, and its partial tail. */
-void pkv_log_seq_set(pkv_cache *c, const pkv_seq *s) {
+void pkv_log_seq_set(pkv_cache *c, pkv_seq *s) {
+    s->mc_gen = 0; /* a new table: no COMMIT to continue */
     uint32_t bs = c->pool.block_size;
     uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
     uint32_t ntail = (uint32_t)(s->committed % bs);
@@ -179,37 +180,47 @@ void pkv_log_seq_set(pkv_cache *c, const pkv_seq *s) {
  * entries from old/B on, the tail tokens from old on. Two commits of a sequence,
  * old -> c1 and then c1 -> c2, therefore replay exactly like the single commit
  * old -> c2 written with the table and tokens as they are after the second,
- * provided nothing else was logged between them (any other record, a SEAL
- * included, ends the run) and the table entries below c1/B did not change without
- * a record (they cannot: only a seal, a copy-on-write or a truncation changes a
- * committed entry, and each logs). When the last record appended is such a
- * COMMIT and still sits in the unflushed buffer, a frame not yet written, it is
- * rewritten in place and keeps its LSN: no state the log can recover to is lost,
- * since a frame is recovered whole or not at all. A decode loop then logs one
- * COMMIT per block (plus its SEAL) instead of one per token; in the common case
- * (the new tokens continue the record's partial tail block) the record just grows
- * by their ids. */
-static bool commit_coalescable(const pkv_wal *w, uint64_t id, uint64_t old) {
-    return w->mc_lsn != 0 && w->mc_seq == id && w->mc_lsn == w->next_lsn - 1 &&
-           w->nrec != 0 && w->buf_first_lsn <= w->mc_lsn &&
-           pkv_get_u64(w->buf + w->mc_off + REC_HDR + 8) == old; /* continues it */
-}
+ * provided no other record about the sequence came between them (a SEAL of its
+ * block, a copy-on-write, a truncation: each is logged, and ends the run) and the
+ * table entries below c1/B did not change without a record (they cannot). Records
+ * about other sequences and blocks in between do not matter: none of them depends
+ * on this sequence's committed length, and while the COMMIT still sits in the
+ * unflushed buffer it is in the same frame as they are, and a frame is recovered
+ * whole or not at all, so no state the log can recover to is lost or invented.
+ *
+ * So each sequence remembers its latest COMMIT while that record is in the
+ * current buffer (pkv_seq.mc_*, valid while mc_gen == wal.gen; the generation
+ * changes when the flusher takes the buffer and when a checkpoint fixes an LSN),
+ * and a later commit that continues it within the same tail block grows it in
+ * place, keeping its LSN. A decode loop then logs one COMMIT per block (plus its
+ * SEAL) instead of one per token, and so does a batched decoder interleaving many
+ * sequences. To grow while other records follow it, a COMMIT that ends inside a
+ * block owns a slot: room for the ids of the rest of that block. When another
+ * record is appended behind it, the unused part of the slot is left as slack (a
+ * u32 0, then the slack's u32 size) that later growth eats into; the flusher
+ * squeezes slack out before it checksums and writes the frame (log.c), so the
+ * bytes on disk are exactly the records. */
 
-/* Grow the candidate record by the tokens [old, newc) of the tail block it ends in
- * (the pool holds their ids). The caller has reserved room for them. */
-static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old, uint64_t newc) {
+/* Grow s's COMMIT by the tokens [old, newc) of the tail block it ends in (the pool
+ * holds their ids), within its slot. The caller has reserved room for a record. */
+static bool commit_extend(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
+    if (s->mc_gen != w->gen) return false;
     uint64_t bi = pkv_bdiv(p, old);
     if (pkv_bmod(p, old) == 0 || pkv_bdiv(p, newc) != bi) return false;
-    uint8_t *r = w->buf + w->mc_off, *q = r + REC_HDR;
+    uint8_t *r = w->buf + s->mc_off, *q = r + REC_HDR;
+    if (pkv_get_u64(q + 8) != old) return false; /* it does not end where we start */
     uint32_t nb = pkv_get_u32(q + 20), ntail = pkv_get_u32(q + 28);
-    pkv_assert(nb > 0);
+    pkv_assert(nb > 0 && pkv_get_u64(q) == s->id);
     if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[bi]) return false;
     uint32_t k = (uint32_t)(newc - old), off = pkv_bmod(p, old);
     size_t payload = 32 + 4ull * nb + 4ull * (ntail + k);
     size_t total = pkv_rec_size(payload), end = REC_HDR + payload;
-    pkv_assert(w->cap - w->mc_off >= total);
+    size_t cur = pkv_get_u32(r);
+    bool last = s->mc_off + cur == w->len;
+    if (s->mc_off + total > s->mc_end) return false; /* beyond its slot */
+    pkv_assert(w->cap - s->mc_off >= total);
     const uint32_t *t = pkv_pool_tokens(p, s->blocks[bi]) + off;
     uint8_t *dst = q + 32 + 4ull * nb + 4ull * ntail;
     if (k == 1) pkv_put_u32(dst, *t); /* decode: one token, no memcpy call */
@@ -219,37 +230,50 @@ static bool commit_extend(pkv_cache *c, const pkv_seq *s, uint64_t old, uint64_t
     pkv_put_u64(q + 8, newc);
     pkv_put_u32(q + 28, ntail + k);
     pkv_put_u32(r, (uint32_t)total);
-    w->len = w->mc_off + total;
+    if (last) {
+        w->len = s->mc_off + total;
+    } else if (total > cur) { /* eat into the slack behind it */
+        size_t left = s->mc_end - (s->mc_off + total);
+        if (left) {
+            pkv_put_u32(r + total, 0);
+            pkv_put_u32(r + total + 4, (uint32_t)left);
+        }
+        pkv_assert(w->slack >= total - cur);
+        w->slack -= total - cur;
+    }
     return true;
 }
 
-bool pkv_log_commit_grow(pkv_cache *c, const pkv_seq *s, uint64_t old, uint64_t newc) {
-    return commit_coalescable(&c->wal, s->id, old) && commit_extend(c, s, old, newc);
+bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
+    return commit_extend(c, s, old, newc);
 }
 
-void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
+void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
-    bool merge = commit_coalescable(w, s->id, old);
-    if (merge) {
-        if (commit_extend(c, s, old, s->committed)) return;
-        old = w->mc_old; /* rewrite it as one commit from where it started */
-    }
+    const uint32_t bs = p->block_size;
+    if (commit_extend(c, s, old, s->committed)) return;
+    /* The last record is this sequence's COMMIT and we continue it, but not within
+     * its tail block: rewrite it as one commit from where it started. */
+    bool merge = s->mc_gen == w->gen && s->mc_off + pkv_get_u32(w->buf + s->mc_off) == w->len &&
+                 pkv_get_u64(w->buf + s->mc_off + REC_HDR + 8) == old;
+    if (merge) old = s->mc_old;
     uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);
     uint32_t tail = pkv_bmod(p, s->committed);
     uint64_t tail_start = s->committed - tail; /* first position of the tail block */
     uint32_t tail_off = tail ? (uint32_t)((old > tail_start ? old : tail_start) - tail_start) : 0;
     uint32_t ntail = tail ? tail - tail_off : 0;
     size_t payload = 32 + 4 * (n - first) + 4ull * ntail;
-    size_t off = w->len;
-    uint8_t *q = merge ? pkv_wal_reappend(c, w->mc_off, REC_COMMIT, payload)
-                       : pkv_wal_append(c, REC_COMMIT, payload);
-    if (!merge) {
-        w->mc_lsn = w->next_lsn - 1;
-        w->mc_seq = s->id;
-        w->mc_old = old;
-        w->mc_off = off;
-    }
+    uint8_t *q = merge ? pkv_wal_reappend(c, s->mc_off, REC_COMMIT, payload)
+                       : pkv_wal_append(c, REC_COMMIT, payload); /* after any slack */
+    size_t off = (size_t)(q - REC_HDR - w->buf);
+    s->mc_gen = w->gen;
+    s->mc_off = off;
+    if (!merge) s->mc_old = old;
+    /* Its slot: room to grow by the ids of the rest of its tail block. */
+    size_t grow = tail ? 4ull * (bs - 1 - tail) : 0;
+    s->mc_end = off + pkv_rec_size(payload + grow);
+    w->tail_end = s->mc_end;
     pkv_put_u64(q, s->id);
     pkv_put_u64(q + 8, s->committed);
     pkv_put_u32(q + 16, (uint32_t)first);
@@ -261,7 +285,8 @@ void pkv_log_commit(pkv_cache *c, const pkv_seq *s, uint64_t old) {
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[n - 1]) + tail_off, ntail);
 }
 
-void pkv_log_seq_block(pkv_cache *c, const pkv_seq *s, uint32_t idx, uint32_t ntok) {
+void pkv_log_seq_block(pkv_cache *c, pkv_seq *s, uint32_t idx, uint32_t ntok) {
+    s->mc_gen = 0; /* ends its COMMIT run */
     uint8_t *q = pkv_wal_append(c, REC_SEQ_BLOCK, 24 + 4ull * ntok);
     pkv_put_u64(q, s->id);
     pkv_put_u32(q + 8, idx);
@@ -270,7 +295,8 @@ void pkv_log_seq_block(pkv_cache *c, const pkv_seq *s, uint32_t idx, uint32_t nt
     put_tokens(q + 24, pkv_pool_tokens(&c->pool, s->blocks[idx]), ntok);
 }
 
-void pkv_log_trunc(pkv_cache *c, const pkv_seq *s, uint32_t tail_block) {
+void pkv_log_trunc(pkv_cache *c, pkv_seq *s, uint32_t tail_block) {
+    s->mc_gen = 0; /* ends its COMMIT run */
     uint32_t bs = c->pool.block_size;
     uint32_t ntok = tail_block == PKV_NONE ? 0 : (uint32_t)(s->committed % bs);
     uint8_t *q = pkv_wal_append(c, REC_TRUNC, 24 + 4ull * ntok);

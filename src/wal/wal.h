@@ -110,17 +110,17 @@ typedef struct pkv_wal {
     uint8_t *fbuf; /* the flusher's swapped-out buffer */
     size_t fcap;
 
-    /* COMMIT coalescing (record.c, docs/format.md): the last record appended, when
-     * it is a COMMIT of sequence mc_seq still in buf (not yet handed to the
-     * flusher), may be rewritten in place -- same LSN -- to cover a later commit
-     * of the same sequence. mc_lsn 0: no candidate. Whoever snapshots the state at
-     * an LSN while records may still be appended behind it (a checkpoint) must
-     * call pkv_wal_no_coalesce() first: replay after the snapshot skips that LSN,
-     * so the record must not change any more. */
-    uint64_t mc_lsn;
-    uint64_t mc_seq;
-    uint64_t mc_old;      /* the committed length the record starts from */
-    size_t mc_off;        /* its offset in buf */
+    /* COMMIT coalescing (record.c, docs/format.md). gen names the current buffer's
+     * generation: a sequence's latest COMMIT (pkv_seq.mc_*) may still grow in place
+     * while its mc_gen equals it. It changes when the flusher takes the buffer and
+     * when a checkpoint fixes an LSN (pkv_wal_no_coalesce: replay after the snapshot
+     * skips the records up to it, so they must not change any more). tail_end: when
+     * the last record is such a COMMIT, the end of its slot; the next record appended
+     * behind it leaves the unused part as slack (pkv_wal_reserve counts it). slack:
+     * slack bytes in buf, squeezed out by the flusher before it writes the frame. */
+    uint64_t gen;
+    size_t tail_end;
+    size_t slack;
 
     uint64_t next_lsn;    /* next LSN to assign (cache lock) */
     uint64_t written_lsn; /* handed to the OS (survives a process crash) */
@@ -161,7 +161,10 @@ static inline size_t pkv_rec_size(size_t payload) {
     return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
 }
 /* Forget the COMMIT coalescing candidate (see pkv_wal.mc_lsn). */
-static inline void pkv_wal_no_coalesce(pkv_wal *w) { w->mc_lsn = 0; }
+static inline void pkv_wal_no_coalesce(pkv_wal *w) {
+    w->gen++;
+    w->tail_end = 0;
+}
 /* Record a live segment (recovery and rotation). */
 int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start);
 /* Start the flusher with an open segment after recovery. */
@@ -204,22 +207,23 @@ void pkv_log_evict(pkv_cache *c, uint32_t b);
 static inline size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
     return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
 }
-void pkv_log_seq_set(pkv_cache *c, const struct pkv_seq *s);
+void pkv_log_seq_set(pkv_cache *c, struct pkv_seq *s);
 static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
     return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
 }
 /* Log a commit from old_committed to s->committed; coalesced into the previous
  * record when that is an unflushed COMMIT of the same sequence. */
-void pkv_log_commit(pkv_cache *c, const struct pkv_seq *s, uint64_t old_committed);
-/* The decode fast path of pkv_log_commit: when the last record is the unflushed
- * COMMIT of s and [old, newc) continues its partial tail block, grow it by those
- * tokens and return true (room for 4 * (newc - old) + 8 bytes reserved; s->committed
- * is set by the caller afterwards). Otherwise change nothing and return false. */
-bool pkv_log_commit_grow(pkv_cache *c, const struct pkv_seq *s, uint64_t old, uint64_t newc);
+void pkv_log_commit(pkv_cache *c, struct pkv_seq *s, uint64_t old_committed);
+/* The decode fast path of pkv_log_commit: when s's latest COMMIT is still in the
+ * buffer and [old, newc) continues its partial tail block within its slot, grow it
+ * by those tokens and return true (room for 4 * (newc - old) + 8 bytes reserved;
+ * s->committed is set by the caller afterwards). Otherwise change nothing and
+ * return false. */
+bool pkv_log_commit_grow(pkv_cache *c, struct pkv_seq *s, uint64_t old, uint64_t newc);
 static inline size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
-void pkv_log_seq_block(pkv_cache *c, const struct pkv_seq *s, uint32_t idx, uint32_t ntok);
+void pkv_log_seq_block(pkv_cache *c, struct pkv_seq *s, uint32_t idx, uint32_t ntok);
 static inline size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
-void pkv_log_trunc(pkv_cache *c, const struct pkv_seq *s, uint32_t tail_block);
+void pkv_log_trunc(pkv_cache *c, struct pkv_seq *s, uint32_t tail_block);
 static inline size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
 void pkv_log_close(pkv_cache *c, uint64_t id);
 static inline size_t pkv_log_bad_size(void) { return pkv_rec_size(8); }
