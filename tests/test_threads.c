@@ -116,6 +116,30 @@ static bool run_worker(worker *w)
             WFAIL(w, "commit child -> %d", r);
         if (!wverify(w, id + 1, u, m, m))
             return false;
+        /* Decode both together, a batched step (pkv_seq_step_batch) per token. */
+        size_t k = 1 + pt_below(&rng, 4);
+        if (cut + k <= PLEN && m + k <= PLEN) {
+            for (size_t j = 0; j < k; j++) {
+                pkv_step st[2] = {{.id = id, .n_commit = j ? 1 : 0, .token = 7},
+                                  {.id = id + 1, .n_commit = j ? 1 : 0, .token = 8}};
+                size_t done = 0;
+                if ((r = pkv_seq_step_batch(w->c, st, 2, &done)) || done != 2)
+                    WFAIL(w, "step batch -> %d, done %zu (%s)", r, done, pkv_last_error());
+                uint32_t *arr[2] = {t, u};
+                size_t pos[2] = {cut + j, m + j};
+                for (int q = 0; q < 2; q++) {
+                    arr[q][pos[q]] = st[q].token;
+                    uint64_t h = pt_hstep(pt_hprefix(0, arr[q], pos[q]), st[q].token);
+                    pt_write_token(w->c, &w->inf, st[q].slot.block, st[q].slot.offset, h);
+                }
+            }
+            if ((r = pkv_seq_commit(w->c, id, 1)) || (r = pkv_seq_commit(w->c, id + 1, 1)))
+                WFAIL(w, "commit after decode -> %d", r);
+            cut += k;
+            m += k;
+            if (!wverify(w, id, t, cut, cut) || !wverify(w, id + 1, u, m, m))
+                return false;
+        }
         if (it % 16 == 0) {
             char why[256] = "";
             if ((r = pkv_check(w->c, why, sizeof why)))
