@@ -577,6 +577,40 @@ Test(misuse, seq_commit)
     ms_free(&m);
 }
 
+Test(misuse, seq_commit_append_and_step_batch)
+{
+    pkv_cache *c = make_cache(); /* seq 1: 10 tokens, 2 of them pending */
+    ms_snap m;
+    ms_take(&m, c);
+    pkv_slot slots[4];
+    memset(slots, 0xEE, sizeof slots);
+    MS_BAD(c, &m, pkv_seq_commit_append(NULL, 1, 1, A, 1, slots), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 0, NULL, 0, NULL), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 0, NULL, 1, slots), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 0, A, 1, NULL), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 99, 0, A, 1, slots), PKV_ENOSEQ);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 3, A, 1, slots), PKV_ESTATE);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, SIZE_MAX, A, 1, slots), PKV_ESTATE);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 2, A, SIZE_MAX, slots), PKV_EFULL);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert(slots[i].block == 0xEEEEEEEEu, "a failing step wrote slot %zu", i);
+    pkv_step st[2] = {{.id = 1, .n_commit = 2, .token = 5, .slot = {0xEEEEEEEEu, 0xEEEEEEEEu}},
+                      {.id = 99, .n_commit = 0, .token = 6, .slot = {0xEEEEEEEEu, 0xEEEEEEEEu}}};
+    size_t done = 77;
+    MS_BAD(c, &m, pkv_seq_step_batch(NULL, st, 2, &done), PKV_EINVAL);
+    cr_assert_eq(done, 0);
+    MS_BAD(c, &m, pkv_seq_step_batch(c, NULL, 2, &done), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_step_batch(c, st, 0, &done), PKV_EINVAL);
+    cr_assert_eq(done, 0);
+    /* The first step fails: nothing changed, done = 0, its slot untouched. */
+    MS_BAD(c, &m, pkv_seq_step_batch(c, st + 1, 1, &done), PKV_ENOSEQ);
+    cr_assert_eq(done, 0);
+    st[0].n_commit = 3;
+    MS_BAD(c, &m, pkv_seq_step_batch(c, st, 2, NULL), PKV_ESTATE);
+    cr_assert(st[0].slot.block == 0xEEEEEEEEu && st[1].slot.block == 0xEEEEEEEEu);
+    ms_free(&m);
+}
+
 Test(misuse, seq_fork)
 {
     pkv_cache *c = make_cache();
@@ -739,6 +773,11 @@ Test(misuse, read_only_cache)
     MS_BAD(c, &m, pkv_seq_open(c, 9, 0, NULL, 0, NULL), PKV_ERDONLY);
     MS_BAD(c, &m, pkv_seq_append(c, 1, A, 1, slots), PKV_ERDONLY);
     MS_BAD(c, &m, pkv_seq_commit(c, 1, 1), PKV_ERDONLY);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 1, A, 1, slots), PKV_ERDONLY);
+    pkv_step one = {.id = 1, .n_commit = 0, .token = 3};
+    size_t done = 77;
+    MS_BAD(c, &m, pkv_seq_step_batch(c, &one, 1, &done), PKV_ERDONLY);
+    cr_assert_eq(done, 0);
     MS_BAD(c, &m, pkv_seq_fork(c, 1, 9), PKV_ERDONLY);
     MS_BAD(c, &m, pkv_seq_truncate(c, 1, 3), PKV_ERDONLY);
     MS_BAD(c, &m, pkv_seq_truncate(c, 1, 8), PKV_ERDONLY);
@@ -815,6 +854,11 @@ static void failed_state(int err)
     MS_BAD(c, &m, pkv_seq_open(c, 9, 0, NULL, 0, NULL), PKV_EFAILED);
     MS_BAD(c, &m, pkv_seq_append(c, 1, A, 1, slots), PKV_EFAILED);
     MS_BAD(c, &m, pkv_seq_append(c, 3, A, 1, slots), PKV_EFAILED);
+    MS_BAD(c, &m, pkv_seq_commit_append(c, 1, 0, A, 1, slots), PKV_EFAILED);
+    pkv_step one = {.id = 1, .n_commit = 0, .token = 3};
+    size_t done = 77;
+    MS_BAD(c, &m, pkv_seq_step_batch(c, &one, 1, &done), PKV_EFAILED);
+    cr_assert_eq(done, 0);
     MS_BAD(c, &m, pkv_seq_fork(c, 1, 9), PKV_EFAILED);
     MS_BAD(c, &m, pkv_seq_truncate(c, 1, 3), PKV_EFAILED);
     MS_BAD(c, &m, pkv_seq_truncate(c, 4, 0), PKV_EFAILED);
