@@ -10,6 +10,9 @@
  *    (ref 1); a sequence without pending tokens may share its partial last block
  *    (after a fork);
  *  - a block appears at most once in a table.
+ * Decode steps (one token appended into the sequence's own partial block, commits
+ * within it) take fast paths that skip the planning and change the same state; see
+ * docs/design.md "The decode path".
  * Writes never touch a shared or sealed block: append copies a shared partial last
  * block first, truncate copies a shared or sealed block it cuts (copy-on-write).
  *
@@ -263,10 +266,6 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
     s->len += n;
 }
 
-/* The decode fast path of append: one token into the sequence's partial last
- * block when that block is its own (ref 1, so no copy-on-write, and open, since a
- * partial block is never sealed). It takes no block and logs nothing, so it needs
- * no plan. append_fast_ok() changes nothing; append_fast() cannot fail. */
 /* The block s's last token just filled will be sealed by the commit of that token:
  * hash it now and start loading its prefix-index slot, the seal's likely miss (the
  * seal hashes again; this costs one hash of block_size ids). Only when the parent
@@ -283,6 +282,10 @@ static void seal_prefetch(const pkv_cache *c, const pkv_seq *s) {
     pkv_index_prefetch(&c->index, h.lo);
 }
 
+/* The decode fast path of append: one token into the sequence's partial last
+ * block when that block is its own (ref 1, so no copy-on-write, and open, since a
+ * partial block is never sealed). It takes no block and logs nothing, so it needs
+ * no plan. append_fast_ok() changes nothing; append_fast() cannot fail. */
 static inline bool append_fast_ok(const pkv_cache *c, const pkv_seq *s) {
     return pkv_bmod(&c->pool, s->len) != 0 && c->pool.b[s->blocks[s->nblocks - 1]].ref == 1;
 }
@@ -403,10 +406,10 @@ static void commit_apply(pkv_cache *c, pkv_seq *s, const commit_plan *cp) {
 }
 
 /* The decode fast path of commit: n pending tokens that continue the partial tail
- * block without filling it, when the last record logged is this sequence's
- * unflushed COMMIT: nothing is sealed and that record grows in place by their ids
- * (pkv_log_commit_grow). The same state and log bytes as commit_apply. false:
- * nothing changed, take the general path (which also reports errors). */
+ * block without filling it, when the sequence's latest COMMIT is still in the
+ * unflushed buffer and can grow: nothing is sealed and that record grows in place
+ * by their ids (pkv_log_commit_grow). The same state and log bytes as commit_apply.
+ * false: nothing changed, take the general path (which also reports errors). */
 static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
     const pkv_pool *p = &c->pool;
     uint64_t old = s->committed, newc = old + n;
