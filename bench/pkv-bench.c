@@ -768,6 +768,17 @@ static void micro_prefill(bench *b, unsigned run, run_result *res) {
     free(tok);
 }
 
+/* The (c) batch: BATCH_SEQS sequences growing BATCH_BLOCKS blocks each, fewer of
+ * both for big blocks or a small cache. */
+static void batch_size(uint64_t *nseq, uint64_t *nblk) {
+    uint64_t ns = BATCH_SEQS, nb = BATCH_BLOCKS;
+    while (nb > 1 && ns * nb * cfg.block_size > (1u << 18)) nb /= 2; /* big blocks: fewer */
+    while (ns * nb > micro_block_budget() && nb > 1) nb /= 2;
+    while (ns * nb > micro_block_budget() && ns > 1) ns /= 2;
+    *nseq = ns;
+    *nblk = nb;
+}
+
 /* (c) seal, split: BATCH_SEQS sequences decoded round-robin; each position within
  * a block is timed over all sequences at once, appends and commits separately. */
 static void micro_seal(bench *b, unsigned run, run_result *res) {
@@ -775,10 +786,8 @@ static void micro_seal(bench *b, unsigned run, run_result *res) {
     rng r;
     rng_init(&r, cfg.seed, 6);
     const uint32_t bs = cfg.block_size;
-    uint64_t nseq = BATCH_SEQS, nblk = BATCH_BLOCKS;
-    while (nblk > 1 && nseq * nblk * bs > (1u << 18)) nblk /= 2; /* big blocks: fewer */
-    while (nseq * nblk > micro_block_budget() && nblk > 1) nblk /= 2;
-    while (nseq * nblk > micro_block_budget() && nseq > 1) nseq /= 2;
+    uint64_t nseq, nblk;
+    batch_size(&nseq, &nblk);
 
     uint64_t ids[BATCH_SEQS];
     pkv_slot slots[BATCH_SEQS];
@@ -837,10 +846,8 @@ static void micro_step_batch(bench *b, unsigned run, run_result *res) {
     rng r;
     rng_init(&r, cfg.seed, 11);
     const uint32_t bs = cfg.block_size;
-    uint64_t nseq = BATCH_SEQS, nblk = BATCH_BLOCKS;
-    while (nblk > 1 && nseq * nblk * bs > (1u << 18)) nblk /= 2;
-    while (nseq * nblk > micro_block_budget() && nblk > 1) nblk /= 2;
-    while (nseq * nblk > micro_block_budget() && nseq > 1) nseq /= 2;
+    uint64_t nseq, nblk;
+    batch_size(&nseq, &nblk);
     pkv_step st[BATCH_SEQS];
     uint32_t *tok = xmalloc(nseq * sizeof *tok);
     uint64_t t = 0, n = 0;

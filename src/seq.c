@@ -314,31 +314,6 @@ static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slo
     }
 }
 
-int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
-                   pkv_slot *slots) {
-    if (!tokens || !slots || n == 0)
-        return pkv_err(PKV_EINVAL, "append needs tokens, slots and n > 0");
-    MUTATING_ENTRY(c);
-    int rc = 0;
-    pkv_seq *s;
-    append_plan ap = {0};
-retry:
-    s = find_seq(c, id, &rc);
-    if (!s) goto out;
-    if (n == 1 && append_fast_ok(c, s)) {
-        append_fast(c, s, tokens[0], slots);
-        rc = finish(c);
-        goto out;
-    }
-    if ((rc = append_plan_make(c, s, n, 0, &ap)) == 1) goto retry;
-    if (rc || (rc = pkv_wal_reserve(c, ap.log))) goto out;
-    append_apply(c, s, tokens, n, slots, &ap);
-    rc = finish(c);
-out:
-    pkv_unlock(c);
-    return rc;
-}
-
 /* Seal the full block at table index i: hash it, then either enter it in the prefix
  * index or, if an identical block is already sealed, switch to that one. */
 static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
@@ -421,28 +396,10 @@ static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
     return true;
 }
 
-int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
-    if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
-    MUTATING_ENTRY(c);
-    int rc = 0;
-    commit_plan cp = {0};
-    pkv_seq *s = find_seq(c, id, &rc);
-    if (!s) goto out;
-    if (commit_fast(c, s, n)) {
-        rc = finish(c);
-        goto out;
-    }
-    if ((rc = commit_plan_make(c, s, n, &cp)) || (rc = pkv_wal_reserve(c, cp.log))) goto out;
-    commit_apply(c, s, &cp);
-    rc = finish(c);
-out:
-    pkv_unlock(c);
-    return rc;
-}
-
-/* One decode step of sequence `id`, the cache lock held and the cache writable:
- * commit n_commit pending tokens, then append n. All-or-nothing. Freed blocks are
- * stamped; the caller reaches the commit point. */
+/* Commit n_commit pending tokens of sequence `id`, then append n (either may be 0,
+ * not both): the body of pkv_seq_commit, pkv_seq_append, pkv_seq_commit_append and
+ * each step of pkv_seq_step_batch, with the cache lock held and the cache writable.
+ * All-or-nothing. Freed blocks are stamped; the caller reaches the commit point. */
 static int step_locked(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
                        size_t n, pkv_slot *slots) {
     int rc = 0;
@@ -455,8 +412,9 @@ retry:
     /* Decode: the append needs no plan and the commit leaves len and the table as
      * they are, so checking the append first and then trying the commit keeps
      * all-or-nothing. */
-    if (n == 1 && append_fast_ok(c, s) && (n_commit == 0 || commit_fast(c, s, n_commit))) {
-        append_fast(c, s, tokens[0], slots);
+    if ((n == 0 || (n == 1 && append_fast_ok(c, s))) &&
+        (n_commit == 0 || commit_fast(c, s, n_commit))) {
+        if (n) append_fast(c, s, tokens[0], slots);
         return 0;
     }
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
@@ -470,6 +428,26 @@ retry:
     if (n) append_apply(c, s, tokens, n, slots, &ap);
     if (c->limbo.tail != PKV_NONE) pkv_limbo_stamp(c);
     return 0;
+}
+
+int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
+                   pkv_slot *slots) {
+    if (!tokens || !slots || n == 0)
+        return pkv_err(PKV_EINVAL, "append needs tokens, slots and n > 0");
+    MUTATING_ENTRY(c);
+    int rc = step_locked(c, id, 0, tokens, n, slots);
+    if (!rc) rc = pkv_wal_commit_point(c);
+    pkv_unlock(c);
+    return rc;
+}
+
+int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
+    if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
+    MUTATING_ENTRY(c);
+    int rc = step_locked(c, id, n, NULL, 0, NULL);
+    if (!rc) rc = pkv_wal_commit_point(c);
+    pkv_unlock(c);
+    return rc;
 }
 
 int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,

@@ -201,16 +201,22 @@ void pkv_log_seq_set(pkv_cache *c, pkv_seq *s) {
  * squeezes slack out before it checksums and writes the frame (log.c), so the
  * bytes on disk are exactly the records. */
 
-/* Grow s's COMMIT by the tokens [old, newc) of the tail block it ends in (the pool
- * holds their ids), within its slot. The caller has reserved room for a record. */
-static bool commit_extend(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
+/* s's latest COMMIT, if it is still in the buffer and ends at committed length
+ * `old` (so a commit from old continues it); else NULL. */
+static uint8_t *live_commit(const pkv_wal *w, const pkv_seq *s, uint64_t old) {
+    if (s->mc_gen != w->gen) return NULL;
+    uint8_t *r = w->buf + s->mc_off;
+    return pkv_get_u64(r + REC_HDR + 8) == old ? r : NULL;
+}
+
+bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
-    if (s->mc_gen != w->gen) return false;
     uint64_t bi = pkv_bdiv(p, old);
     if (pkv_bmod(p, old) == 0 || pkv_bdiv(p, newc) != bi) return false;
-    uint8_t *r = w->buf + s->mc_off, *q = r + REC_HDR;
-    if (pkv_get_u64(q + 8) != old) return false; /* it does not end where we start */
+    uint8_t *r = live_commit(w, s, old);
+    if (!r) return false;
+    uint8_t *q = r + REC_HDR;
     uint32_t nb = pkv_get_u32(q + 20), ntail = pkv_get_u32(q + 28);
     pkv_assert(nb > 0 && pkv_get_u64(q) == s->id);
     if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[bi]) return false;
@@ -244,19 +250,15 @@ static bool commit_extend(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc)
     return true;
 }
 
-bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
-    return commit_extend(c, s, old, newc);
-}
-
 void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
-    if (commit_extend(c, s, old, s->committed)) return;
+    if (pkv_log_commit_grow(c, s, old, s->committed)) return;
     /* The last record is this sequence's COMMIT and we continue it, but not within
      * its tail block: rewrite it as one commit from where it started. */
-    bool merge = s->mc_gen == w->gen && s->mc_off + pkv_get_u32(w->buf + s->mc_off) == w->len &&
-                 pkv_get_u64(w->buf + s->mc_off + REC_HDR + 8) == old;
+    const uint8_t *r = live_commit(w, s, old);
+    bool merge = r && s->mc_off + pkv_get_u32(r) == w->len;
     if (merge) old = s->mc_old;
     uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);
     uint32_t tail = pkv_bmod(p, s->committed);

@@ -160,7 +160,7 @@ uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payloa
 static inline size_t pkv_rec_size(size_t payload) {
     return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
 }
-/* Forget the COMMIT coalescing candidate (see pkv_wal.mc_lsn). */
+/* End every COMMIT run: no record now in the buffer may change (see pkv_wal.gen). */
 static inline void pkv_wal_no_coalesce(pkv_wal *w) {
     w->gen++;
     w->tail_end = 0;
@@ -211,8 +211,8 @@ void pkv_log_seq_set(pkv_cache *c, struct pkv_seq *s);
 static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
     return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
 }
-/* Log a commit from old_committed to s->committed; coalesced into the previous
- * record when that is an unflushed COMMIT of the same sequence. */
+/* Log a commit from old_committed to s->committed; coalesced into the sequence's
+ * latest COMMIT while that record is still in the buffer (record.c). */
 void pkv_log_commit(pkv_cache *c, struct pkv_seq *s, uint64_t old_committed);
 /* The decode fast path of pkv_log_commit: when s's latest COMMIT is still in the
  * buffer and [old, newc) continues its partial tail block within its slot, grow it
