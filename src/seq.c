@@ -399,9 +399,10 @@ static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
 /* Commit n_commit pending tokens of sequence `id`, then append n (either may be 0,
  * not both): the body of pkv_seq_commit, pkv_seq_append, pkv_seq_commit_append and
  * each step of pkv_seq_step_batch, with the cache lock held and the cache writable.
- * All-or-nothing. Freed blocks are stamped; the caller reaches the commit point. */
-static int step_locked(pkv_cache *c, uint64_t id, size_t n_commit, const uint32_t *tokens,
-                       size_t n, pkv_slot *slots) {
+ * All-or-nothing. Freed blocks are stamped; the caller reaches the commit point.
+ * Inlined into each caller, so their constant counts prune what they never do. */
+static pkv_always_inline int step_locked(pkv_cache *c, uint64_t id, size_t n_commit,
+                                         const uint32_t *tokens, size_t n, pkv_slot *slots) {
     int rc = 0;
     pkv_seq *s;
     commit_plan cp = {0};
