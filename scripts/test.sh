@@ -34,7 +34,7 @@ run_suite() { # name, setup args..., -- test args...
 # -Db_sanitize=thread tree, against tests/nocriterion (Criterion cannot run under
 # TSan); only the library and those two tests are compiled.
 run_tsan() {
-  CC=clang PKV_NINJA_TARGETS="tests/test_threads tests/test_stress" run_suite build-tsan \
+  CC=clang PKV_NINJA_TARGETS="tests/test_threads tests/test_stress tests/test_lock" run_suite build-tsan \
     -Dwerror=true -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false -- --setup=tsan
 }
 

@@ -33,9 +33,6 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->arena_secret = c->arena.secret;
     w->arena_fd = c->arena.fd;
     w->seg_fd = -1;
-    pthread_cond_init(&w->cv_work, NULL);
-    pthread_cond_init(&w->cv_done, NULL);
-    pthread_cond_init(&w->cv_ckpt, NULL);
     return 0;
 }
 
@@ -71,13 +68,12 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (rc0) return rc0;
     pkv_cache *c = calloc(1, sizeof *c);
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");
-    pthread_mutex_init(&c->lock, NULL);
+    /* c->lock and the log's condition variables are ready zeroed (lock.c) */
     c->rdonly = opt->flags & PKV_OPEN_RDONLY;
     c->limbo.head = c->limbo.tail = PKV_NONE;
     c->wal.seg_fd = -1;
     int rc = pkv_arena_open(&c->arena, dir, opt, c->rdonly);
     if (rc) {
-        pthread_mutex_destroy(&c->lock);
         free(c);
         return rc;
     }
@@ -113,14 +109,10 @@ void pkv_close(pkv_cache *c) {
     if (!c) return;
     pkv_wal_stop(c); /* flushes and syncs what is left */
     pkv_wal_free(&c->wal);
-    pthread_cond_destroy(&c->wal.cv_work);
-    pthread_cond_destroy(&c->wal.cv_done);
-    pthread_cond_destroy(&c->wal.cv_ckpt);
     pkv_seqmap_free(&c->seqs);
     pkv_index_free(&c->index);
     pkv_pool_free(&c->pool);
     pkv_arena_close(&c->arena);
-    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 

@@ -24,10 +24,12 @@
 #include "pagedkv.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- Internal assertions (mimalloc's mi_assert_internal) ----------------- */
 
@@ -300,6 +302,12 @@ typedef struct pkv_seq {
     uint64_t mc_gen;
     size_t mc_off, mc_end;
     uint64_t mc_old;
+    /* The hash of block pf_blk, its last, computed when the decode fast append
+     * filled it (seq.c seal_prefetch), for the seal to reuse; valid while pf_ok.
+     * Any other change to its tokens or table (append_apply, truncate) clears it. */
+    pkv_h128 pf_hash;
+    uint32_t pf_blk;
+    bool pf_ok;
 } pkv_seq;
 
 typedef struct pkv_seqmap {
@@ -331,6 +339,37 @@ void pkv_huge_free(void *p, size_t n);
 /* Advise MADV_HUGEPAGE for the 2 MiB pages wholly inside [p, p + n). */
 void pkv_hint_huge(void *p, size_t n);
 
+/* ---- The cache lock (lock.c) ------------------------------------------- */
+
+/* A futex mutex: 0 free, 1 held, 2 held and perhaps waited on. Zero-initialized
+ * is unlocked; nothing to destroy. */
+typedef struct pkv_mutex {
+    _Atomic uint32_t v;
+} pkv_mutex;
+/* A condition variable for pkv_mutex (spurious wake-ups possible). Zeroed is ready. */
+typedef struct pkv_cond {
+    _Atomic uint32_t seq, waiters;
+} pkv_cond;
+
+void pkv_mutex_lock_slow(pkv_mutex *m);
+void pkv_mutex_wake(pkv_mutex *m);
+static inline void pkv_mutex_lock(pkv_mutex *m) {
+    uint32_t free_ = 0;
+    if (pkv_unlikely(!atomic_compare_exchange_strong_explicit(
+            &m->v, &free_, 1, memory_order_acquire, memory_order_relaxed)))
+        pkv_mutex_lock_slow(m);
+}
+static inline void pkv_mutex_unlock(pkv_mutex *m) {
+    if (pkv_unlikely(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2))
+        pkv_mutex_wake(m);
+}
+/* Unlock m, sleep until signalled (or, with abs, until that CLOCK_REALTIME
+ * deadline: ETIMEDOUT), lock m again. Returns 0 or ETIMEDOUT. */
+int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs);
+void pkv_cond_wait(pkv_cond *cv, pkv_mutex *m);
+void pkv_cond_signal(pkv_cond *cv);    /* wake one waiter */
+void pkv_cond_broadcast(pkv_cond *cv); /* wake all */
+
 /* ---- The cache (cache.c) ------------------------------------------------- */
 
 #include "wal/wal.h"
@@ -342,7 +381,7 @@ typedef struct pkv_counters {
 } pkv_counters;
 
 struct pkv_cache {
-    pthread_mutex_t lock;
+    pkv_mutex lock; /* guards everything below (lock.c) */
     pkv_arena arena;
     pkv_pool pool;
     pkv_index index;
@@ -355,8 +394,8 @@ struct pkv_cache {
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
 };
 
-static inline void pkv_lock(pkv_cache *c) { pthread_mutex_lock(&c->lock); }
-static inline void pkv_unlock(pkv_cache *c) { pthread_mutex_unlock(&c->lock); }
+static inline void pkv_lock(pkv_cache *c) { pkv_mutex_lock(&c->lock); }
+static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }
 
 /* Fast paths of the log calls every mutation makes (wal/log.c has the rest). */
 static inline int pkv_wal_reserve(pkv_cache *c, size_t bytes) {

@@ -240,6 +240,7 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
     uint32_t have = s->nblocks, off = ap->off;
+    s->pf_ok = false; /* its last block's tokens may change */
     if (ap->cow) {
         /* The copied part is committed (a shared block has no pending tokens),
          * so the durable table must follow the switch. */
@@ -267,10 +268,10 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
 }
 
 /* The block s's last token just filled will be sealed by the commit of that token:
- * hash it now and start loading its prefix-index slot, the seal's likely miss (the
- * seal hashes again; this costs one hash of block_size ids). Only when the parent
- * is already sealed, as in decoding. */
-static void seal_prefetch(const pkv_cache *c, const pkv_seq *s) {
+ * hash it now, keep the hash for the seal (pf_*) and start loading its prefix-index
+ * slot, the seal's likely miss. Only when the parent is already sealed, as in
+ * decoding. */
+static void seal_prefetch(const pkv_cache *c, pkv_seq *s) {
     const pkv_pool *p = &c->pool;
     uint32_t i = s->nblocks - 1;
     pkv_h128 ph;
@@ -279,6 +280,9 @@ static void seal_prefetch(const pkv_cache *c, const pkv_seq *s) {
     else return;
     pkv_h128 h = pkv_hash_block(c->arena.secret, ph, pkv_pool_tokens(p, s->blocks[i]),
                                 p->block_size);
+    s->pf_hash = h;
+    s->pf_blk = s->blocks[i];
+    s->pf_ok = true;
     pkv_index_prefetch(&c->index, h.lo);
 }
 
@@ -324,10 +328,17 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     uint32_t parent = i ? s->blocks[i - 1] : PKV_NONE;
     pkv_h128 ph = i ? p->b[parent].hash : pkv_hash_root(c->arena.secret, s->salt);
     const uint32_t *toks = pkv_pool_tokens(p, b);
-    pkv_h128 h = pkv_hash_block(c->arena.secret, ph, toks, p->block_size);
-    /* The index probe is a likely miss: start it, and checksum the payload while it
-     * loads (the checksum is wasted only when the block dedupes, which is rare). */
-    pkv_index_prefetch(&c->index, h.lo);
+    pkv_h128 h;
+    if (s->pf_ok && s->pf_blk == b) { /* hashed when its last token came (and */
+        h = s->pf_hash;                /* its index slot is loading already) */
+        pkv_assert(pkv_h128_eq(h, pkv_hash_block(c->arena.secret, ph, toks, p->block_size)));
+    } else {
+        h = pkv_hash_block(c->arena.secret, ph, toks, p->block_size);
+        /* The index probe is a likely miss: start it, and checksum the payload
+         * while it loads (wasted only when the block dedupes, which is rare). */
+        pkv_index_prefetch(&c->index, h.lo);
+    }
+    s->pf_ok = false;
     uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
     uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
     if (e != PKV_NONE) {
@@ -571,6 +582,7 @@ retry:
         pkv_block_release(c, cut);
     }
     s->len = new_len;
+    s->pf_ok = false;
     if (s->committed > new_len) s->committed = new_len;
     if (durable_change) pkv_log_trunc(c, s, nb);
     rc = finish(c);

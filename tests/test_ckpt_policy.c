@@ -80,10 +80,10 @@ Test(ckpt_policy, default_threshold_follows_the_snapshot_size)
     o.durability = PKV_DURABLE_GROUP;
     cr_assert_eq(o.checkpoint_bytes, 0, "default checkpoint_bytes");
     pkv_cache *c = pt_open_sub("adaptive", &o);
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     cr_assert(c->wal.ckpt_adaptive && c->wal.ckpt_bytes == 64ull << 20);
     c->wal.ckpt_bytes = 16u << 10; /* the floor, lowered from 64 MiB for the test */
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     fill(c);
     /* Everything logged so far in this checkpoint's count: log the fill's tail
      * flushed only while the checkpoint waits would count toward the next one. */
@@ -91,9 +91,9 @@ Test(ckpt_policy, default_threshold_follows_the_snapshot_size)
     PT_OK(pkv_checkpoint(c));
     PT_CHECK(c);
     pkv_stats_t st = stats(c);
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     uint64_t raw = c->wal.ckpt_raw;
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     cr_assert(raw > 16 * (16u << 10), "snapshot of %llu bytes, want well above the floor",
               (unsigned long long)raw);
     uint64_t n0 = st.checkpoints, id = 1u << 20;
@@ -113,10 +113,10 @@ Test(ckpt_policy, default_threshold_follows_the_snapshot_size)
     /* Reopened, the threshold comes from the checkpoint recovery loaded. */
     pt_close(c);
     c = pt_open_sub("adaptive", &o);
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     cr_assert(c->wal.ckpt_raw > 16 * (16u << 10), "ckpt_raw %llu after reopen",
               (unsigned long long)c->wal.ckpt_raw);
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     PT_CHECK(c);
 }
 
@@ -133,9 +133,9 @@ Test(ckpt_policy, explicit_threshold_is_exact)
      * flushed only while the checkpoint waits would count toward the next one. */
     PT_OK(pkv_sync(c));
     PT_OK(pkv_checkpoint(c));
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     uint64_t raw = c->wal.ckpt_raw;
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     cr_assert(raw > 16 * (16u << 10));
     uint64_t n0 = stats(c).checkpoints, id = 1u << 20;
     churn(c, 64u << 10, &id); /* 4x the threshold, far below the snapshot's size */

@@ -78,7 +78,10 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     w->next_lsn++;
     w->len += total;
     w->records++;
-    if (w->len >= (1u << 20)) pthread_cond_signal(&w->cv_work); /* big group: go */
+    if (pkv_unlikely(w->len >= PKV_WAL_KICK) && !w->kicked) { /* big group: go */
+        w->kicked = true;
+        pkv_cond_signal(&w->cv_work);
+    }
     return r + REC_HDR;
 }
 
@@ -140,13 +143,13 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     if (pkv_wal_path(w, path, sizeof path, "wal-", no)) return -ENAMETOOLONG;
     uint64_t size = w->seg_size > min_size + SEG_HDR ? w->seg_size : min_size + SEG_HDR;
     bool recycled = false;
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     if (w->nspare > 0 && size == w->seg_size) {
         pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
         if (io->rename(io->ctx, spare, path) == 0) recycled = true;
         w->nspare--;
     }
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     int fd = io->open(io->ctx, path, O_RDWR | O_CREAT, 0600);
     if (fd < 0) return fd;
     int rc;
@@ -183,7 +186,7 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
         *what = "fdatasync log";
         return rc;
     }
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     int old = w->seg_fd;
     w->seg_fd = fd;
     w->seg_no = no;
@@ -191,7 +194,7 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     w->seg_off = SEG_HDR;
     w->seg_cap = size;
     rc = pkv_wal_seg_push(w, no, start);
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     if (old >= 0) io->close(io->ctx, old);
     if (rc) {
         *what = "rotate log segment";
@@ -265,11 +268,12 @@ static void flush_once(pkv_cache *c, bool hard) {
     w->fcap = fcap;
     w->len = FRAME_HDR;
     w->nrec = 0;
+    w->kicked = false;
     bool slack = w->slack != 0;
     w->slack = 0;
     pkv_wal_no_coalesce(w); /* the records taken are final */
     if (arena_sync) w->arena_dirty = w->seal_dirty = false;
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
 
     if (slack) len = frame_squeeze(fb, len);
 
@@ -289,7 +293,7 @@ static void flush_once(pkv_cache *c, bool hard) {
         if ((rc = io->sync(io->ctx, w->seg_fd)) < 0) what = "fdatasync log";
     }
 
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     if (rc < 0) {
         if (!w->failed) io_fail(c, rc, what);
     } else {
@@ -305,7 +309,7 @@ static void flush_once(pkv_cache *c, bool hard) {
             w->durable_lsn = w->written_lsn;
         }
     }
-    pthread_cond_broadcast(&w->cv_done);
+    pkv_cond_broadcast(&w->cv_done);
 }
 
 static void limbo_drain(pkv_cache *c);
@@ -329,14 +333,16 @@ static void *flusher_main(void *arg) {
     pkv_wal *w = &c->wal;
     const uint64_t interval_ns = (uint64_t)w->interval_us * 1000u;
     uint64_t started = realtime_ns(); /* start of the last group (or of the thread) */
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     for (;;) {
-        if (!w->stop && !w->sync_req) {
+        /* (a buffer past PKV_WAL_KICK goes at once: its wake-up may have come
+         * while this thread was busy, and it is sent once per buffer) */
+        if (!w->stop && !w->sync_req && (w->len < PKV_WAL_KICK || w->failed)) {
             uint64_t now = realtime_ns();
             uint64_t due = w->nrec == 0 ? now + interval_ns : started + interval_ns;
             if (due > now) {
                 struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
-                pthread_cond_timedwait(&w->cv_work, &c->lock, &ts);
+                pkv_cond_timedwait(&w->cv_work, &c->lock, &ts);
             }
         }
         bool hard = w->hard_req || w->stop;
@@ -347,10 +353,10 @@ static void *flusher_main(void *arg) {
         /* A checkpoint is due: the checkpoint thread takes it, off this thread, so
          * group commits go on while it is compressed and written. */
         if (!w->failed && !w->ckpt_busy && ckpt_due(w))
-            pthread_cond_signal(&w->cv_ckpt);
+            pkv_cond_signal(&w->cv_ckpt);
         if (w->stop && (w->nrec == 0 || w->failed)) break;
     }
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     return NULL;
 }
 
@@ -404,18 +410,18 @@ static bool do_checkpoint(pkv_cache *c) {
      * wait until the log holds them durably, the arena flushed before them. */
     while (!w->failed && w->durable_lsn < end) {
         w->sync_req = w->hard_req = true;
-        pthread_cond_signal(&w->cv_work);
-        pthread_cond_wait(&w->cv_done, &c->lock);
+        pkv_cond_signal(&w->cv_work);
+        pkv_cond_wait(&w->cv_done, &c->lock);
     }
     if (w->failed) {
         free(raw);
         w->ckpt_busy = false;
         return false;
     }
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     int rc = pkv_ckpt_write(w, lsn, end, raw, rawlen);
     free(raw);
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     w->ckpt_busy = false;
     if (rc == PKV_ENOMEM) return false; /* nothing written: the log still holds it all */
     if (rc) {
@@ -456,14 +462,14 @@ static void *ckpt_main(void *arg) {
     pkv_cache *c = arg;
     pkv_wal *w = &c->wal;
     bool last_failed = false; /* the previous automatic attempt wrote nothing */
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     for (;;) {
         bool due = !w->failed && ckpt_due(w);
         if (w->ckpt_req) {
             w->ckpt_req = false;
             do_checkpoint(c);
             w->ckpt_gen++; /* failed or done: wake the requester either way */
-            pthread_cond_broadcast(&w->cv_done);
+            pkv_cond_broadcast(&w->cv_done);
             continue;
         }
         if (w->ckpt_stop) {
@@ -477,10 +483,10 @@ static void *ckpt_main(void *arg) {
         }
         /* Woken by the flusher (each cycle while a checkpoint is due, so a failed
          * attempt is retried a cycle later), a request, or pkv_close. */
-        pthread_cond_wait(&w->cv_ckpt, &c->lock);
+        pkv_cond_wait(&w->cv_ckpt, &c->lock);
         last_failed = false;
     }
-    pthread_mutex_unlock(&c->lock);
+    pkv_unlock(c);
     return NULL;
 }
 
@@ -529,8 +535,8 @@ int pkv_wal_unwritable(pkv_cache *c) {
 void pkv_wal_backlog_wait(pkv_cache *c) {
     pkv_wal *w = &c->wal;
     while (w->len >= PKV_WAL_BACKLOG && !w->failed && !w->stop) {
-        pthread_cond_signal(&w->cv_work);
-        pthread_cond_wait(&w->cv_done, &c->lock);
+        pkv_cond_signal(&w->cv_work);
+        pkv_cond_wait(&w->cv_done, &c->lock);
     }
 }
 
@@ -538,8 +544,8 @@ int pkv_wal_wait(pkv_cache *c, uint64_t lsn) {
     pkv_wal *w = &c->wal;
     while (pkv_wal_safe_lsn(w) < lsn && !w->failed) {
         w->sync_req = true;
-        pthread_cond_signal(&w->cv_work);
-        pthread_cond_wait(&w->cv_done, &c->lock);
+        pkv_cond_signal(&w->cv_work);
+        pkv_cond_wait(&w->cv_done, &c->lock);
     }
     if (w->failed) return pkv_wal_writable(c);
     return 0;
@@ -552,8 +558,8 @@ int pkv_wal_sync(pkv_cache *c) {
     uint64_t syncs = w->syncs;
     while ((w->durable_lsn < target || w->syncs == syncs) && !w->failed) {
         w->sync_req = w->hard_req = true;
-        pthread_cond_signal(&w->cv_work);
-        pthread_cond_wait(&w->cv_done, &c->lock);
+        pkv_cond_signal(&w->cv_work);
+        pkv_cond_wait(&w->cv_done, &c->lock);
     }
     return w->failed ? pkv_wal_writable(c) : 0;
 }
@@ -562,21 +568,21 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
     uint64_t gen = w->ckpt_gen, before = w->checkpoints;
     w->ckpt_req = true;
-    pthread_cond_signal(&w->cv_ckpt);
-    while (w->ckpt_gen == gen) pthread_cond_wait(&w->cv_done, &c->lock);
+    pkv_cond_signal(&w->cv_ckpt);
+    while (w->ckpt_gen == gen) pkv_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
     if (w->checkpoints == before) return pkv_err(PKV_EIO, "checkpoint not written");
     return 0;
 }
 
 /* Raise *stop under the lock, wake the thread and join it, if it runs. */
-static void stop_thread(pkv_cache *c, bool *running, bool *stop, pthread_cond_t *cv,
+static void stop_thread(pkv_cache *c, bool *running, bool *stop, pkv_cond *cv,
                         pthread_t thr) {
     if (!*running) return;
-    pthread_mutex_lock(&c->lock);
+    pkv_lock(c);
     *stop = true;
-    pthread_cond_signal(cv);
-    pthread_mutex_unlock(&c->lock);
+    pkv_cond_signal(cv);
+    pkv_unlock(c);
     pthread_join(thr, NULL);
     *running = false;
 }

@@ -131,14 +131,15 @@ typedef struct pkv_wal {
 
     pthread_t thr;
     bool running, stop, sync_req, hard_req, ckpt_req;
+    bool kicked; /* the buffer reached PKV_WAL_KICK and the flusher was woken */
     uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
-    pthread_cond_t cv_work, cv_done;
+    pkv_cond cv_work, cv_done;
     /* The checkpoint thread: snapshots under the lock in short slices, then
      * compresses and writes with the lock released, while the flusher goes on
      * committing groups. */
     pthread_t ckpt_thr;
     bool ckpt_running, ckpt_stop, ckpt_busy;
-    pthread_cond_t cv_ckpt;
+    pkv_cond cv_ckpt;
     int failed; /* 0 or the error that put the cache in its failed state */
     char fail_msg[256]; /* what failed, for every later PKV_EFAILED */
     uint64_t bytes_since_ckpt;
@@ -182,6 +183,9 @@ int pkv_wal_unwritable(pkv_cache *c);
  * between two checkpoints, without bound. Called before the call looks at any
  * state; pkv_wal_throttle (internal.h) is the inline test. */
 #define PKV_WAL_BACKLOG (8u << 20)
+/* A buffer this full is flushed at once, not at the end of the group interval:
+ * the append that crosses it wakes the flusher (once per buffer). */
+#define PKV_WAL_KICK (1u << 20)
 void pkv_wal_backlog_wait(pkv_cache *c);
 /* pkv_wal_commit_point (internal.h): after a mutating call appended its records
  * (lock held), in ALWAYS mode wait until they are durable. */
