@@ -232,11 +232,18 @@ static int check_all(checker *k, pkv_cache *c, uint32_t *a, uint32_t *bcnt,
         a[b] = 0;
         seen[b] = 0;
     }
-    uint64_t nseq = 0;
+    uint64_t nseq = 0, nstale = 0;
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {
         const pkv_seq *s = c->seqs.slots[i];
         if (!s) continue;
         nseq++;
+        if (s->mc_stale) { /* deferred COMMIT growth (wal/record.c) */
+            nstale++;
+            if (s->mc_stale_ix >= c->wal.nstale || c->wal.stale[s->mc_stale_ix] != s ||
+                s->mc_gen != c->wal.gen)
+                return broken(k, "log: seq %llu lags its COMMIT but is not listed as lagging",
+                              (unsigned long long)s->id);
+        }
         if (pkv_seqmap_get(&c->seqs, s->id) != s)
             return broken(k, "sequence map: %llu unreachable", (unsigned long long)s->id);
         if ((rc = check_seq(k, c, s, a, seen, nseq))) return rc;
@@ -244,6 +251,9 @@ static int check_all(checker *k, pkv_cache *c, uint32_t *a, uint32_t *bcnt,
     if (nseq != c->seqs.count)
         return broken(k, "sequence map holds %llu, count %llu", (unsigned long long)nseq,
                       (unsigned long long)c->seqs.count);
+    if (nstale != c->wal.nstale)
+        return broken(k, "log: %u sequences listed as lagging, %llu lag", c->wal.nstale,
+                      (unsigned long long)nstale);
     for (uint32_t b = 0; b < p->capacity; b++)
         if (a[b] != p->b[b].ref)
             return broken(k, "I2: block %u has ref %u, named by %u table entries", b,

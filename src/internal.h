@@ -302,6 +302,10 @@ typedef struct pkv_seq {
     uint64_t mc_gen;
     size_t mc_off, mc_end;
     uint64_t mc_old;
+    /* mc_stale: commits since that record was last written are not in it yet
+     * (deferred growth, record.c); it is entry mc_stale_ix of wal.stale. */
+    bool mc_stale;
+    uint32_t mc_stale_ix;
     /* The hash of block pf_blk, its last, computed when the decode fast append
      * filled it (seq.c seal_prefetch), for the seal to reuse; valid while pf_ok.
      * Any other change to its tokens or table (append_apply, truncate) clears it. */

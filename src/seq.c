@@ -393,14 +393,15 @@ static void commit_apply(pkv_cache *c, pkv_seq *s, const commit_plan *cp) {
 
 /* The decode fast path of commit: n pending tokens that continue the partial tail
  * block without filling it, when the sequence's latest COMMIT is still in the
- * unflushed buffer and can grow: nothing is sealed and that record grows in place
- * by their ids (pkv_log_commit_grow). The same state and log bytes as commit_apply.
+ * unflushed buffer and can grow: nothing is sealed and that record will grow in
+ * place by their ids (deferred: pkv_log_commit_defer, settled before anything else
+ * changes the sequence). The same state and log bytes as commit_apply.
  * false: nothing changed, take the general path (which also reports errors). */
 static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
     const pkv_pool *p = &c->pool;
     uint64_t old = s->committed, newc = old + n;
     if (n > s->len - old || pkv_bdiv(p, newc) != pkv_bdiv(p, old) || pkv_bmod(p, old) == 0 ||
-        c->wal.cap - c->wal.len < 4 * n + 8 || !pkv_log_commit_grow(c, s, old, newc))
+        !pkv_log_commit_defer(c, s, old))
         return false;
     s->committed = newc;
     c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
@@ -429,6 +430,7 @@ retry:
         if (n) append_fast(c, s, tokens[0], slots);
         return 0;
     }
+    pkv_log_settle(c, s); /* the general paths log from the settled COMMIT */
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
     /* Planned on the table before the commit, which is valid: the commit seals only
      * full blocks, so the partial last block the append writes into is unchanged, and
@@ -557,6 +559,7 @@ retry:
         goto out;
     }
     if (new_len == s->len) goto out;
+    pkv_log_settle(c, s);
     uint32_t keep = (uint32_t)blocks_for(new_len, bs);
     uint32_t off = (uint32_t)(new_len % bs);
     uint32_t cut = off ? s->blocks[keep - 1] : PKV_NONE;
@@ -596,6 +599,7 @@ int pkv_seq_close(pkv_cache *c, uint64_t id) {
     int rc = 0;
     pkv_seq *s = find_seq(c, id, &rc);
     if (!s) goto out;
+    pkv_log_settle(c, s); /* off the lagging list before it is freed */
     if ((rc = pkv_wal_reserve(c, pkv_log_close_size()))) goto out;
     pkv_log_close(c, id);
     release_from(c, s, 0);

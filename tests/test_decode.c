@@ -460,6 +460,92 @@ Test(decode, checkpoint_ends_coalescing)
     wu_wl_free(&w);
 }
 
+/* A decode commit only notes that the sequence's COMMIT lags (deferred growth,
+ * wal/record.c). A checkpoint must bring every lagging COMMIT up to date before it
+ * fixes its LSN: after it, the sequence's next commit logs a new record, and a
+ * crash image holds every commit. Without the settling the sequence would stay
+ * marked lagging under a generation that can no longer grow, and its later
+ * commits would never reach the log. */
+Test(decode, checkpoint_settles_deferred_commits)
+{
+    char dir[512], img[512];
+    pt_path(dir, sizeof dir, "cache");
+    pt_path(img, sizeof img, "img");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 9, NULL);
+    uint64_t id;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
+    uint32_t t[3] = {5, 6, 7};
+    WU_OK(wu_do_append(&w, id, t, 1, true)); /* logs the COMMIT */
+    uint64_t lsn = stats(c).last_lsn;
+    WU_OK(wu_do_append(&w, id, t + 1, 1, true)); /* lags: no record */
+    cr_assert_eq(stats(c).last_lsn, lsn, "the second commit was not coalesced");
+    WU_CHECK(c, "a lagging COMMIT");
+    WU_OK(pkv_checkpoint(c));
+    uint64_t ck = stats(c).checkpoint_lsn;
+    WU_CHECK(c, "after the checkpoint");
+    WU_OK(wu_do_append(&w, id, t + 2, 1, true));
+    cr_assert_eq(stats(c).last_lsn, ck + 1, "the commit after the checkpoint logged no record");
+    WU_OK(pkv_sync(c));
+    wu_copy_dir(dir, img); /* a crash image: no close-time checkpoint */
+    pkv_close(c);
+    c = wu_open_ok(img, &o);
+    pkv_recovery_t rec;
+    WU_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.checkpoint_lsn, ck);
+    cr_assert_eq(rec.records_replayed, 1);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "crash image after a checkpoint over a lagging COMMIT");
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
+/* Closing a sequence whose COMMIT lags settles it and takes it off the list of
+ * lagging sequences before it is freed (pkv_check names a stale entry; ASan a use
+ * after free when the flusher later settles the list). The other sequence's
+ * lagging commits still reach the log. */
+Test(decode, close_of_a_lagging_sequence)
+{
+    char dir[512], img[512];
+    pt_path(dir, sizeof dir, "cache");
+    pt_path(img, sizeof img, "img");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 9, NULL);
+    uint64_t a, b;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
+    uint64_t lsn = 0;
+    for (uint32_t i = 0; i < 2; i++) { /* both lag after their second commit */
+        uint32_t ta = 100 + i, tb = 200 + i;
+        WU_OK(wu_do_append(&w, a, &ta, 1, true));
+        WU_OK(wu_do_append(&w, b, &tb, 1, true));
+        if (i == 0) lsn = stats(c).last_lsn;
+    }
+    cr_assert_eq(stats(c).last_lsn, lsn, "the later commits were not coalesced");
+    WU_CHECK(c, "two lagging sequences");
+    WU_OK(wu_do_close(&w, a));
+    WU_CHECK(c, "closed a lagging sequence");
+    uint32_t tb = 300;
+    WU_OK(wu_do_append(&w, b, &tb, 1, true)); /* b's third token of 4: still lags */
+    cr_assert_eq(stats(c).last_lsn, lsn + 1, "only the CLOSE was logged: %llu records",
+                 (unsigned long long)(stats(c).last_lsn - lsn));
+    WU_OK(pkv_sync(c)); /* settles b, and would touch a if it were still listed */
+    WU_CHECK(c, "synced");
+    wu_copy_dir(dir, img);
+    pkv_close(c);
+    c = wu_open_ok(img, &o);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "crash image after closing a lagging sequence");
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
 /* pkv_seq_commit_append does what pkv_seq_commit + pkv_seq_append do, and fails
  * without changing anything. */
 Test(decode, commit_append_equals_two_calls)

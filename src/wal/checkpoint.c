@@ -129,7 +129,8 @@ int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *ls
         if (rc) goto nomem;
     }
     const uint64_t lsn = c->wal.next_lsn - 1;
-    pkv_wal_no_coalesce(&c->wal); /* the snapshot covers lsn: that record is final */
+    pkv_log_settle_all(c);        /* the records up to lsn show what the snapshot */
+    pkv_wal_no_coalesce(&c->wal); /* shows, and are final: replay skips them */
     wb_u32(&b, WAL_VERSION);
     wb_u32(&b, bs);
     wb_u32(&b, cap);

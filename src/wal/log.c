@@ -248,6 +248,7 @@ static void flush_once(pkv_cache *c, bool hard) {
     pkv_wal *w = &c->wal;
     const pkv_io_ops *io = w->io;
     if (w->failed) return;
+    pkv_log_settle_all(c); /* the buffer leaves: every COMMIT in it up to date */
     bool sync = hard || w->mode != PKV_DURABLE_NONE;
     size_t len = w->len;
     uint32_t nrec = w->nrec;
@@ -603,6 +604,9 @@ void pkv_wal_free(pkv_wal *w) {
     free(w->fbuf);
     free(w->segs);
     free(w->dir);
+    free(w->stale);
+    w->stale = NULL;
+    w->nstale = w->stale_cap = 0;
     w->buf = w->fbuf = NULL;
     w->segs = NULL;
     w->dir = NULL;

@@ -18,6 +18,8 @@
  */
 #include "internal.h"
 
+#include <stdlib.h>
+
 const char *pkv_rec_type_name(unsigned type) {
     switch (type) {
     case REC_SEAL:      return "SEAL";
@@ -158,6 +160,7 @@ void pkv_log_evict(pkv_cache *c, uint32_t b) {
 
 /* The committed part of a sequence's table, and its partial tail. */
 void pkv_log_seq_set(pkv_cache *c, pkv_seq *s) {
+    pkv_assert(!s->mc_stale);
     s->mc_gen = 0; /* a new table: no COMMIT to continue */
     uint32_t bs = c->pool.block_size;
     uint32_t nb = (uint32_t)((s->committed + bs - 1) / bs);
@@ -250,8 +253,61 @@ bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) 
     return true;
 }
 
+/* Deferred growth. A decode loop commits one token at a time, and growing the
+ * record by one id per call costs as much as the rest of the commit. So the fast
+ * path only notes that the sequence's live COMMIT lags (pkv_log_commit_defer) and
+ * the record is grown by all the ids at once when it is settled: before any other
+ * change to the sequence (seq.c settles it before every general path), and for
+ * every lagging sequence before the flusher takes the buffer and before a
+ * checkpoint fixes an LSN (pkv_log_settle_all, then pkv_wal_no_coalesce). So no
+ * record leaves the buffer, and none is read, while it lags; the bytes written are
+ * exactly those of growing it at every commit, and the LSNs the same. Room: the
+ * slot (mc_end) must lie inside the buffer (mc_end <= cap) when the lag starts,
+ * and the buffer only grows until it is taken, which settles first. */
+bool pkv_log_commit_defer(pkv_cache *c, pkv_seq *s, uint64_t old) {
+    pkv_wal *w = &c->wal;
+    if (s->mc_stale) return true; /* lagging already, within the same tail block */
+    if (s->mc_end > w->cap) return false;
+    const uint8_t *r = live_commit(w, s, old);
+    if (!r) return false;
+    const uint8_t *q = r + REC_HDR;
+    uint32_t nb = pkv_get_u32(q + 20);
+    if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[pkv_bdiv(&c->pool, old)]) return false;
+    if (w->nstale == w->stale_cap) {
+        uint32_t cap = w->stale_cap ? 2 * w->stale_cap : 64;
+        pkv_seq **ns = realloc(w->stale, cap * sizeof *ns);
+        if (!ns) return false; /* the general path logs it now */
+        w->stale = ns;
+        w->stale_cap = cap;
+    }
+    s->mc_stale = true;
+    s->mc_stale_ix = w->nstale;
+    w->stale[w->nstale++] = s;
+    return true;
+}
+
+void pkv_log_settle(pkv_cache *c, pkv_seq *s) {
+    if (!s->mc_stale) return;
+    pkv_wal *w = &c->wal;
+    pkv_assert(s->mc_gen == w->gen && s->mc_stale_ix < w->nstale && w->stale[s->mc_stale_ix] == s);
+    uint64_t written = pkv_get_u64(w->buf + s->mc_off + REC_HDR + 8);
+    bool grown = pkv_log_commit_grow(c, s, written, s->committed);
+    pkv_assert(grown && "a lagging COMMIT always fits its slot");
+    (void)grown;
+    pkv_seq *last = w->stale[--w->nstale];
+    w->stale[s->mc_stale_ix] = last;
+    last->mc_stale_ix = s->mc_stale_ix;
+    s->mc_stale = false;
+}
+
+void pkv_log_settle_all(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    while (w->nstale) pkv_log_settle(c, w->stale[w->nstale - 1]);
+}
+
 void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     pkv_wal *w = &c->wal;
+    pkv_assert(!s->mc_stale);
     const pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
     if (pkv_log_commit_grow(c, s, old, s->committed)) return;
@@ -288,6 +344,7 @@ void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
 }
 
 void pkv_log_seq_block(pkv_cache *c, pkv_seq *s, uint32_t idx, uint32_t ntok) {
+    pkv_assert(!s->mc_stale);
     s->mc_gen = 0; /* ends its COMMIT run */
     uint8_t *q = pkv_wal_append(c, REC_SEQ_BLOCK, 24 + 4ull * ntok);
     pkv_put_u64(q, s->id);
@@ -298,6 +355,7 @@ void pkv_log_seq_block(pkv_cache *c, pkv_seq *s, uint32_t idx, uint32_t ntok) {
 }
 
 void pkv_log_trunc(pkv_cache *c, pkv_seq *s, uint32_t tail_block) {
+    pkv_assert(!s->mc_stale);
     s->mc_gen = 0; /* ends its COMMIT run */
     uint32_t bs = c->pool.block_size;
     uint32_t ntok = tail_block == PKV_NONE ? 0 : (uint32_t)(s->committed % bs);

@@ -121,6 +121,10 @@ typedef struct pkv_wal {
     uint64_t gen;
     size_t tail_end;
     size_t slack;
+    /* Sequences whose COMMIT lags their committed length (deferred growth,
+     * record.c): settled before anything reads or ends those records. */
+    struct pkv_seq **stale;
+    uint32_t nstale, stale_cap;
 
     uint64_t next_lsn;    /* next LSN to assign (cache lock) */
     uint64_t written_lsn; /* handed to the OS (survives a process crash) */
@@ -161,8 +165,10 @@ uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payloa
 static inline size_t pkv_rec_size(size_t payload) {
     return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
 }
-/* End every COMMIT run: no record now in the buffer may change (see pkv_wal.gen). */
+/* End every COMMIT run: no record now in the buffer may change (see pkv_wal.gen).
+ * Deferred growth must be settled first (pkv_log_settle_all). */
 static inline void pkv_wal_no_coalesce(pkv_wal *w) {
+    pkv_assert(w->nstale == 0);
     w->gen++;
     w->tail_end = 0;
 }
@@ -224,6 +230,17 @@ void pkv_log_commit(pkv_cache *c, struct pkv_seq *s, uint64_t old_committed);
  * s->committed is set by the caller afterwards). Otherwise change nothing and
  * return false. */
 bool pkv_log_commit_grow(pkv_cache *c, struct pkv_seq *s, uint64_t old, uint64_t newc);
+/* The decode fast path of a commit from `old` that stays inside s's partial tail
+ * block (the caller checked that): when s's latest COMMIT is still in the buffer
+ * and ends at `old` (or already lags), leave it as is and remember that it lags
+ * (pkv_seq.mc_stale); true. The caller then sets s->committed. Otherwise change
+ * nothing and return false. */
+bool pkv_log_commit_defer(pkv_cache *c, struct pkv_seq *s, uint64_t old);
+/* Bring s's lagging COMMIT up to s->committed (nothing if it does not lag).
+ * Called before any other change to s, and for all (settle_all) before the
+ * buffer is taken or a checkpoint fixes an LSN. Cannot fail. */
+void pkv_log_settle(pkv_cache *c, struct pkv_seq *s);
+void pkv_log_settle_all(pkv_cache *c);
 static inline size_t pkv_log_seq_block_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
 void pkv_log_seq_block(pkv_cache *c, struct pkv_seq *s, uint32_t idx, uint32_t ntok);
 static inline size_t pkv_log_trunc_size(uint32_t bs) { return pkv_rec_size(24 + 4ull * bs); }
