@@ -50,11 +50,13 @@ _Noreturn void pkv_assert_fail(const char *expr, const char *file, int line,
 #define pkv_unlikely(x) __builtin_expect(!!(x), 0)
 #define pkv_prefetch(p) __builtin_prefetch(p)
 #define pkv_always_inline inline __attribute__((always_inline))
+#define pkv_noinline __attribute__((noinline))
 #else
 #define pkv_likely(x)   (x)
 #define pkv_unlikely(x) (x)
 #define pkv_prefetch(p) ((void)(p))
 #define pkv_always_inline inline
+#define pkv_noinline
 #endif
 
 /* ---- Checksum comparisons ------------------------------------------------ */

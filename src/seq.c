@@ -401,20 +401,29 @@ static inline bool commit_fast(pkv_cache *c, pkv_seq *s, size_t n) {
     const pkv_pool *p = &c->pool;
     uint64_t old = s->committed, newc = old + n;
     if (n > s->len - old || pkv_bdiv(p, newc) != pkv_bdiv(p, old) || pkv_bmod(p, old) == 0 ||
-        !pkv_log_commit_defer(c, s, old))
-        return false;
+        (!s->mc_stale && !pkv_log_commit_defer(c, s, old))) /* lagging already: */
+        return false;                                         /* it lags further */
     s->committed = newc;
     c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
     return true;
 }
 
-/* Commit n_commit pending tokens of sequence `id`, then append n (either may be 0,
- * not both): the body of pkv_seq_commit, pkv_seq_append, pkv_seq_commit_append and
- * each step of pkv_seq_step_batch, with the cache lock held and the cache writable.
- * All-or-nothing. Freed blocks are stamped; the caller reaches the commit point.
- * Inlined into each caller, so their constant counts prune what they never do. */
-static pkv_always_inline int step_locked(pkv_cache *c, uint64_t id, size_t n_commit,
-                                         const uint32_t *tokens, size_t n, pkv_slot *slots) {
+/* The decode fast paths: true when they did the whole step. The append needs no
+ * plan and the commit leaves len and the table as they are, so checking the
+ * append first and then trying the commit keeps all-or-nothing. */
+static pkv_always_inline bool step_fast(pkv_cache *c, pkv_seq *s, size_t n_commit,
+                                        const uint32_t *tokens, size_t n, pkv_slot *slots) {
+    if ((n == 0 || (n == 1 && append_fast_ok(c, s))) &&
+        (n_commit == 0 || commit_fast(c, s, n_commit))) {
+        if (n) append_fast(c, s, tokens[0], slots);
+        return true;
+    }
+    return false;
+}
+
+/* step_locked's general path, out of line so that the fast path stays small. */
+static pkv_noinline int step_general(pkv_cache *c, uint64_t id, size_t n_commit,
+                                     const uint32_t *tokens, size_t n, pkv_slot *slots) {
     int rc = 0;
     pkv_seq *s;
     commit_plan cp = {0};
@@ -422,14 +431,7 @@ static pkv_always_inline int step_locked(pkv_cache *c, uint64_t id, size_t n_com
 retry:
     s = find_seq(c, id, &rc);
     if (!s) return rc;
-    /* Decode: the append needs no plan and the commit leaves len and the table as
-     * they are, so checking the append first and then trying the commit keeps
-     * all-or-nothing. */
-    if ((n == 0 || (n == 1 && append_fast_ok(c, s))) &&
-        (n_commit == 0 || commit_fast(c, s, n_commit))) {
-        if (n) append_fast(c, s, tokens[0], slots);
-        return 0;
-    }
+    if (step_fast(c, s, n_commit, tokens, n, slots)) return 0; /* after a limbo wait */
     pkv_log_settle(c, s); /* the general paths log from the settled COMMIT */
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
     /* Planned on the table before the commit, which is valid: the commit seals only
@@ -442,6 +444,19 @@ retry:
     if (n) append_apply(c, s, tokens, n, slots, &ap);
     if (c->limbo.tail != PKV_NONE) pkv_limbo_stamp(c);
     return 0;
+}
+
+/* Commit n_commit pending tokens of sequence `id`, then append n (either may be 0,
+ * not both): the body of pkv_seq_commit, pkv_seq_append, pkv_seq_commit_append and
+ * each step of pkv_seq_step_batch, with the cache lock held and the cache writable.
+ * All-or-nothing. Freed blocks are stamped; the caller reaches the commit point.
+ * Inlined into each caller, so their constant counts prune what they never do;
+ * only the fast paths are inline, the general path (step_general) is a call. */
+static pkv_always_inline int step_locked(pkv_cache *c, uint64_t id, size_t n_commit,
+                                         const uint32_t *tokens, size_t n, pkv_slot *slots) {
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (pkv_likely(s != NULL) && step_fast(c, s, n_commit, tokens, n, slots)) return 0;
+    return step_general(c, id, n_commit, tokens, n, slots);
 }
 
 int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
