@@ -30,6 +30,17 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+/* libxxhash's runtime-dispatched XXH3 (AVX2 or AVX-512 where the CPU has them;
+ * the same function, so the same sums, as the SSE2 build XXH3_64bits is). */
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#define PKV_XXH3_WIDE XXH3_64bits_dispatch
+#endif
+#endif
+#ifndef PKV_XXH3_WIDE
+#define PKV_XXH3_WIDE XXH3_64bits
+#endif
 
 #define HDR_MAGIC "PAGEDKV"
 #define HDR_VERSION 1u
@@ -459,4 +470,8 @@ void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint3
     uint8_t *d = pkv_arena_block(a, dst), *s = pkv_arena_block(a, src);
     for (uint64_t r = 0; r < runs; r++)
         memcpy(d + r * g->run_bytes, s + r * g->run_bytes, bytes);
+}
+
+uint64_t pkv_arena_sum(const pkv_arena *a, uint32_t b) {
+    return PKV_XXH3_WIDE(pkv_arena_block(a, b), a->geo.block_bytes);
 }

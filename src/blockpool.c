@@ -18,7 +18,6 @@
 #include "internal.h"
 
 #include <stdlib.h>
-#include <xxhash.h>
 
 static size_t pool_token_bytes(const pkv_pool *p) {
     return (size_t)p->capacity * p->block_size * sizeof(uint32_t);
@@ -149,7 +148,7 @@ bool pkv_block_verify(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
     if (x->flags & BLKF_BAD) return false;
     if (!(x->flags & BLKF_UNVERIFIED)) return true;
-    uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
+    uint64_t sum = pkv_arena_sum(&c->arena, b);
     if (sum == x->payload_sum) {
         x->flags &= (uint8_t)~BLKF_UNVERIFIED;
         return true;

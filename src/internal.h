@@ -176,6 +176,9 @@ static inline uint8_t *pkv_arena_run(const pkv_arena *a, uint32_t b, uint32_t la
 }
 /* Copy the K/V of the first n tokens of block src to block dst (all runs). */
 void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint32_t n);
+/* XXH3-64 of block b's K/V payload (its slot's block_bytes): the sum a SEAL
+ * records and recovery and kvdump verify. */
+uint64_t pkv_arena_sum(const pkv_arena *a, uint32_t b);
 
 /* ---- Hashing (hash.c) ---------------------------------------------------- */
 

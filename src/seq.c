@@ -31,7 +31,6 @@
 #include "internal.h"
 
 #include <stdlib.h>
-#include <xxhash.h>
 
 #define LOCKED_ENTRY(c)                                                         \
     do {                                                                        \
@@ -339,7 +338,7 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
         pkv_index_prefetch(&c->index, h.lo);
     }
     s->pf_ok = false;
-    uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes);
+    uint64_t sum = pkv_arena_sum(&c->arena, b);
     uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
     if (e != PKV_NONE) {
         pkv_block_acquire(c, e);

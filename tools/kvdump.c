@@ -26,7 +26,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
-#include <xxhash.h>
 
 static const char main_usage[] =
     "usage: kvdump COMMAND DIR [ARGS] [--json] [--help]\n"
@@ -625,7 +624,7 @@ static int cmd_block(kd_ctx *x, int argc, char **argv) {
     bool sealed = bk->state == BLK_SEALED;
     bool mapped = b < c->arena.valid_blocks;
     const pkv_geometry *g = &c->arena.geo;
-    uint64_t sum = mapped ? XXH3_64bits(pkv_arena_block(&c->arena, b), g->block_bytes) : 0;
+    uint64_t sum = mapped ? pkv_arena_sum(&c->arena, b) : 0;
     /* Children and holders. */
     uint32_t nkids = 0, *kids = malloc(((size_t)bk->nchild + 1) * sizeof *kids);
     for (uint32_t k = 0; k < p->capacity && kids; k++)
@@ -1339,7 +1338,6 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
              "block-table entry that is out of place (lost, unsealed or out of chain)",
              (unsigned long long)(rec.sequences_cut - rec.seq_blocks_bad),
              rec.sequences_cut - rec.seq_blocks_bad == 1 ? "" : "s");
-    const pkv_geometry *g = &c->arena.geo;
     size_t cap = 0;
     for (uint32_t b = 0; b < p->capacity; b++) {
         const pkv_block *bk = &p->b[b];
@@ -1373,7 +1371,7 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
             continue;
         }
         k->payloads++;
-        uint64_t sum = XXH3_64bits(pkv_arena_block(&c->arena, b), g->block_bytes);
+        uint64_t sum = pkv_arena_sum(&c->arena, b);
         if (sum != bk->payload_sum) {
             if (*nsus == cap) {
                 cap = cap ? cap * 2 : 16;
@@ -1511,7 +1509,7 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
                 const pkv_block *bk = &p2->b[b];
                 bool still = bk->state == BLK_SEALED && bk->payload_sum == sus[i].sum &&
                              b < y.c->arena.valid_blocks &&
-                             XXH3_64bits(pkv_arena_block(&y.c->arena, b), y.c->arena.geo.block_bytes) != sus[i].sum;
+                             pkv_arena_sum(&y.c->arena, b) != sus[i].sum;
                 if (still) sus[w++] = sus[i];
                 else unconfirmed++;
             }

@@ -82,7 +82,7 @@ static uint32_t chain_lookup(pkv_cache *c, uint64_t salt, const uint32_t *tokens
         uint32_t b = pkv_index_find(&c->index, &c->pool, h, parent, salt, tokens + i * bs);
         if (b == PKV_NONE) break;
         if (check_payload && (b >= c->arena.valid_blocks ||
-                              XXH3_64bits(pkv_arena_block(&c->arena, b), c->arena.geo.block_bytes) !=
+                              pkv_arena_sum(&c->arena, b) !=
                                   c->pool.b[b].payload_sum)) {
             *bad_block = b;
             break;
@@ -296,7 +296,7 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
             uint32_t b = s->blocks[k];
             if (c->pool.b[b].state != BLK_SEALED) break;
             if (b >= c->arena.valid_blocks ||
-                XXH3_64bits(pkv_arena_block(&c->arena, b), g->block_bytes) != c->pool.b[b].payload_sum) {
+                pkv_arena_sum(&c->arena, b) != c->pool.b[b].payload_sum) {
                 rc = kd_fail(x, KD_FAILED, "block %u (entry %llu of sequence %llu) fails its payload "
                              "checksum; not exported (kvdump verify lists the damage)", b,
                              (unsigned long long)k, (unsigned long long)seq_id);
