@@ -373,6 +373,32 @@ Test(decode, one_commit_record_per_block)
     }
 }
 
+/* Sync c, take a crash image of `dir` (a copy: no close-time checkpoint), close c,
+ * and check that the image recovers to w's model; with ck != UINT64_MAX also that
+ * recovery started from checkpoint ck and replayed `replayed` records. Frees w. */
+static void crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o,
+                                 uint64_t ck, uint64_t replayed, const char *what) {
+    char img[512];
+    pt_path(img, sizeof img, "img");
+    WU_OK(pkv_sync(c));
+    WU_CHECK(c, "synced");
+    wu_copy_dir(dir, img);
+    pkv_close(c);
+    c = wu_open_ok(img, o);
+    if (ck != UINT64_MAX) {
+        pkv_recovery_t rec;
+        WU_OK(pkv_recovery(c, &rec));
+        cr_assert_eq(rec.checkpoint_lsn, ck, "%s: recovered from checkpoint %llu", what,
+                     (unsigned long long)rec.checkpoint_lsn);
+        cr_assert_eq(rec.records_replayed, replayed, "%s: %llu records replayed", what,
+                     (unsigned long long)rec.records_replayed);
+    }
+    wu_wl_reattach(w, c);
+    wu_verify_model(c, &w->m, what);
+    pkv_close(c);
+    wu_wl_free(w);
+}
+
 /* A checkpoint covers the LSN of the COMMIT it saw: a later commit must log a new
  * record, not extend that one (replay skips it). */
 /* Sequences decoded interleaved, one token each in turn (single calls, or one batch
@@ -426,9 +452,8 @@ Test(decode, interleaved_decode_coalesces)
 
 Test(decode, checkpoint_ends_coalescing)
 {
-    char dir[512], img[512];
+    char dir[512];
     pt_path(dir, sizeof dir, "cache");
-    pt_path(img, sizeof img, "img");
     pkv_options o;
     opts(&o, CAP);
     pkv_cache *c = wu_open_ok(dir, &o);
@@ -446,18 +471,7 @@ Test(decode, checkpoint_ends_coalescing)
     WU_OK(wu_do_commit_append(&w, id, 0, t + 2, 1));
     WU_OK(wu_do_commit(&w, id, 1));
     cr_assert_eq(stats(c).last_lsn, ck + 1, "the next commit was not coalesced");
-    WU_OK(pkv_sync(c));
-    wu_copy_dir(dir, img); /* a crash image: no close-time checkpoint */
-    pkv_close(c);
-    c = wu_open_ok(img, &o);
-    pkv_recovery_t rec;
-    WU_OK(pkv_recovery(c, &rec));
-    cr_assert_eq(rec.checkpoint_lsn, ck);
-    cr_assert_eq(rec.records_replayed, 1);
-    wu_wl_reattach(&w, c);
-    wu_verify_model(c, &w.m, "crash image after a checkpoint");
-    pkv_close(c);
-    wu_wl_free(&w);
+    crash_image_recovers(c, &w, dir, &o, ck, 1, "crash image after a checkpoint");
 }
 
 /* A decode commit only notes that the sequence's COMMIT lags (deferred growth,
@@ -468,9 +482,8 @@ Test(decode, checkpoint_ends_coalescing)
  * commits would never reach the log. */
 Test(decode, checkpoint_settles_deferred_commits)
 {
-    char dir[512], img[512];
+    char dir[512];
     pt_path(dir, sizeof dir, "cache");
-    pt_path(img, sizeof img, "img");
     pkv_options o;
     opts(&o, CAP);
     pkv_cache *c = wu_open_ok(dir, &o);
@@ -489,18 +502,8 @@ Test(decode, checkpoint_settles_deferred_commits)
     WU_CHECK(c, "after the checkpoint");
     WU_OK(wu_do_append(&w, id, t + 2, 1, true));
     cr_assert_eq(stats(c).last_lsn, ck + 1, "the commit after the checkpoint logged no record");
-    WU_OK(pkv_sync(c));
-    wu_copy_dir(dir, img); /* a crash image: no close-time checkpoint */
-    pkv_close(c);
-    c = wu_open_ok(img, &o);
-    pkv_recovery_t rec;
-    WU_OK(pkv_recovery(c, &rec));
-    cr_assert_eq(rec.checkpoint_lsn, ck);
-    cr_assert_eq(rec.records_replayed, 1);
-    wu_wl_reattach(&w, c);
-    wu_verify_model(c, &w.m, "crash image after a checkpoint over a lagging COMMIT");
-    pkv_close(c);
-    wu_wl_free(&w);
+    crash_image_recovers(c, &w, dir, &o, ck, 1,
+                         "crash image after a checkpoint over a lagging COMMIT");
 }
 
 /* Closing a sequence whose COMMIT lags settles it and takes it off the list of
@@ -509,9 +512,8 @@ Test(decode, checkpoint_settles_deferred_commits)
  * lagging commits still reach the log. */
 Test(decode, close_of_a_lagging_sequence)
 {
-    char dir[512], img[512];
+    char dir[512];
     pt_path(dir, sizeof dir, "cache");
-    pt_path(img, sizeof img, "img");
     pkv_options o;
     opts(&o, CAP);
     pkv_cache *c = wu_open_ok(dir, &o);
@@ -535,15 +537,9 @@ Test(decode, close_of_a_lagging_sequence)
     WU_OK(wu_do_append(&w, b, &tb, 1, true)); /* b's third token of 4: still lags */
     cr_assert_eq(stats(c).last_lsn, lsn + 1, "only the CLOSE was logged: %llu records",
                  (unsigned long long)(stats(c).last_lsn - lsn));
-    WU_OK(pkv_sync(c)); /* settles b, and would touch a if it were still listed */
-    WU_CHECK(c, "synced");
-    wu_copy_dir(dir, img);
-    pkv_close(c);
-    c = wu_open_ok(img, &o);
-    wu_wl_reattach(&w, c);
-    wu_verify_model(c, &w.m, "crash image after closing a lagging sequence");
-    pkv_close(c);
-    wu_wl_free(&w);
+    /* the sync settles b, and would touch a if it were still listed */
+    crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0,
+                         "crash image after closing a lagging sequence");
 }
 
 /* pkv_seq_commit_append does what pkv_seq_commit + pkv_seq_append do, and fails
