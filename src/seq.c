@@ -430,7 +430,8 @@ static pkv_noinline int step_general(pkv_cache *c, uint64_t id, size_t n_commit,
 retry:
     s = find_seq(c, id, &rc);
     if (!s) return rc;
-    if (step_fast(c, s, n_commit, tokens, n, slots)) return 0; /* after a limbo wait */
+    /* Fails as it did inline on the first pass; after a limbo wait it may not. */
+    if (step_fast(c, s, n_commit, tokens, n, slots)) return 0;
     pkv_log_settle(c, s); /* the general paths log from the settled COMMIT */
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
     /* Planned on the table before the commit, which is valid: the commit seals only
