@@ -427,18 +427,22 @@ static pkv_noinline int step_general(pkv_cache *c, uint64_t id, size_t n_commit,
     pkv_seq *s;
     commit_plan cp = {0};
     append_plan ap = {0};
+    bool waited = false;
 retry:
     s = find_seq(c, id, &rc);
     if (!s) return rc;
-    /* Fails as it did inline on the first pass; after a limbo wait it may not. */
-    if (step_fast(c, s, n_commit, tokens, n, slots)) return 0;
+    /* The inline fast path failed; after a limbo wait it may not. */
+    if (waited && step_fast(c, s, n_commit, tokens, n, slots)) return 0;
     pkv_log_settle(c, s); /* the general paths log from the settled COMMIT */
     if (n_commit && (rc = commit_plan_make(c, s, n_commit, &cp))) return rc;
     /* Planned on the table before the commit, which is valid: the commit seals only
      * full blocks, so the partial last block the append writes into is unchanged, and
      * nothing is shared once pending tokens exist. Each seal may dedupe onto a cached
      * block, taking it off the LRU: that many spare blocks are required. */
-    if (n && (rc = append_plan_make(c, s, n, cp.full - cp.first, &ap)) == 1) goto retry;
+    if (n && (rc = append_plan_make(c, s, n, cp.full - cp.first, &ap)) == 1) {
+        waited = true; /* for limbo, with the lock released */
+        goto retry;
+    }
     if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) return rc;
     if (n_commit) commit_apply(c, s, &cp);
     if (n) append_apply(c, s, tokens, n, slots, &ap);

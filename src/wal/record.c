@@ -212,17 +212,26 @@ static uint8_t *live_commit(const pkv_wal *w, const pkv_seq *s, uint64_t old) {
     return pkv_get_u64(r + REC_HDR + 8) == old ? r : NULL;
 }
 
+/* live_commit, and its last table entry is s's block at `old` (old inside a block):
+ * a commit from old within that block may grow it. */
+static uint8_t *tail_commit(const pkv_cache *c, const pkv_seq *s, uint64_t old) {
+    uint8_t *r = live_commit(&c->wal, s, old);
+    if (!r) return NULL;
+    const uint8_t *q = r + REC_HDR;
+    uint32_t nb = pkv_get_u32(q + 20);
+    pkv_assert(nb > 0 && pkv_get_u64(q) == s->id);
+    return pkv_get_u32(q + 32 + 4 * (nb - 1)) == s->blocks[pkv_bdiv(&c->pool, old)] ? r : NULL;
+}
+
 bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) {
     pkv_wal *w = &c->wal;
     const pkv_pool *p = &c->pool;
     uint64_t bi = pkv_bdiv(p, old);
     if (pkv_bmod(p, old) == 0 || pkv_bdiv(p, newc) != bi) return false;
-    uint8_t *r = live_commit(w, s, old);
+    uint8_t *r = tail_commit(c, s, old);
     if (!r) return false;
     uint8_t *q = r + REC_HDR;
     uint32_t nb = pkv_get_u32(q + 20), ntail = pkv_get_u32(q + 28);
-    pkv_assert(nb > 0 && pkv_get_u64(q) == s->id);
-    if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[bi]) return false;
     uint32_t k = (uint32_t)(newc - old), off = pkv_bmod(p, old);
     size_t payload = 32 + 4ull * nb + 4ull * (ntail + k);
     size_t total = pkv_rec_size(payload), end = REC_HDR + payload;
@@ -266,13 +275,8 @@ bool pkv_log_commit_grow(pkv_cache *c, pkv_seq *s, uint64_t old, uint64_t newc) 
  * and the buffer only grows until it is taken, which settles first. */
 bool pkv_log_commit_defer(pkv_cache *c, pkv_seq *s, uint64_t old) {
     pkv_wal *w = &c->wal;
-    if (s->mc_stale) return true; /* lagging already, within the same tail block */
-    if (s->mc_end > w->cap) return false;
-    const uint8_t *r = live_commit(w, s, old);
-    if (!r) return false;
-    const uint8_t *q = r + REC_HDR;
-    uint32_t nb = pkv_get_u32(q + 20);
-    if (pkv_get_u32(q + 32 + 4 * (nb - 1)) != s->blocks[pkv_bdiv(&c->pool, old)]) return false;
+    pkv_assert(!s->mc_stale); /* a lagging one lags further: seq.c does not call */
+    if (s->mc_end > w->cap || !tail_commit(c, s, old)) return false;
     if (w->nstale == w->stale_cap) {
         uint32_t cap = w->stale_cap ? 2 * w->stale_cap : 64;
         pkv_seq **ns = realloc(w->stale, cap * sizeof *ns);

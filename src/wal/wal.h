@@ -224,15 +224,14 @@ static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
 /* Log a commit from old_committed to s->committed; coalesced into the sequence's
  * latest COMMIT while that record is still in the buffer (record.c). */
 void pkv_log_commit(pkv_cache *c, struct pkv_seq *s, uint64_t old_committed);
-/* The decode fast path of pkv_log_commit: when s's latest COMMIT is still in the
- * buffer and [old, newc) continues its partial tail block within its slot, grow it
- * by those tokens and return true (room for 4 * (newc - old) + 8 bytes reserved;
- * s->committed is set by the caller afterwards). Otherwise change nothing and
- * return false. */
+/* When s's latest COMMIT is still in the buffer and [old, newc) continues its
+ * partial tail block within its slot, grow it by those tokens (their ids are in
+ * the pool) and return true; otherwise change nothing and return false.
+ * pkv_log_commit tries it first; pkv_log_settle uses it to catch up. */
 bool pkv_log_commit_grow(pkv_cache *c, struct pkv_seq *s, uint64_t old, uint64_t newc);
 /* The decode fast path of a commit from `old` that stays inside s's partial tail
- * block (the caller checked that): when s's latest COMMIT is still in the buffer
- * and ends at `old` (or already lags), leave it as is and remember that it lags
+ * block (the caller checked that), s not lagging yet: when s's latest COMMIT is
+ * still in the buffer and ends at `old`, leave it as is and remember that it lags
  * (pkv_seq.mc_stale); true. The caller then sets s->committed. Otherwise change
  * nothing and return false. */
 bool pkv_log_commit_defer(pkv_cache *c, struct pkv_seq *s, uint64_t old);
