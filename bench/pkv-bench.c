@@ -355,6 +355,7 @@ enum {
     M_ATTACH_US_CALL,
     M_CLOSE_NS_BLOCK,
     M_DECODE_NS_TOKEN,
+    M_DECODE_REPEAT_NS_TOKEN,
     M_DECODE_EMPTY_NS_TOKEN,
     M_DECODE_KV_NS_TOKEN,
     M_STEP_NS_TOKEN,
@@ -397,6 +398,9 @@ static const metric_def metric_defs[M_COUNT] = {
                           "ns/block", 0},
     [M_DECODE_NS_TOKEN] = {"decode_ns_per_token",
                            "(b) decode append(1)+commit(1), one sequence", "ns/token", 50},
+    [M_DECODE_REPEAT_NS_TOKEN] = {"decode_repeat_ns_per_token",
+                                  "    same tokens again: every block dedupes onto the last run's",
+                                  "ns/token", 0},
     [M_DECODE_EMPTY_NS_TOKEN] = {"decode_empty_cache_ns_per_token",
                                  "    same, on the empty cache before the workload", "ns/token",
                                  0},
@@ -703,12 +707,14 @@ static void micro_prefix_fork(bench *b, unsigned run, run_result *res) {
 /* (b) decode: one sequence, one append(1) + one commit(1) per token; with `payload`
  * the token's K/V row is written through pkv_kv() between the two, as a model does.
  * With `step`, one pkv_seq_commit_append(1, 1) per token instead (it commits the
- * previous token and appends the next; a final commit ends the loop). */
+ * previous token and appends the next; a final commit ends the loop). The tokens
+ * come from `stream`; a call with the stream of the call before it (`repeat`)
+ * decodes the same tokens again, so every block it fills dedupes (checked). */
 static void micro_decode(bench *b, unsigned run, double *out, const char *when,
-                         uint64_t stream, bool payload, bool step) {
+                         uint64_t stream, bool payload, bool step, bool repeat) {
     snprintf(g_phase, sizeof g_phase, "run %u, (b) decode %s", run, when);
     rng r;
-    rng_init(&r, cfg.seed, stream); /* distinct tokens per call: no dedupe */
+    rng_init(&r, cfg.seed, stream); /* distinct streams: no dedupe */
     uint64_t ntok = DECODE_TOKENS;
     if (ntok > micro_block_budget() * cfg.block_size) ntok = micro_block_budget() * cfg.block_size;
     uint32_t *tok = xmalloc(ntok * sizeof *tok);
@@ -718,6 +724,8 @@ static void micro_decode(bench *b, unsigned run, double *out, const char *when,
     /* Start with nothing of the previous loop in flight: its log and the arena
      * pages it dirtied are written back here, not during this loop. */
     PKV(pkv_sync(b->c));
+    pkv_stats_t st0, st1;
+    PKV(pkv_stats(b->c, &st0));
     uint64_t t0 = now_ns();
     if (step) {
         pkv_slot slot;
@@ -730,7 +738,14 @@ static void micro_decode(bench *b, unsigned run, double *out, const char *when,
         for (uint64_t i = 0; i < ntok; i++) decode_step(b, id, tok[i], payload);
     }
     uint64_t t1 = now_ns();
+    PKV(pkv_stats(b->c, &st1));
     PKV(pkv_seq_close(b->c, id));
+    if (repeat && st1.dedupes - st0.dedupes != ntok / cfg.block_size) {
+        fprintf(stderr, "pkv-bench: %s: %llu of %llu blocks deduped\n", g_phase,
+                (unsigned long long)(st1.dedupes - st0.dedupes),
+                (unsigned long long)(ntok / cfg.block_size));
+        exit(1);
+    }
     *out = (double)(t1 - t0) / (double)ntok;
     free(tok);
     check_stop();
@@ -915,13 +930,13 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     for (int m = 0; m < M_COUNT; m++) res->m[m] = NAN; /* not measured (--only) */
     open_cache(b, run, res);
     micro_decode(b, run, &res->m[M_DECODE_EMPTY_NS_TOKEN], "on the empty cache", 4,
-                 cfg.payload, false);
+                 cfg.payload, false, false);
     micro_decode(b, run, &res->m[M_DECODE_KV_NS_TOKEN], "on the empty cache, K/V written", 8,
-                 true, false);
+                 true, false, false);
     micro_decode(b, run, &res->m[M_STEP_NS_TOKEN], "in one call per step, empty cache", 9,
-                 cfg.payload, true);
+                 cfg.payload, true, false);
     micro_decode(b, run, &res->m[M_STEP_KV_NS_TOKEN],
-                 "in one call per step, empty cache, K/V written", 10, true, true);
+                 "in one call per step, empty cache, K/V written", 10, true, true, false);
     if (cfg.decode_only) {
         PKV(pkv_stats(b->c, &res->st_workload));
         PKV(pkv_stats(b->c, &res->st_final));
@@ -934,7 +949,9 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     if (cfg.check) run_check(b, "after the workload");
     micro_prefix_fork(b, run, res);
     micro_decode(b, run, &res->m[M_DECODE_NS_TOKEN], "on the cache the workload left", 7,
-                 cfg.payload, false);
+                 cfg.payload, false, false);
+    micro_decode(b, run, &res->m[M_DECODE_REPEAT_NS_TOKEN], "repeating the last generation", 7,
+                 cfg.payload, false, true);
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
     micro_step_batch(b, run, res);
@@ -1098,7 +1115,7 @@ static void json_stats(FILE *f, const pkv_stats_t *st) {
 
 static const int metric_order[] = {
     M_ATTACH_NS_BLOCK,  M_ATTACH_US_CALL,  M_CLOSE_NS_BLOCK,
-    M_DECODE_NS_TOKEN,  M_DECODE_EMPTY_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
+    M_DECODE_NS_TOKEN,  M_DECODE_REPEAT_NS_TOKEN, M_DECODE_EMPTY_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
     M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,   M_APPEND_NS,       M_APPEND_ALLOC_NS, M_COMMIT_NS,
     M_COMMIT_SEAL_NS,   M_SEAL_NS_BLOCK,   M_STEP_BATCH_NS_TOKEN,

@@ -399,6 +399,53 @@ static void crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const 
     wu_wl_free(w);
 }
 
+/* A generation repeated token for token (the same prompt and greedy decoding again)
+ * seals no block of its own: each one dedupes onto the cached block of the first
+ * run, so nothing but its COMMIT is logged, and each commit that crosses a block
+ * boundary merges into that one record, which grows by the new table entries only
+ * (the entries before its last are left as they are; internal checks compare them).
+ * It stays one record for the whole run, and the crash image recovers every token. */
+Test(decode, repeated_generation_dedupes_into_one_commit)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "cache");
+    pkv_options o;
+    opts(&o, CAP);
+    for (int mode = 0; mode < 2; mode++) {
+        pt_rmrf(dir);
+        pkv_cache *c = wu_open_ok(dir, &o);
+        wu_wl w;
+        wu_wl_init(&w, c, 11, NULL);
+        const int ntok = 30 * (int)WU_BS + 2; /* 30 full blocks and a partial one */
+        uint64_t first, again;
+        WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &first));
+        for (int i = 0; i < ntok; i++) {
+            uint32_t t = 500 + (uint32_t)(i * 7 % 13);
+            WU_OK(wu_do_append(&w, first, &t, 1, true));
+        }
+        WU_OK(wu_do_close(&w, first));
+        WU_OK(pkv_sync(c)); /* the repeat starts a frame of its own */
+        WU_CHECK(c, "first run");
+        pkv_stats_t st0 = stats(c);
+        WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &again));
+        uint64_t lsn0 = stats(c).last_lsn;
+        for (int i = 0; i < ntok; i++) {
+            uint32_t t = 500 + (uint32_t)(i * 7 % 13);
+            if (mode == 0) WU_OK(wu_do_append(&w, again, &t, 1, true));
+            else WU_OK(wu_do_commit_append(&w, again, i ? 1 : 0, &t, 1));
+            if (i % 16 == 0) WU_CHECK(c, "repeat");
+        }
+        if (mode == 1) WU_OK(wu_do_commit(&w, again, 1));
+        pkv_stats_t st = stats(c);
+        cr_assert_eq(st.dedupes - st0.dedupes, (uint64_t)ntok / WU_BS, "mode %d", mode);
+        cr_assert_eq(st.seals, st0.seals, "mode %d: the repeat sealed a block of its own", mode);
+        cr_assert_eq(st.last_lsn - lsn0, 1, "mode %d: %llu records for the repeat, not one COMMIT",
+                     mode, (unsigned long long)(st.last_lsn - lsn0));
+        WU_CHECK(c, "repeated");
+        crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "repeated generation");
+    }
+}
+
 /* A checkpoint covers the LSN of the COMMIT it saw: a later commit must log a new
  * record, not extend that one (replay skips it). */
 /* Sequences decoded interleaved, one token each in turn (single calls, or one batch

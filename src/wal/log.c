@@ -85,15 +85,17 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     return r + REC_HDR;
 }
 
-uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload) {
+uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload,
+                          size_t keep) {
     pkv_wal *w = &c->wal;
     size_t total = pkv_rec_size(payload);
     uint8_t *r = w->buf + off;
     pkv_assert(w->nrec > 0 && off >= FRAME_HDR && off < w->len &&
                off + pkv_get_u32(r) == w->len && pkv_get_u64(r + 8) == w->next_lsn - 1);
-    pkv_assert(w->cap - off >= total);
+    pkv_assert(w->cap - off >= total && keep <= payload &&
+               REC_HDR + keep <= pkv_get_u32(r) - REC_TRAILER);
     uint64_t lsn = pkv_get_u64(r + 8);
-    memset(r, 0, total);
+    memset(r + REC_HDR + keep, 0, total - REC_HDR - keep);
     pkv_put_u32(r, (uint32_t)total);
     pkv_put_u32(r + 4, type);
     pkv_put_u64(r + 8, lsn);

@@ -316,17 +316,29 @@ void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     const uint32_t bs = p->block_size;
     if (pkv_log_commit_grow(c, s, old, s->committed)) return;
     /* The last record is this sequence's COMMIT and we continue it, but not within
-     * its tail block: rewrite it as one commit from where it started. */
+     * its tail block: rewrite it as one commit from where it started. Only its
+     * last table entry and what follows change: the entries before it are full
+     * blocks, sealed before it was written, and a block that is neither copied nor
+     * truncated (each logged, ending the run) keeps its table entry; the last
+     * one may since have been sealed and replaced by an identical cached block
+     * (a dedupe logs no record). Rewriting the rest too would cost O(record) per
+     * block, O(n^2) in a run of blocks that dedupe, where nothing else is logged
+     * and the run only ends when the flusher takes the buffer. */
     const uint8_t *r = live_commit(w, s, old);
     bool merge = r && s->mc_off + pkv_get_u32(r) == w->len;
-    if (merge) old = s->mc_old;
+    uint32_t kept = 0; /* table entries the merge leaves as they are */
+    if (merge) {
+        old = s->mc_old;
+        kept = pkv_get_u32(r + REC_HDR + 20) - 1;
+        pkv_assert(pkv_get_u32(r + REC_HDR + 16) == pkv_bdiv(p, old));
+    }
     uint64_t first = pkv_bdiv(p, old), n = pkv_bceil(p, s->committed);
     uint32_t tail = pkv_bmod(p, s->committed);
     uint64_t tail_start = s->committed - tail; /* first position of the tail block */
     uint32_t tail_off = tail ? (uint32_t)((old > tail_start ? old : tail_start) - tail_start) : 0;
     uint32_t ntail = tail ? tail - tail_off : 0;
     size_t payload = 32 + 4 * (n - first) + 4ull * ntail;
-    uint8_t *q = merge ? pkv_wal_reappend(c, s->mc_off, REC_COMMIT, payload)
+    uint8_t *q = merge ? pkv_wal_reappend(c, s->mc_off, REC_COMMIT, payload, 32 + 4ull * kept)
                        : pkv_wal_append(c, REC_COMMIT, payload); /* after any slack */
     size_t off = (size_t)(q - REC_HDR - w->buf);
     s->mc_gen = w->gen;
@@ -343,7 +355,10 @@ void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     pkv_put_u32(q + 24, tail_off);
     pkv_put_u32(q + 28, ntail);
     q += 32;
-    for (uint64_t i = first; i < n; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
+    pkv_assert(first + kept < n);
+    for (uint64_t i = first; i < first + kept; i++, q += 4)
+        pkv_assert(pkv_get_u32(q) == s->blocks[i]);
+    for (uint64_t i = first + kept; i < n; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[n - 1]) + tail_off, ntail);
 }
 

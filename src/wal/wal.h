@@ -160,8 +160,10 @@ int pkv_wal_grow(pkv_cache *c, size_t bytes);
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
 /* Rewrite the last record appended, at offset `off` of the unflushed buffer, as
  * a record of `type` with `payload` bytes and the same LSN (COMMIT coalescing);
- * returns the payload to fill. Room: the old record's bytes plus the reserve. */
-uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload);
+ * the first `keep` payload bytes stay as they are, the rest is zeroed. Returns the
+ * payload to fill. Room: the old record's bytes plus the reserve. */
+uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload,
+                          size_t keep);
 static inline size_t pkv_rec_size(size_t payload) {
     return (REC_HDR + payload + REC_TRAILER + 7) & ~(size_t)7;
 }
