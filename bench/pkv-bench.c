@@ -16,7 +16,8 @@
  *  2. on the cache the workload left behind (full, so new blocks come from
  *     eviction), times the core operations, each amortized over many calls per
  *     clock reading: prefix lookup+attach of a fully cached 32k-token prompt, its
- *     close, decode and prefill append+commit, the commit that seals a block, fork,
+ *     close, decode, speculative decode (4 drafts, 2 accepted) and prefill
+ *     append+commit, the commit that seals a block, fork,
  *     the copy-on-write append after a fork, and the close of a forked child.
  *
  * Every cost printed is the median over --runs runs (min and max are shown too).
@@ -361,6 +362,7 @@ enum {
     M_DECODE_KV_NS_TOKEN,
     M_STEP_NS_TOKEN,
     M_STEP_KV_NS_TOKEN,
+    M_SPEC_NS_TOKEN,
     M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,
     M_STEP_BATCH_NS_TOKEN,
@@ -414,6 +416,9 @@ static const metric_def metric_defs[M_COUNT] = {
     [M_STEP_KV_NS_TOKEN] = {"decode_step_kv_empty_cache_ns_per_token",
                             "    same, K/V row written before each step's commit",
                             "ns/token", 0},
+    [M_SPEC_NS_TOKEN] = {"spec_decode_ns_per_token",
+                         "(b) speculative decode: append 4 drafts, commit 2, truncate 2",
+                         "ns/token", 0},
     [M_PREFILL_NS_TOKEN] = {"prefill_ns_per_token", "(b) prefill append(512)+commit(512)",
                             "ns/token", 0},
     [M_BATCH_NS_TOKEN] = {"decode_batch_ns_per_token",
@@ -752,6 +757,41 @@ static void micro_decode(bench *b, unsigned run, double *out, const char *when,
     check_stop();
 }
 
+/* (b) speculative decoding on the cache the workload left (full): per step, append
+ * SPEC_DRAFTS draft tokens (writing their K/V with --payload), commit the first
+ * SPEC_ACCEPT and truncate the rejected rest, as an engine verifying a draft model's
+ * tokens does. Drafts regularly spill into a new block that the truncation frees
+ * again. Cost per committed token. */
+#define SPEC_DRAFTS 4u
+#define SPEC_ACCEPT 2u
+static void micro_spec(bench *b, unsigned run, run_result *res) {
+    snprintf(g_phase, sizeof g_phase, "run %u, (b) speculative decode", run);
+    rng r;
+    rng_init(&r, cfg.seed, 11);
+    uint64_t steps = DECODE_TOKENS / 8;
+    if (steps * SPEC_ACCEPT > micro_block_budget() * cfg.block_size)
+        steps = micro_block_budget() * cfg.block_size / SPEC_ACCEPT;
+    uint32_t *tok = xmalloc(steps * SPEC_DRAFTS * sizeof *tok);
+    fill_tokens(&r, tok, steps * SPEC_DRAFTS);
+    uint64_t id = b->next_id++;
+    PKV(pkv_seq_open(b->c, id, 0, NULL, 0, NULL));
+    PKV(pkv_sync(b->c));
+    pkv_slot slots[SPEC_DRAFTS];
+    uint64_t t0 = now_ns();
+    for (uint64_t i = 0; i < steps; i++) {
+        const uint32_t *d = tok + i * SPEC_DRAFTS;
+        PKV(pkv_seq_append(b->c, id, d, SPEC_DRAFTS, slots));
+        if (cfg.payload) write_payload(b, slots, d, SPEC_DRAFTS);
+        PKV(pkv_seq_commit(b->c, id, SPEC_ACCEPT));
+        PKV(pkv_seq_truncate(b->c, id, (i + 1) * SPEC_ACCEPT));
+    }
+    uint64_t t1 = now_ns();
+    PKV(pkv_seq_close(b->c, id));
+    res->m[M_SPEC_NS_TOKEN] = (double)(t1 - t0) / (double)(steps * SPEC_ACCEPT);
+    free(tok);
+    check_stop();
+}
+
 /* (b) prefill: append(512) + commit(512) calls; a new sequence every 64 calls. */
 static void micro_prefill(bench *b, unsigned run, run_result *res) {
     snprintf(g_phase, sizeof g_phase, "run %u, (b) prefill", run);
@@ -953,6 +993,7 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_prefix_fork(b, run, res);
     micro_decode(b, run, &res->m[M_DECODE_NS_TOKEN], "on the cache the workload left", 7,
                  cfg.payload, false, false);
+    micro_spec(b, run, res);
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
     micro_step_batch(b, run, res);
@@ -1117,7 +1158,7 @@ static void json_stats(FILE *f, const pkv_stats_t *st) {
 static const int metric_order[] = {
     M_ATTACH_NS_BLOCK,  M_ATTACH_US_CALL,  M_CLOSE_NS_BLOCK,
     M_DECODE_NS_TOKEN,  M_DECODE_EMPTY_NS_TOKEN, M_DECODE_REPEAT_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
-    M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_PREFILL_NS_TOKEN,
+    M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_SPEC_NS_TOKEN,   M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,   M_APPEND_NS,       M_APPEND_ALLOC_NS, M_COMMIT_NS,
     M_COMMIT_SEAL_NS,   M_SEAL_NS_BLOCK,   M_STEP_BATCH_NS_TOKEN,
     M_FORK_US_CALL,     M_FORK_NS_BLOCK,   M_COW_APPEND_NS,   M_CLOSE_CHILD_NS_BLOCK,

@@ -12,6 +12,8 @@
  * Limbo (FIFO) holds open blocks freed while the log's durable state may still
  * name them; the flusher moves them to the free list once the freeing record is
  * safe (wal/log.c), so a crash can never find a recovered sequence's slot reused.
+ * Only blocks some record named (BLKF_NAMED, set by wal/record.c) need that; one
+ * that only ever held pending tokens goes straight to the free list.
  * Lists are doubly linked through pkv_block.prev/next (block indices), so every
  * operation is O(1) and allocation-free.
  */
@@ -124,11 +126,15 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
         pkv_evict_on_unreferenced(c, b);
         return;
     }
+    bool named = x->flags & BLKF_NAMED;
     x->state = BLK_FREE;
     x->flags = 0;
-    if (c->wal.running) {
+    if (c->wal.running && named) {
         /* The durable state may still name this block until the record of the
-         * call that freed it is safe: park it in limbo until then. */
+         * call that freed it is safe: park it in limbo until then. A block no
+         * record ever named (it only held pending tokens: rejected draft tokens
+         * that spilled into a new block, a tail never committed) cannot be in any
+         * durable state, so it is free at once and nothing waits for the log. */
         x->rel_lsn = PKV_LSN_PENDING;
         pkv_list_push_tail(p, &c->limbo, LIST_LIMBO, b);
     } else {

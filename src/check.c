@@ -216,6 +216,10 @@ static int check_seq(checker *k, pkv_cache *c, const pkv_seq *s, uint32_t *refs,
             if (pending && x->ref != 1)
                 return broken(k, "I10: seq %llu has pending tokens in shared block %u",
                               (unsigned long long)s->id, b);
+            if ((uint64_t)i * bs < s->committed && !(x->flags & BLKF_NAMED))
+                return broken(k, "I10: seq %llu entry %u (block %u) holds committed tokens "
+                              "but is not marked as named by the log (it would skip limbo)",
+                              (unsigned long long)s->id, i, b);
         }
     }
     return 0;

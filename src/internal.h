@@ -200,7 +200,9 @@ pkv_h128 pkv_hash_block(uint64_t secret, pkv_h128 parent, const uint32_t *tokens
 enum { BLK_FREE = 0, BLK_OPEN = 1, BLK_SEALED = 2 };
 enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3 };
 enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its sum */
-       BLKF_BAD = 2 };      /* payload failed its checksum: never served again */
+       BLKF_BAD = 2,        /* payload failed its checksum: never served again */
+       BLKF_NAMED = 4 };    /* open: a record names it (it held committed tokens), so
+                               the durable state may: freed, it waits in limbo */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
 
 /* Metadata of one block; exactly one cache line. */

@@ -752,3 +752,122 @@ Test(wal, first_replay_of_a_process_keeps_every_frame)
                  "stack XXH3_state_t with XXH3_64bits_reset_withSeed",
                  (unsigned long long)want[0], (unsigned long long)want[1], nbad, bad);
 }
+
+/* ---- Limbo: only for blocks the durable state may name -------------------------- */
+
+#define LB_CAP 16u
+
+/* A cache of LB_CAP blocks of WU_BS tokens, all cached (one sequence filled it and
+ * closed), none free; group commit that never fires on its own and no automatic
+ * checkpoints, so the log is written only when a call waits for it. */
+static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w)
+{
+    wu_opts(o, WU_BS, LB_CAP, PKV_DURABLE_GROUP);
+    o->group_commit_us = 10000000;
+    o->checkpoint_bytes = 1ull << 40;
+    pkv_cache *c = wu_open_ok(dir, o);
+    wu_wl_init(w, c, 5, NULL);
+    uint64_t id;
+    WU_OK(wu_do_open(w, 0, NULL, 0, 0, &id));
+    uint32_t t[LB_CAP * WU_BS];
+    for (uint32_t i = 0; i < LB_CAP * WU_BS; i++) t[i] = 7000 + i;
+    WU_OK(wu_do_append(w, id, t, LB_CAP * WU_BS, true));
+    WU_OK(wu_do_close(w, id));
+    WU_OK(pkv_sync(c));
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    cr_assert(st.blocks_free == 0 && st.blocks_cached == LB_CAP, "not full: %llu free",
+              (unsigned long long)st.blocks_free);
+    WU_CHECK(c, "full");
+    return c;
+}
+
+static pkv_stats_t lb_stats(pkv_cache *c)
+{
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    return st;
+}
+
+/* Sync, take a crash image, close, and check the image recovers to w's model. */
+static void lb_crash_image(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o)
+{
+    char img[512];
+    cache_dir(img, sizeof img, "img");
+    WU_OK(pkv_sync(c));
+    wu_copy_dir(dir, img);
+    pkv_close(c);
+    c = wu_open_ok(img, o);
+    wu_wl_reattach(w, c);
+    wu_verify_model(c, &w->m, "crash image");
+    pkv_close(c);
+    wu_wl_free(w);
+}
+
+/* Speculative decoding on a full cache: each step appends 3 draft tokens, commits
+ * one and truncates the rejected rest. Drafts that spill into a new block leave it
+ * holding only pending tokens; no record ever named it, so truncating them frees it
+ * at once, and the next spill takes it back without waiting for the log (before,
+ * every such block waited in limbo: one log write and fdatasync per block). */
+Test(wal, never_named_blocks_skip_limbo)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "spec");
+    pkv_options o;
+    wu_wl w;
+    pkv_cache *c = full_cache(dir, &o, &w);
+    uint64_t id;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
+    pkv_stats_t st0 = lb_stats(c);
+    const uint32_t steps = 6 * WU_BS;
+    for (uint32_t i = 0; i < steps; i++) {
+        uint32_t d[3] = {9000 + i, 9100 + i, 9200 + i};
+        WU_OK(wu_do_append(&w, id, d, 3, false));
+        WU_OK(wu_do_commit(&w, id, 1));
+        WU_OK(wu_do_truncate(&w, id, i + 1));
+        WU_CHECK(c, "speculative step");
+    }
+    pkv_stats_t st1 = lb_stats(c);
+    cr_assert_eq(st1.wal_frames, st0.wal_frames,
+                 "%llu log writes: a freed draft-only block waited in limbo",
+                 (unsigned long long)(st1.wal_frames - st0.wal_frames));
+    /* 6 blocks hold the committed tokens; the last spill's block is free again */
+    cr_assert_eq(st1.evictions - st0.evictions, 7);
+    cr_assert_eq(st1.blocks_free, 1);
+    lb_crash_image(c, &w, dir, &o);
+}
+
+/* The other side: a closed sequence's partial tail block is named by its COMMIT (it
+ * holds committed tokens), so the next allocation on a full cache waits for the log
+ * to make the close safe and then reuses that block rather than evicting; a tail
+ * that held only pending tokens was never named and is reused at once. */
+Test(wal, named_block_waits_in_limbo)
+{
+    for (int committed = 0; committed < 2; committed++) {
+        char dir[512];
+        cache_dir(dir, sizeof dir, committed ? "named" : "unnamed");
+        pkv_options o;
+        wu_wl w;
+        pkv_cache *c = full_cache(dir, &o, &w);
+        uint64_t a, b;
+        uint32_t t[2] = {4242, 4243}, u = 5151;
+        WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+        WU_OK(wu_do_append(&w, a, t, 2, committed));
+        WU_OK(wu_do_close(&w, a));
+        WU_CHECK(c, "closed");
+        pkv_stats_t st0 = lb_stats(c);
+        WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
+        WU_OK(wu_do_append(&w, b, &u, 1, true));
+        WU_CHECK(c, "reused");
+        pkv_stats_t st1 = lb_stats(c);
+        cr_assert_eq(st1.evictions, st0.evictions, "committed %d: evicted instead of reusing",
+                     committed);
+        if (committed)
+            cr_assert(st1.wal_frames > st0.wal_frames,
+                      "the named block was reused before its freeing record was written");
+        else
+            cr_assert_eq(st1.wal_frames, st0.wal_frames,
+                         "a never-named block waited for the log");
+        lb_crash_image(c, &w, dir, &o);
+    }
+}

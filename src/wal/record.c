@@ -129,6 +129,14 @@ int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t bs, pkv_rec *r) {
 
 /* ---- Encoding (cache lock held; space reserved with pkv_wal_reserve) ----- */
 
+/* A record names block b in a sequence's table: if b is open, freeing it must now
+ * wait in limbo until the freeing record is safe (blockpool.c). Sealed blocks need
+ * no mark: they are never reused while the log may name them unverified. */
+static inline void named(pkv_cache *c, uint32_t b) {
+    pkv_block *x = &c->pool.b[b];
+    if (x->state == BLK_OPEN) x->flags |= BLKF_NAMED;
+}
+
 static uint8_t *put_tokens(uint8_t *q, const uint32_t *t, uint32_t n) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     memcpy(q, t, (size_t)n * 4);
@@ -173,6 +181,7 @@ void pkv_log_seq_set(pkv_cache *c, pkv_seq *s) {
     pkv_put_u32(q + 28, ntail);
     q += 32;
     for (uint32_t i = 0; i < nb; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
+    if (nb) named(c, s->blocks[nb - 1]); /* only the last can be open */
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[nb - 1]), ntail);
 }
 
@@ -359,6 +368,7 @@ void pkv_log_commit(pkv_cache *c, pkv_seq *s, uint64_t old) {
     for (uint64_t i = first; i < first + kept; i++, q += 4)
         pkv_assert(pkv_get_u32(q) == s->blocks[i]);
     for (uint64_t i = first + kept; i < n; i++, q += 4) pkv_put_u32(q, s->blocks[i]);
+    named(c, s->blocks[n - 1]); /* only the last can be open */
     if (ntail) put_tokens(q, pkv_pool_tokens(&c->pool, s->blocks[n - 1]) + tail_off, ntail);
 }
 
@@ -369,6 +379,7 @@ void pkv_log_seq_block(pkv_cache *c, pkv_seq *s, uint32_t idx, uint32_t ntok) {
     pkv_put_u64(q, s->id);
     pkv_put_u32(q + 8, idx);
     pkv_put_u32(q + 12, s->blocks[idx]);
+    named(c, s->blocks[idx]);
     pkv_put_u32(q + 16, ntok);
     put_tokens(q + 24, pkv_pool_tokens(&c->pool, s->blocks[idx]), ntok);
 }
@@ -382,6 +393,7 @@ void pkv_log_trunc(pkv_cache *c, pkv_seq *s, uint32_t tail_block) {
     pkv_put_u64(q, s->id);
     pkv_put_u64(q + 8, s->committed);
     pkv_put_u32(q + 16, tail_block);
+    if (tail_block != PKV_NONE) named(c, tail_block);
     pkv_put_u32(q + 20, ntok);
     if (ntok) put_tokens(q + 24, pkv_pool_tokens(&c->pool, tail_block), ntok);
 }

@@ -850,9 +850,9 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
             pkv_index_insert(&c->index, x->hash.lo, b);
             if (x->ref == 0) lru[nl++] = (lru_ent){x->rel_lsn, d[b], b};
         } else if (x->ref > 0) {
-            x->state = BLK_OPEN;
+            x->state = BLK_OPEN; /* in a recovered table: the log names it */
             x->parent = PKV_NONE;
-            x->flags = 0;
+            x->flags = BLKF_NAMED;
         } else {
             x->state = BLK_FREE;
             x->parent = PKV_NONE;
