@@ -1,10 +1,11 @@
 /*
  * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
  *
- *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL]]]]]]
+ *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS]]]]]]]
  *
  * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
- * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, 16-token blocks, CAPACITY
+ * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, BS-token blocks (default 16;
+ * a large BS such as 1024 leaves the per-token fast paths alone), CAPACITY
  * blocks, default 1048576), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
@@ -51,7 +52,7 @@ static unsigned long long arg(int argc, char **argv, int i, unsigned long long d
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
-                        "[STEP [FILL]]]]]]\n", argv[0]);
+                        "[STEP [FILL [BS]]]]]]]\n", argv[0]);
         return 2;
     }
     uint64_t ntok = arg(argc, argv, 2, 0);
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
     o.num_kv_heads = 1;
     o.head_dim = 8;
     o.dtype = PKV_F16;
-    o.block_size = 16;
+    o.block_size = (uint32_t)arg(argc, argv, 9, 16);
     o.durability = (pkv_durability)arg(argc, argv, 3, 0);
     if (arg(argc, argv, 4, 0)) o.flags |= PKV_OPEN_PREFAULT;
     int payload = (int)arg(argc, argv, 5, 0);
