@@ -98,6 +98,11 @@ typedef enum pkv_durability {
 #define PKV_OPEN_PREFAULT      0x4u /* populate the whole arena mapping at open
                                        (MAP_POPULATE), so first touches of block
                                        slots do not page-fault later */
+#define PKV_OPEN_NO_LIMBO_WAIT 0x8u /* an allocation short of free blocks evicts
+                                       cached ones instead of waiting for the log to
+                                       release freed blocks (no log wait on a full
+                                       cache; which blocks are evicted then depends
+                                       on flush timing) */
 
 struct pkv_io_ops; /* I/O backend for log and checkpoint files (testing) */
 

@@ -40,7 +40,8 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
  * fails before the open creates or locks anything. pkv_arena_open repeats the
  * geometry and model_id checks for its own callers. */
 static int check_options(const char *dir, const pkv_options *opt) {
-    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT))
+    if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT |
+                       PKV_OPEN_NO_LIMBO_WAIT))
         return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
     pkv_geometry g;
     int rc = pkv_geometry_from_options(opt, &g);
@@ -70,6 +71,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");
     /* c->lock and the log's condition variables are ready zeroed (lock.c) */
     c->rdonly = opt->flags & PKV_OPEN_RDONLY;
+    c->no_limbo_wait = opt->flags & PKV_OPEN_NO_LIMBO_WAIT;
     c->limbo.head = c->limbo.tail = PKV_NONE;
     c->wal.seg_fd = -1;
     int rc = pkv_arena_open(&c->arena, dir, opt, c->rdonly);

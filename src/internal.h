@@ -401,6 +401,7 @@ struct pkv_cache {
     pkv_wal wal;
     pkv_recovery_t rec;
     bool rdonly;
+    bool no_limbo_wait; /* PKV_OPEN_NO_LIMBO_WAIT: evict rather than wait for limbo */
     uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_stats) */
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
 };

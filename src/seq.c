@@ -66,14 +66,18 @@ static inline int finish(pkv_cache *c) {
 
 /* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
  * freeing record not yet safe) come next, after waiting for the log, since using
- * them is better than evicting cached blocks; eviction last. 0: go ahead; 1: the
- * caller waited (the lock was released) and must retry; PKV_EFULL: never. */
+ * them is better than evicting cached blocks; eviction last. With
+ * PKV_OPEN_NO_LIMBO_WAIT eviction comes before the wait, which is then only for
+ * what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
+ * released) and must retry; PKV_EFULL: never. */
 static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     if (need <= c->pool.free.count) return 0;
+    if (c->no_limbo_wait && need <= pkv_available(c)) return 0;
     if (c->limbo.count > 0) {
         /* Wait only for the records that freed the limbo blocks this call needs:
          * limbo is in release order, so their stamps ascend from the head. */
-        uint64_t k = need - c->pool.free.count, target = 0;
+        uint64_t k = need - (c->no_limbo_wait ? pkv_available(c) : c->pool.free.count);
+        uint64_t target = 0;
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;

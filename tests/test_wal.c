@@ -794,6 +794,7 @@ static void lb_crash_image(pkv_cache *c, wu_wl *w, const char *dir, const pkv_op
 {
     char img[512];
     cache_dir(img, sizeof img, "img");
+    pt_rmrf(img); /* an image of an earlier cache must not leave files behind */
     WU_OK(pkv_sync(c));
     wu_copy_dir(dir, img);
     pkv_close(c);
@@ -870,4 +871,72 @@ Test(wal, named_block_waits_in_limbo)
                          "a never-named block waited for the log");
         lb_crash_image(c, &w, dir, &o);
     }
+}
+
+/* PKV_OPEN_NO_LIMBO_WAIT: on a full cache, the allocation after a close evicts a
+ * cached block instead of waiting for the log to release the closed sequence's
+ * tail from limbo (that block joins the free list after the next flush). Only
+ * what eviction cannot supply is still waited for: with nothing cached, the
+ * allocation waits for limbo as without the flag. Both crash images recover. */
+Test(wal, no_limbo_wait_evicts_instead)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "nowait");
+    pkv_options o;
+    wu_wl w;
+    pkv_cache *c = full_cache(dir, &o, &w);
+    pkv_close(c);
+    o.flags |= PKV_OPEN_NO_LIMBO_WAIT;
+    c = wu_open_ok(dir, &o);
+    wu_wl_reattach(&w, c);
+    uint64_t a, b;
+    uint32_t t[2] = {4242, 4243}, u = 5151;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+    WU_OK(wu_do_append(&w, a, t, 2, true)); /* its tail holds committed tokens */
+    WU_OK(wu_do_close(&w, a));
+    pkv_stats_t st0 = lb_stats(c);
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
+    WU_OK(wu_do_append(&w, b, &u, 1, true));
+    WU_CHECK(c, "evicted instead of waiting");
+    pkv_stats_t st1 = lb_stats(c);
+    cr_assert_eq(st1.wal_frames, st0.wal_frames, "the allocation waited for the log");
+    cr_assert_eq(st1.evictions, st0.evictions + 1);
+    cr_assert_eq(st1.blocks_free, 1, "the closed tail is still in limbo (counted as free)");
+    WU_OK(pkv_sync(c)); /* the close is safe now: limbo drains to the free list */
+    WU_OK(wu_do_append(&w, b, t, 2, true)); /* 1+2 tokens: still one block */
+    uint32_t v[WU_BS];
+    for (uint32_t i = 0; i < WU_BS; i++) v[i] = 6000 + i;
+    pkv_stats_t st2 = lb_stats(c);
+    WU_OK(wu_do_append(&w, b, v, WU_BS, true)); /* a second block: the drained one */
+    pkv_stats_t st3 = lb_stats(c);
+    cr_assert_eq(st3.evictions, st2.evictions, "evicted although a block was free");
+    WU_CHECK(c, "drained");
+    lb_crash_image(c, &w, dir, &o);
+
+    /* Nothing cached: every block but one held by an open sequence, the last one
+     * in limbo. The allocation must wait for it. */
+    cache_dir(dir, sizeof dir, "nowait-full");
+    wu_opts(&o, WU_BS, LB_CAP, PKV_DURABLE_GROUP);
+    o.group_commit_us = 10000000;
+    o.checkpoint_bytes = 1ull << 40;
+    o.flags = PKV_OPEN_NO_LIMBO_WAIT;
+    c = wu_open_ok(dir, &o);
+    wu_wl_init(&w, c, 9, NULL);
+    uint64_t big, small, next;
+    uint32_t many[(LB_CAP - 1) * WU_BS];
+    for (uint32_t i = 0; i < (LB_CAP - 1) * WU_BS; i++) many[i] = 100 + i;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &big));
+    WU_OK(wu_do_append(&w, big, many, (LB_CAP - 1) * WU_BS, false)); /* pending: held */
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &small));
+    WU_OK(wu_do_append(&w, small, t, 2, true));
+    WU_OK(wu_do_close(&w, small));
+    st0 = lb_stats(c);
+    cr_assert(st0.blocks_cached == 0 && st0.blocks_free == 1);
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &next));
+    WU_OK(wu_do_append(&w, next, &u, 1, true));
+    st1 = lb_stats(c);
+    cr_assert(st1.wal_frames > st0.wal_frames, "reused the limbo block without waiting");
+    cr_assert_eq(st1.evictions, st0.evictions);
+    WU_CHECK(c, "waited");
+    lb_crash_image(c, &w, dir, &o);
 }
