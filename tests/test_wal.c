@@ -757,14 +757,20 @@ Test(wal, first_replay_of_a_process_keeps_every_frame)
 
 #define LB_CAP 16u
 
-/* A cache of LB_CAP blocks of WU_BS tokens, all cached (one sequence filled it and
- * closed), none free; group commit that never fires on its own and no automatic
- * checkpoints, so the log is written only when a call waits for it. */
-static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w)
+/* Caches of LB_CAP blocks of WU_BS tokens; group commit that never fires on its own
+ * and no automatic checkpoints, so the log is written only when a call waits for
+ * it. full_cache: all blocks cached (one sequence filled it and closed), none free. */
+static void lb_opts(pkv_options *o, uint32_t flags)
 {
     wu_opts(o, WU_BS, LB_CAP, PKV_DURABLE_GROUP);
     o->group_commit_us = 10000000;
     o->checkpoint_bytes = 1ull << 40;
+    o->flags = flags;
+}
+
+static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w)
+{
+    lb_opts(o, 0);
     pkv_cache *c = wu_open_ok(dir, o);
     wu_wl_init(w, c, 5, NULL);
     uint64_t id;
@@ -916,10 +922,7 @@ Test(wal, no_limbo_wait_evicts_instead)
     /* Nothing cached: every block but one held by an open sequence, the last one
      * in limbo. The allocation must wait for it. */
     cache_dir(dir, sizeof dir, "nowait-full");
-    wu_opts(&o, WU_BS, LB_CAP, PKV_DURABLE_GROUP);
-    o.group_commit_us = 10000000;
-    o.checkpoint_bytes = 1ull << 40;
-    o.flags = PKV_OPEN_NO_LIMBO_WAIT;
+    lb_opts(&o, PKV_OPEN_NO_LIMBO_WAIT);
     c = wu_open_ok(dir, &o);
     wu_wl_init(&w, c, 9, NULL);
     uint64_t big, small, next;
