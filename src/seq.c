@@ -71,13 +71,13 @@ static inline int finish(pkv_cache *c) {
  * what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
  * released) and must retry; PKV_EFULL: never. */
 static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
-    if (need <= c->pool.free.count) return 0;
-    if (c->no_limbo_wait && need <= pkv_available(c)) return 0;
+    /* obtainable before any wait for limbo */
+    uint64_t ready = c->no_limbo_wait ? pkv_available(c) : c->pool.free.count;
+    if (need <= ready) return 0;
     if (c->limbo.count > 0) {
         /* Wait only for the records that freed the limbo blocks this call needs:
          * limbo is in release order, so their stamps ascend from the head. */
-        uint64_t k = need - (c->no_limbo_wait ? pkv_available(c) : c->pool.free.count);
-        uint64_t target = 0;
+        uint64_t k = need - ready, target = 0;
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;

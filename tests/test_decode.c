@@ -373,32 +373,6 @@ Test(decode, one_commit_record_per_block)
     }
 }
 
-/* Sync c, take a crash image of `dir` (a copy: no close-time checkpoint), close c,
- * and check that the image recovers to w's model; with ck != UINT64_MAX also that
- * recovery started from checkpoint ck and replayed `replayed` records. Frees w. */
-static void crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o,
-                                 uint64_t ck, uint64_t replayed, const char *what) {
-    char img[512];
-    pt_path(img, sizeof img, "img");
-    WU_OK(pkv_sync(c));
-    WU_CHECK(c, "synced");
-    wu_copy_dir(dir, img);
-    pkv_close(c);
-    c = wu_open_ok(img, o);
-    if (ck != UINT64_MAX) {
-        pkv_recovery_t rec;
-        WU_OK(pkv_recovery(c, &rec));
-        cr_assert_eq(rec.checkpoint_lsn, ck, "%s: recovered from checkpoint %llu", what,
-                     (unsigned long long)rec.checkpoint_lsn);
-        cr_assert_eq(rec.records_replayed, replayed, "%s: %llu records replayed", what,
-                     (unsigned long long)rec.records_replayed);
-    }
-    wu_wl_reattach(w, c);
-    wu_verify_model(c, &w->m, what);
-    pkv_close(c);
-    wu_wl_free(w);
-}
-
 /* A generation repeated token for token (the same prompt and greedy decoding again)
  * seals no block of its own: each one dedupes onto the cached block of the first
  * run, so nothing but its COMMIT is logged, and each commit that crosses a block
@@ -442,7 +416,7 @@ Test(decode, repeated_generation_dedupes_into_one_commit)
         cr_assert_eq(st.last_lsn - lsn0, 1, "mode %d: %llu records for the repeat, not one COMMIT",
                      mode, (unsigned long long)(st.last_lsn - lsn0));
         WU_CHECK(c, "repeated");
-        crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "repeated generation");
+        wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "repeated generation");
     }
 }
 
@@ -518,7 +492,7 @@ Test(decode, checkpoint_ends_coalescing)
     WU_OK(wu_do_commit_append(&w, id, 0, t + 2, 1));
     WU_OK(wu_do_commit(&w, id, 1));
     cr_assert_eq(stats(c).last_lsn, ck + 1, "the next commit was not coalesced");
-    crash_image_recovers(c, &w, dir, &o, ck, 1, "crash image after a checkpoint");
+    wu_crash_image_recovers(c, &w, dir, &o, ck, 1, "crash image after a checkpoint");
 }
 
 /* A decode commit only notes that the sequence's COMMIT lags (deferred growth,
@@ -549,7 +523,7 @@ Test(decode, checkpoint_settles_deferred_commits)
     WU_CHECK(c, "after the checkpoint");
     WU_OK(wu_do_append(&w, id, t + 2, 1, true));
     cr_assert_eq(stats(c).last_lsn, ck + 1, "the commit after the checkpoint logged no record");
-    crash_image_recovers(c, &w, dir, &o, ck, 1,
+    wu_crash_image_recovers(c, &w, dir, &o, ck, 1,
                          "crash image after a checkpoint over a lagging COMMIT");
 }
 
@@ -585,7 +559,7 @@ Test(decode, close_of_a_lagging_sequence)
     cr_assert_eq(stats(c).last_lsn, lsn + 1, "only the CLOSE was logged: %llu records",
                  (unsigned long long)(stats(c).last_lsn - lsn));
     /* the sync settles b, and would touch a if it were still listed */
-    crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0,
+    wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0,
                          "crash image after closing a lagging sequence");
 }
 

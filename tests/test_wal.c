@@ -797,22 +797,6 @@ static pkv_stats_t lb_stats(pkv_cache *c)
     return st;
 }
 
-/* Sync, take a crash image, close, and check the image recovers to w's model. */
-static void lb_crash_image(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o)
-{
-    char img[512];
-    cache_dir(img, sizeof img, "img");
-    pt_rmrf(img); /* an image of an earlier cache must not leave files behind */
-    WU_OK(pkv_sync(c));
-    wu_copy_dir(dir, img);
-    pkv_close(c);
-    c = wu_open_ok(img, o);
-    wu_wl_reattach(w, c);
-    wu_verify_model(c, &w->m, "crash image");
-    pkv_close(c);
-    wu_wl_free(w);
-}
-
 /* Speculative decoding on a full cache: each step appends 3 draft tokens, commits
  * one and truncates the rejected rest. Drafts that spill into a new block leave it
  * holding only pending tokens; no record ever named it, so truncating them frees it
@@ -843,7 +827,7 @@ Test(wal, never_named_blocks_skip_limbo)
     /* 6 blocks hold the committed tokens; the last spill's block is free again */
     cr_assert_eq(st1.evictions - st0.evictions, 7);
     cr_assert_eq(st1.blocks_free, 1);
-    lb_crash_image(c, &w, dir, &o);
+    wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
 }
 
 /* The other side: a closed sequence's partial tail block is named by its COMMIT (it
@@ -877,7 +861,7 @@ Test(wal, named_block_waits_in_limbo)
         else
             cr_assert_eq(st1.wal_frames, st0.wal_frames,
                          "a never-named block waited for the log");
-        lb_crash_image(c, &w, dir, &o);
+        wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
     }
 }
 
@@ -919,7 +903,7 @@ Test(wal, no_limbo_wait_evicts_instead)
     pkv_stats_t st3 = lb_stats(c);
     cr_assert_eq(st3.evictions, st2.evictions, "evicted although a block was free");
     WU_CHECK(c, "drained");
-    lb_crash_image(c, &w, dir, &o);
+    wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
 
     /* Nothing cached: every block but one held by an open sequence, the last one
      * in limbo. The allocation must wait for it. */
@@ -943,7 +927,7 @@ Test(wal, no_limbo_wait_evicts_instead)
     cr_assert(st1.wal_frames > st0.wal_frames, "reused the limbo block without waiting");
     cr_assert_eq(st1.evictions, st0.evictions);
     WU_CHECK(c, "waited");
-    lb_crash_image(c, &w, dir, &o);
+    wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
 }
 
 /* ---- Retired log segments are deleted without the cache lock -------------------- */

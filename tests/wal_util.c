@@ -1060,3 +1060,28 @@ void wu_dirsnap_free(wu_dirsnap *s)
     free(s->len);
     memset(s, 0, sizeof *s);
 }
+
+void wu_crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o,
+                             uint64_t ck, uint64_t replayed, const char *what)
+{
+    char img[512];
+    pt_path(img, sizeof img, "img");
+    pt_rmrf(img); /* an image of an earlier cache must not leave files behind */
+    WU_OK(pkv_sync(c));
+    WU_CHECK(c, "synced");
+    wu_copy_dir(dir, img);
+    pkv_close(c);
+    c = wu_open_ok(img, o);
+    if (ck != UINT64_MAX) {
+        pkv_recovery_t rec;
+        WU_OK(pkv_recovery(c, &rec));
+        WU_ASSERT(rec.checkpoint_lsn == ck, "%s: recovered from checkpoint %llu", what,
+                  (unsigned long long)rec.checkpoint_lsn);
+        WU_ASSERT(rec.records_replayed == replayed, "%s: %llu records replayed", what,
+                  (unsigned long long)rec.records_replayed);
+    }
+    wu_wl_reattach(w, c);
+    wu_verify_model(c, &w->m, what);
+    pkv_close(c);
+    wu_wl_free(w);
+}

@@ -233,6 +233,12 @@ size_t wu_count(const char *dir, const char *prefix);
 /* Copy every regular file of src into dst (created); all-zero 64 KiB runs are left
  * as holes. */
 void wu_copy_dir(const char *src, const char *dst);
+/* Sync c, take a crash image of `dir` (a copy into a fresh "img" directory: no
+ * close-time checkpoint), close c, and check that the image recovers to w's model;
+ * with ck != UINT64_MAX also that recovery started from checkpoint ck and replayed
+ * `replayed` records. Frees w. */
+void wu_crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const pkv_options *o,
+                             uint64_t ck, uint64_t replayed, const char *what);
 uint8_t *wu_read_file(const char *path, size_t *len);
 void wu_write_file(const char *path, const uint8_t *buf, size_t len);
 
