@@ -357,6 +357,7 @@ enum {
     M_ATTACH_US_CALL,
     M_CLOSE_NS_BLOCK,
     M_DECODE_NS_TOKEN,
+    M_STEP_FULL_NS_TOKEN,
     M_DECODE_EMPTY_NS_TOKEN,
     M_DECODE_REPEAT_NS_TOKEN,
     M_DECODE_KV_NS_TOKEN,
@@ -401,6 +402,9 @@ static const metric_def metric_defs[M_COUNT] = {
                           "ns/block", 0},
     [M_DECODE_NS_TOKEN] = {"decode_ns_per_token",
                            "(b) decode append(1)+commit(1), one sequence", "ns/token", 50},
+    [M_STEP_FULL_NS_TOKEN] = {"decode_step_ns_per_token",
+                              "    same in one call per step, pkv_seq_commit_append(1, 1)",
+                              "ns/token", 0},
     [M_DECODE_EMPTY_NS_TOKEN] = {"decode_empty_cache_ns_per_token",
                                  "    same, on the empty cache before the workload", "ns/token",
                                  0},
@@ -993,6 +997,9 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_prefix_fork(b, run, res);
     micro_decode(b, run, &res->m[M_DECODE_NS_TOKEN], "on the cache the workload left", 7,
                  cfg.payload, false, false);
+    micro_decode(b, run, &res->m[M_STEP_FULL_NS_TOKEN],
+                 "in one call per step, on the cache the workload left", 12, cfg.payload, true,
+                 false);
     micro_spec(b, run, res);
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
@@ -1157,7 +1164,7 @@ static void json_stats(FILE *f, const pkv_stats_t *st) {
 
 static const int metric_order[] = {
     M_ATTACH_NS_BLOCK,  M_ATTACH_US_CALL,  M_CLOSE_NS_BLOCK,
-    M_DECODE_NS_TOKEN,  M_DECODE_EMPTY_NS_TOKEN, M_DECODE_REPEAT_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
+    M_DECODE_NS_TOKEN,  M_STEP_FULL_NS_TOKEN, M_DECODE_EMPTY_NS_TOKEN, M_DECODE_REPEAT_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
     M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_SPEC_NS_TOKEN,   M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,   M_APPEND_NS,       M_APPEND_ALLOC_NS, M_COMMIT_NS,
     M_COMMIT_SEAL_NS,   M_SEAL_NS_BLOCK,   M_STEP_BATCH_NS_TOKEN,

@@ -84,8 +84,9 @@ typedef enum pkv_durability {
     PKV_DURABLE_GROUP  = 0, /* default: a background flusher makes every mutation
                                durable within group_commit_us (one fdatasync per
                                group) */
-    PKV_DURABLE_NONE   = 1, /* the log is handed to the OS within group_commit_us but
-                               never synced except by pkv_sync(): survives a process
+    PKV_DURABLE_NONE   = 1, /* the log is handed to the OS within group_commit_us and
+                               synced only by pkv_sync(), checkpoints, pkv_close()
+                               and when a log segment is full: survives a process
                                crash, not a power loss */
     PKV_DURABLE_ALWAYS = 2, /* each mutating call returns once durable (concurrent
                                callers still share fdatasyncs) */
