@@ -1,12 +1,14 @@
 /*
  * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
  *
- *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS]]]]]]]
+ *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS [GEOM]]]]]]]]
  *
  * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
  * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, BS-token blocks (default 16;
  * a large BS such as 1024 leaves the per-token fast paths alone), CAPACITY
- * blocks, default 1048576), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
+ * blocks, default 1048576; GEOM LxHxD sets layers, KV heads and head_dim instead,
+ * e.g. 32x8x128 for a model's real block size, where the seal's payload checksum
+ * dominates), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
  * with STEP 1 one pkv_seq_commit_append(1, 1) per token, with STEP 2 one
@@ -52,7 +54,7 @@ static unsigned long long arg(int argc, char **argv, int i, unsigned long long d
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
-                        "[STEP [FILL [BS]]]]]]]\n", argv[0]);
+                        "[STEP [FILL [BS [LxHxD]]]]]]]]\n", argv[0]);
         return 2;
     }
     uint64_t ntok = arg(argc, argv, 2, 0);
@@ -63,12 +65,17 @@ int main(int argc, char **argv) {
     o.head_dim = 8;
     o.dtype = PKV_F16;
     o.block_size = (uint32_t)arg(argc, argv, 9, 16);
+    if (argc > 10 && sscanf(argv[10], "%ux%ux%u", &o.num_layers, &o.num_kv_heads,
+                            &o.head_dim) != 3) {
+        fprintf(stderr, "GEOM must be LAYERSxHEADSxHEAD_DIM, e.g. 32x8x128\n");
+        return 2;
+    }
     o.durability = (pkv_durability)arg(argc, argv, 3, 0);
     if (arg(argc, argv, 4, 0)) o.flags |= PKV_OPEN_PREFAULT;
     int payload = (int)arg(argc, argv, 5, 0);
     o.capacity = arg(argc, argv, 6, 1u << 20);
     int step = (int)arg(argc, argv, 7, 0);
-    o.model_id = "pkv-bench/synthetic-1L-1H-d8-f16";
+    o.model_id = "pkv-decodeloop/synthetic";
     pkv_cache *c;
     int rc = pkv_open(argv[1], &o, &c);
     if (rc || (rc = pkv_seq_open(c, 1, 0, NULL, 0, NULL))) {
@@ -122,7 +129,7 @@ int main(int argc, char **argv) {
         if (!rc && payload)
             for (int k = 0; k < 2; k++) {
                 uint8_t *p = pkv_kv(c, s.block, 0, (pkv_kind)k, 0);
-                memset(p + (size_t)s.offset * 16, (int)tok, 16);
+                memset(p + (size_t)s.offset * o.head_dim * 2, (int)tok, o.head_dim * 2u);
             }
         if (!rc && !step) rc = pkv_seq_commit(c, 1, 1);
     }
