@@ -141,7 +141,8 @@ void pkv_options_init(pkv_options *opt);
  * open an existing one. On reopen the stored geometry and model identity must
  * equal `opt`'s, else PKV_EGEOMETRY / PKV_EMODEL and nothing on disk changes.
  * The arena is preallocated, so a full disk fails here with PKV_ENOSPC. A second
- * open of the same directory, in this or another process, fails with PKV_EBUSY. */
+ * writable open of the same directory, in this or another process, fails with
+ * PKV_EBUSY (PKV_OPEN_RDONLY opens take no lock). */
 int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
 
 /* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine. */
