@@ -871,3 +871,68 @@ Test(corrupt, stale_recycled_segments)
     wu_wl_free(&w);
     wu_prompts_free(&ps);
 }
+
+/* ---- Stray files named almost like log segments or checkpoints ------------------------ */
+
+/* Only `wal-` or `ckpt-` followed by exactly 16 lowercase hex digits, as the library
+ * writes them, are log segments and checkpoints. A backup copy, a hand-renamed file or
+ * any other look-alike in the directory must be left alone: before, sscanf's %16llx
+ * accepted "0x", a sign, leading blanks and a non-hex tail, so "ckpt-fffffffffffff.xx"
+ * named the newest checkpoint, one that does not exist, and the open failed. */
+Test(corrupt, stray_lookalike_names_are_ignored)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "stray");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 81, &ps);
+    for (int i = 0; i < 40; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+    for (int i = 0; i < 40; i++) wu_step(&w);
+    wu_model_drop_pending(&w.m);
+    pkv_close(c);
+    static const char *const stray[] = {
+        "wal-0x00000000000001",  /* hex prefix: was segment 1 again */
+        "wal-00000000000001.b",  /* a backup suffix: was segment 1 */
+        "wal- 000000000000002",  /* a blank: was segment 2 */
+        "wal-+000000000000003",  /* a sign: was segment 3 */
+        "wal-000000000000000G",  /* not hex */
+        "wal-000000000000000A",  /* upper case: not a name the library writes */
+        "ckpt-fffffffffffff.xx", /* was the newest checkpoint */
+        "ckpt-0x00000000ffffff", /* was checkpoint 0xffffff */
+        "ckpt-00000000000000zz", /* was checkpoint 0 */
+    };
+    char path[1024];
+    for (size_t i = 0; i < sizeof stray / sizeof *stray; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, stray[i]);
+        wu_write_file(path, (const uint8_t *)"not a pagedkv file\n", 19);
+    }
+    c = wu_open_ok(dir, &o);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert(rec.note[0] == 0 && !rec.repaired && rec.checkpoint_lsn > 0,
+              "note '%s', repaired %d, checkpoint %llu", rec.note, rec.repaired,
+              (unsigned long long)rec.checkpoint_lsn);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "reopened beside stray files");
+    WU_CHECK(c, "reopened beside stray files");
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c)); /* deletes older checkpoints, and nothing else */
+    pkv_close(c);
+    for (size_t i = 0; i < sizeof stray / sizeof *stray; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, stray[i]);
+        size_t len = 0;
+        uint8_t *b = wu_read_file(path, &len);
+        cr_assert(b && len == 19 && !memcmp(b, "not a pagedkv file\n", 19), "%s was changed",
+                  stray[i]);
+        free(b);
+    }
+    c = wu_open_ok(dir, &o);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "second reopen");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}

@@ -201,10 +201,9 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
     struct dirent *e;
     int rc = 0;
     while ((e = readdir(d))) {
-        unsigned long long n;
-        size_t l = strlen(e->d_name);
+        uint64_t n;
         /* The same name rules as list_dir() in replay.c. */
-        if (l == 20 && sscanf(e->d_name, "wal-%16llx", &n) == 1) {
+        if (pkv_wal_name_no(e->d_name, "wal-", &n)) {
             if (L->nsegs == cap) {
                 cap = cap ? cap * 2 : 16;
                 kd_seg *ns = realloc(L->segs, cap * sizeof *ns);
@@ -218,11 +217,11 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
             kd_seg *s = &L->segs[L->nsegs++];
             memset(s, 0, sizeof *s);
             s->no = n;
-        } else if (l == 21 && sscanf(e->d_name, "ckpt-%16llx", &n) == 1) {
+        } else if (pkv_wal_name_no(e->d_name, "ckpt-", &n)) {
             if (!L->have_ckpt || n > L->ckpt_lsn) L->ckpt_lsn = n;
             L->have_ckpt = true;
             L->nckpt_files++;
-        } else if (!strncmp(e->d_name, "wal-spare-", 10)) {
+        } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
             L->nspare++;
         } else if (!strcmp(e->d_name, "arena.tmp")) {
             L->arena_tmp = true;

@@ -202,10 +202,8 @@ static void remove_old(pkv_wal *w, uint64_t keep) {
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
-        unsigned long long n;
-        char tail;
-        if (sscanf(e->d_name, "ckpt-%16llx%c", &n, &tail) != 1 || strlen(e->d_name) != 21)
-            continue;
+        uint64_t n;
+        if (!pkv_wal_name_no(e->d_name, "ckpt-", &n)) continue;
         if (n == keep) continue;
         char path[4200];
         pkv_wal_path(w, path, sizeof path, "ckpt-", n);

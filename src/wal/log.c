@@ -44,6 +44,21 @@ int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint
     return k < 0 || (size_t)k >= n ? pkv_err(PKV_EINVAL, "path too long") : 0;
 }
 
+bool pkv_wal_name_no(const char *name, const char *prefix, uint64_t *no) {
+    size_t pl = strlen(prefix);
+    if (strncmp(name, prefix, pl) != 0 || strlen(name) != pl + 16) return false;
+    uint64_t n = 0;
+    for (const char *q = name + pl; *q; q++) {
+        unsigned d;
+        if (*q >= '0' && *q <= '9') d = (unsigned)(*q - '0');
+        else if (*q >= 'a' && *q <= 'f') d = (unsigned)(*q - 'a') + 10;
+        else return false;
+        n = n << 4 | d;
+    }
+    *no = n;
+    return true;
+}
+
 int pkv_wal_grow(pkv_cache *c, size_t bytes) {
     pkv_wal *w = &c->wal;
     if (w->cap - w->len >= bytes) return 0;

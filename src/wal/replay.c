@@ -443,9 +443,8 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
     struct dirent *e;
     int rc = 0;
     while ((e = readdir(d))) {
-        unsigned long long n;
-        size_t l = strlen(e->d_name);
-        if (l == 20 && sscanf(e->d_name, "wal-%16llx", &n) == 1) {
+        uint64_t n;
+        if (pkv_wal_name_no(e->d_name, "wal-", &n)) {
             /* A correct writer numbers segments up from 1 and never gets near
              * 2^63. A larger number (a forged or stray file) would make the next
              * segment's number wrap to 0 and sort before the log it continues,
@@ -465,10 +464,10 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
                 *segs = ns;
             }
             (*segs)[(*nsegs)++] = n;
-        } else if (l == 21 && sscanf(e->d_name, "ckpt-%16llx", &n) == 1) {
+        } else if (pkv_wal_name_no(e->d_name, "ckpt-", &n)) {
             if (!*have_ckpt || n > *ckpt) *ckpt = n;
             *have_ckpt = true;
-        } else if (!strncmp(e->d_name, "wal-spare-", 10)) {
+        } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
             (*nspare)++;
         }
     }

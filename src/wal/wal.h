@@ -207,6 +207,10 @@ int pkv_wal_sync(pkv_cache *c);
 int pkv_wal_checkpoint(pkv_cache *c);
 void pkv_wal_free(pkv_wal *w);
 int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint64_t no);
+/* The inverse for a directory entry: true (and *no) only for `prefix` followed by
+ * exactly the 16 lowercase hex digits pkv_wal_path writes. Anything else (a
+ * backup copy, "0x", a sign or blank, upper case) is not a log file. */
+bool pkv_wal_name_no(const char *name, const char *prefix, uint64_t *no);
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
 /* The *_size functions give the most bytes the matching encoder appends. */
