@@ -10,7 +10,8 @@
  * e.g. 32x8x128 for a model's real block size, where the seal's payload checksum
  * dominates), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
- * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows) + pkv_seq_commit(1), or
+ * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows of layer 0, head 0; PAYLOAD
+ * 2: of every layer and head, as a model does) + pkv_seq_commit(1), or
  * with STEP 1 one pkv_seq_commit_append(1, 1) per token, with STEP 2 one
  * pkv_seq_step_batch call per step of 64 sequences (TOKENS in all). FILL 1 first fills the
  * whole cache with cached blocks (one sequence prefilled and closed), so every block
@@ -126,11 +127,14 @@ int main(int argc, char **argv) {
         else
 #endif
             rc = pkv_seq_append(c, 1, &tok, 1, &s);
-        if (!rc && payload)
-            for (int k = 0; k < 2; k++) {
-                uint8_t *p = pkv_kv(c, s.block, 0, (pkv_kind)k, 0);
-                memset(p + (size_t)s.offset * o.head_dim * 2, (int)tok, o.head_dim * 2u);
-            }
+        if (!rc && payload) /* 1: layer 0, head 0; 2: every layer and head */
+            for (uint32_t l = 0; l < (payload == 2 ? o.num_layers : 1); l++)
+                for (uint32_t h = 0; h < (payload == 2 ? o.num_kv_heads : 1); h++)
+                    for (int k = 0; k < 2; k++) {
+                        uint8_t *p = pkv_kv(c, s.block, l, (pkv_kind)k, h);
+                        memset(p + (size_t)s.offset * o.head_dim * 2, (int)tok,
+                               o.head_dim * 2u);
+                    }
         if (!rc && !step) rc = pkv_seq_commit(c, 1, 1);
     }
     if (!rc && step == 1 && ntok) rc = pkv_seq_commit(c, 1, 1);
