@@ -1,14 +1,16 @@
 /*
  * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
  *
- *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS [GEOM]]]]]]]]
+ *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS [GEOM
+ *                  [SEAL_THREADS]]]]]]]]]
  *
  * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
  * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, BS-token blocks (default 16;
  * a large BS such as 1024 leaves the per-token fast paths alone), CAPACITY
  * blocks, default 1048576; GEOM LxHxD sets layers, KV heads and head_dim instead,
  * e.g. 32x8x128 for a model's real block size, where the seal's payload checksum
- * dominates), DURABILITY 0 group / 1 none / 2 always, PREFAULT 1:
+ * dominates; SEAL_THREADS sets pkv_options.seal_threads), DURABILITY 0 group / 1
+ * none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows of layer 0, head 0; PAYLOAD
  * 2: of every layer and head, as a model does) + pkv_seq_commit(1), or
@@ -55,7 +57,7 @@ static unsigned long long arg(int argc, char **argv, int i, unsigned long long d
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
-                        "[STEP [FILL [BS [LxHxD]]]]]]]]\n", argv[0]);
+                        "[STEP [FILL [BS [LxHxD [SEAL_THREADS]]]]]]]]]\n", argv[0]);
         return 2;
     }
     uint64_t ntok = arg(argc, argv, 2, 0);
@@ -71,6 +73,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "GEOM must be LAYERSxHEADSxHEAD_DIM, e.g. 32x8x128\n");
         return 2;
     }
+    o.seal_threads = (uint32_t)arg(argc, argv, 11, 0);
     o.durability = (pkv_durability)arg(argc, argv, 3, 0);
     if (arg(argc, argv, 4, 0)) o.flags |= PKV_OPEN_PREFAULT;
     int payload = (int)arg(argc, argv, 5, 0);

@@ -53,6 +53,9 @@ static int check_options(const char *dir, const pkv_options *opt) {
         return pkv_err(PKV_EINVAL, "unknown durability mode %d", (int)opt->durability);
     if (opt->group_commit_us > 10000000)
         return pkv_err(PKV_EINVAL, "group_commit_us %u exceeds 10 s", opt->group_commit_us);
+    if (opt->seal_threads > PKV_SEAL_THREADS_MAX)
+        return pkv_err(PKV_EINVAL, "seal_threads %u exceeds %u", opt->seal_threads,
+                       PKV_SEAL_THREADS_MAX);
     const pkv_io_ops *io = opt->io;
     if (io && (!io->open || !io->close || !io->pread || !io->write || !io->sync ||
                !io->allocate || !io->rename || !io->unlink || !io->sync_dir))
@@ -72,6 +75,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     /* c->lock and the log's condition variables are ready zeroed (lock.c) */
     c->rdonly = opt->flags & PKV_OPEN_RDONLY;
     c->no_limbo_wait = opt->flags & PKV_OPEN_NO_LIMBO_WAIT;
+    c->seal_threads = opt->seal_threads;
     c->limbo.head = c->limbo.tail = PKV_NONE;
     c->wal.seg_fd = -1;
     int rc = pkv_arena_open(&c->arena, dir, opt, c->rdonly);
@@ -204,6 +208,7 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->checkpoint_lsn = w->ckpt_lsn;
     out->cuda_handles = c->cuda_handles;
     out->cuda_mode = c->cuda_mode;
+    out->seal_sums_ahead = c->seal_sums_ahead;
     pkv_unlock(c);
     return 0;
 }

@@ -201,8 +201,10 @@ enum { BLK_FREE = 0, BLK_OPEN = 1, BLK_SEALED = 2 };
 enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3 };
 enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its sum */
        BLKF_BAD = 2,        /* payload failed its checksum: never served again */
-       BLKF_NAMED = 4 };    /* open: a record names it (it held committed tokens), so
+       BLKF_NAMED = 4,      /* open: a record names it (it held committed tokens), so
                                the durable state may: freed, it waits in limbo */
+       BLKF_PRESUM = 8 };   /* open, inside a pkv_seq_step_batch only: payload_sum
+                               holds its checksum, computed ahead (sealsum.c) */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
 
 /* Metadata of one block; exactly one cache line. */
@@ -404,7 +406,19 @@ struct pkv_cache {
     bool no_limbo_wait; /* PKV_OPEN_NO_LIMBO_WAIT: evict rather than wait for limbo */
     uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_stats) */
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
+    uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */
+    uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
 };
+
+/* ---- Seal checksums ahead of a batch (sealsum.c) ------------------------- */
+
+#define PKV_SEAL_THREADS_MAX 64u
+/* With the lock held, before a pkv_seq_step_batch runs its steps: checksum the
+ * open blocks its commits will seal, on up to seal_threads threads, and mark
+ * them BLKF_PRESUM. Returns how many (*list: them, for pkv_seal_sums_done). */
+size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **list);
+/* After the steps: clear the marks the batch did not consume; frees list. */
+void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k);
 
 static inline void pkv_lock(pkv_cache *c) { pkv_mutex_lock(&c->lock); }
 static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }

@@ -342,7 +342,13 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
         pkv_index_prefetch(&c->index, h.lo);
     }
     s->pf_ok = false;
-    uint64_t sum = pkv_arena_sum(&c->arena, b);
+    uint64_t sum; /* computed ahead by the batch (sealsum.c), or now */
+    if (x->flags & BLKF_PRESUM) {
+        sum = x->payload_sum;
+        pkv_assert(sum == pkv_arena_sum(&c->arena, b));
+    } else {
+        sum = pkv_arena_sum(&c->arena, b);
+    }
     uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
     if (e != PKV_NONE) {
         pkv_block_acquire(c, e);
@@ -509,6 +515,8 @@ int pkv_seq_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done) {
     MUTATING_ENTRY(c);
     int rc = 0;
     size_t i = 0;
+    uint32_t *ahead = NULL; /* blocks checksummed ahead (seal_threads > 1) */
+    size_t nahead = pkv_seal_sums_ahead(c, steps, n, &ahead);
     for (; i < n; i++) {
         pkv_step *st = &steps[i];
         if (i) {
@@ -517,6 +525,7 @@ int pkv_seq_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done) {
         }
         if ((rc = step_locked(c, st->id, st->n_commit, &st->token, 1, &st->slot))) break;
     }
+    if (nahead) pkv_seal_sums_done(c, ahead, nahead);
     if (i) {
         int wrc = pkv_wal_commit_point(c);
         if (!rc) rc = wrc;
@@ -602,6 +611,9 @@ retry:
         c->wal.arena_dirty = true;
     }
     bool durable_change = new_len < s->committed;
+    /* A batch's checksum computed ahead (sealsum.c) no longer holds for a block
+     * whose cut slots a later append may rewrite. */
+    if (off && !copy) p->b[cut].flags &= (uint8_t)~BLKF_PRESUM;
     release_from(c, s, keep); /* tail-first: children before parents */
     if (copy) {
         s->blocks[keep - 1] = nb;

@@ -185,3 +185,86 @@ Test(threads, concurrent_sequences_share_prefixes)
     cr_assert(st.hit_blocks > 0, "no prefix was ever shared");
     cr_assert(st.evictions > 0, "no eviction happened");
 }
+
+/* ---- Seal checksums computed ahead of a batch on helper threads ------------------ */
+
+enum { SA_SEQS = 8, SA_BS = 16 };
+
+static void sa_fill(uint32_t *t, uint64_t id)
+{
+    for (uint32_t k = 0; k < SA_BS + 1; k++) t[k] = (uint32_t)(id * 1000u + k);
+}
+
+/* With seal_threads 4 and 256 KiB blocks, a pkv_seq_step_batch checksums the blocks
+ * its commits will seal on helper threads first, and seal() uses those sums: the
+ * internal check in seal() compares each with the checksum of the payload, and a
+ * reopen verifies every sealed block of every sequence against the logged sum.
+ * A batch that stops at an unknown sequence leaves no block marked (pkv_check
+ * I10), and its later steps' blocks then seal with sums computed as usual. */
+Test(threads, batch_seal_sums_ahead)
+{
+    pkv_options o;
+    pt_opts(&o, 8, 4, 64, SA_BS, PKV_F32, 64); /* 8*2*4*16*64*4 B = 256 KiB a block */
+    o.seal_threads = 4;
+    pkv_cache *c = pt_open_sub("ahead", &o);
+    pkv_cache_info inf = pt_info(c);
+    cr_assert_eq(inf.block_bytes, 256u << 10);
+    uint32_t tok[SA_SEQS + 1][SA_BS + 1];
+    for (uint64_t id = 1; id <= SA_SEQS; id++) {
+        sa_fill(tok[id], id);
+        PT_OK(pkv_seq_open(c, id, 0, NULL, 0, NULL));
+        PT_APPEND(c, id, 0, tok[id], 0, SA_BS); /* K/V written */
+        PT_OK(pkv_seq_commit(c, id, SA_BS - 1)); /* the block's last token pending */
+    }
+    PT_CHECK(c);
+    /* Steps 1-4 seal their block; the unknown sequence stops the batch before 5-8. */
+    pkv_step st[SA_SEQS + 1];
+    for (size_t i = 0, id = 1; i <= SA_SEQS; i++) {
+        st[i].id = i == 4 ? 999 : id++;
+        st[i].n_commit = 1;
+        st[i].token = 7;
+    }
+    size_t done = 0;
+    PT_ERR(pkv_seq_step_batch(c, st, SA_SEQS + 1, &done), PKV_ENOSEQ);
+    cr_assert_eq(done, 4);
+    PT_CHECK(c); /* I10: no block still marked */
+    pkv_stats_t s1 = pt_stats(c);
+    cr_assert_eq(s1.seal_sums_ahead, SA_SEQS, "%llu sums computed ahead",
+                 (unsigned long long)s1.seal_sums_ahead);
+    cr_assert_eq(s1.seals, SA_SEQS / 2);
+    /* The rest: two of them in a batch (computed ahead again), two one by one. */
+    pkv_step st2[2] = {{.id = 5, .n_commit = 1, .token = 7}, {.id = 6, .n_commit = 1, .token = 7}};
+    PT_OK(pkv_seq_step_batch(c, st2, 2, &done));
+    PT_OK(pkv_seq_commit(c, 7, 1));
+    PT_OK(pkv_seq_commit(c, 8, 1));
+    PT_CHECK(c);
+    pkv_stats_t s2 = pt_stats(c);
+    cr_assert_eq(s2.seal_sums_ahead, SA_SEQS + 2);
+    cr_assert_eq(s2.seals, SA_SEQS);
+    pt_close(c);
+    /* Recovery verifies each sequence's sealed blocks against the logged sums. */
+    c = pt_open_sub("ahead", &o);
+    pkv_recovery_t rec;
+    PT_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.seq_blocks_bad, 0);
+    cr_assert_eq(rec.sequences, SA_SEQS);
+    for (uint64_t id = 1; id <= SA_SEQS; id++) PT_VERIFY(c, id, 0, tok[id], SA_BS, SA_BS);
+    PT_CHECK(c);
+    pt_close(c);
+}
+
+/* seal_threads above the limit is refused at open. */
+Test(threads, seal_threads_limit)
+{
+    pkv_options o;
+    pt_opts(&o, 1, 1, 4, 4, PKV_F32, 8);
+    o.seal_threads = 65;
+    char path[512];
+    pt_path(path, sizeof path, "limit");
+    pkv_cache *c = NULL;
+    PT_ERR(pkv_open(path, &o, &c), PKV_EINVAL);
+    cr_assert_null(c);
+    o.seal_threads = 64;
+    c = pt_open_sub("limit", &o);
+    pt_close(c);
+}
