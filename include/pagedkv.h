@@ -130,9 +130,9 @@ typedef struct pkv_options {
                               symbolic link to it; the log stays in `dir`. Reopens
                               must pass the same directory (docs/api.md). */
     uint32_t seal_threads; /* 0 or 1: the calling thread checksums the blocks it seals.
-                              N (at most 64): a pkv_seq_step_batch call checksums the
-                              blocks its commits will seal on up to N threads, the
-                              caller's included, first (blocks of 256 KiB or more) */
+                              N (at most 64): a pkv_seq_step_batch call, and a commit
+                              that seals 2+ blocks, checksum them on up to N threads,
+                              the caller's included (blocks of 256 KiB or more) */
 } pkv_options;
 
 typedef struct pkv_cache pkv_cache;
@@ -299,8 +299,8 @@ typedef struct pkv_stats_t {
     uint32_t cuda_handles;    /* pkv_cuda handles open on this cache */
     uint32_t cuda_mode;       /* pkv_cuda_mode of the newest open handle (how the
                                  GPU reaches the arena); 0 = none open */
-    uint64_t seal_sums_ahead; /* seal checksums computed ahead on seal_threads by
-                                 pkv_seq_step_batch, since open */
+    uint64_t seal_sums_ahead; /* seal checksums computed ahead on seal_threads (a
+                                 batch's, a multi-block commit's), since open */
 } pkv_stats_t;
 
 int pkv_stats(pkv_cache *cache, pkv_stats_t *out);

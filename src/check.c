@@ -20,8 +20,8 @@
  *  I10 block tables: ceil(len/B) entries; committed <= len; entries below
  *      committed/B are sealed and chained (parent = previous entry, salt = the
  *      sequence's); the others are open; with pending tokens, the entries from
- *      committed/B on are referenced by this sequence only; outside a
- *      pkv_seq_step_batch call no open block carries BLKF_PRESUM (sealsum.c)
+ *      committed/B on are referenced by this sequence only; outside the call
+ *      that set it no open block carries BLKF_PRESUM (sealsum.c)
  */
 #include "internal.h"
 
@@ -221,9 +221,9 @@ static int check_seq(checker *k, pkv_cache *c, const pkv_seq *s, uint32_t *refs,
                 return broken(k, "I10: seq %llu entry %u (block %u) holds committed tokens "
                               "but is not marked as named by the log (it would skip limbo)",
                               (unsigned long long)s->id, i, b);
-            if (x->flags & BLKF_PRESUM) /* set and cleared inside one batch call */
+            if (x->flags & BLKF_PRESUM) /* set and cleared inside one call */
                 return broken(k, "I10: seq %llu entry %u (block %u) keeps a seal checksum "
-                              "computed ahead outside a batch",
+                              "computed ahead outside the call that computed it",
                               (unsigned long long)s->id, i, b);
         }
     }

@@ -203,7 +203,7 @@ enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its su
        BLKF_BAD = 2,        /* payload failed its checksum: never served again */
        BLKF_NAMED = 4,      /* open: a record names it (it held committed tokens), so
                                the durable state may: freed, it waits in limbo */
-       BLKF_PRESUM = 8 };   /* open, inside a pkv_seq_step_batch only: payload_sum
+       BLKF_PRESUM = 8 };   /* open, only inside the call that set it: payload_sum
                                holds its checksum, computed ahead (sealsum.c) */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
 
@@ -410,7 +410,7 @@ struct pkv_cache {
     uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
 };
 
-/* ---- Seal checksums ahead of a batch (sealsum.c) ------------------------- */
+/* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */
 
 #define PKV_SEAL_THREADS_MAX 64u
 /* With the lock held, before a pkv_seq_step_batch runs its steps: checksum the
@@ -419,6 +419,9 @@ struct pkv_cache {
 size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **list);
 /* After the steps: clear the marks the batch did not consume; frees list. */
 void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k);
+/* With the lock held, just before a commit seals s->blocks[first, full): when that
+ * is two blocks or more, checksum them the same way (seal() consumes the marks). */
+void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full);
 
 static inline void pkv_lock(pkv_cache *c) { pkv_mutex_lock(&c->lock); }
 static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }

@@ -1,14 +1,17 @@
 /*
- * sealsum.c — seal checksums computed ahead of a pkv_seq_step_batch call, on
- * helper threads.
+ * sealsum.c — seal checksums computed ahead, on helper threads: for a
+ * pkv_seq_step_batch call, and for a commit that seals several blocks.
  *
  * Sealing a block checksums its whole K/V payload (seq.c seal(), pkv_arena_sum):
  * at a model's real block size, ~150 us for 2 MiB on one core at memory speed. A
  * scheduler thread stepping 256 sequences seals ~16 blocks per step, so the
- * checksums alone took it ~2.4 ms per step. With pkv_options.seal_threads > 1,
- * a batch first finds the blocks its commits will seal and checksums them on up
- * to that many threads (the calling thread is one of them), then runs its steps
- * as before; seal() takes the sum computed ahead instead of computing it.
+ * checksums alone took it ~2.4 ms per step, and committing a 4k-token prefill
+ * seals 256 blocks at once (~38 ms). With pkv_options.seal_threads > 1, a batch
+ * first finds the blocks its commits will seal and checksums them on up to that
+ * many threads (the calling thread is one of them), then runs its steps as
+ * before; a single commit that seals two blocks or more does the same for them
+ * just before it seals (pkv_seal_sums_range); seal() takes the sum computed
+ * ahead instead of computing it.
  *
  * Invariants. The cache lock is held throughout; the helpers only read payload.
  * A block computed ahead is BLK_OPEN and carries BLKF_PRESUM with the sum in
@@ -17,8 +20,9 @@
  * writes a new block), the caller must have written a block's K/V before it
  * commits it, freeing a block clears its flags, and pkv_seq_truncate clears the
  * flag of the block it cuts into (a later append may rewrite those slots). The
- * batch clears every flag it set before it returns (pkv_seal_sums_done), so no
- * block carries one outside a batch (pkv_check I10).
+ * batch clears every flag it set before it returns (pkv_seal_sums_done), and a
+ * single commit seals every block it marked right away, so no block carries one
+ * outside the call that set it (pkv_check I10).
  *
  * The prediction uses each sequence's state before the batch; a sequence that
  * appears twice in a batch may seal other blocks than predicted. That costs only
@@ -80,20 +84,17 @@ static size_t predict(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **
     return k;
 }
 
-size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **listp) {
-    *listp = NULL;
-    if (c->seal_threads < 2 || c->arena.geo.block_bytes < SEALSUM_MIN_BYTES) return 0;
-    uint32_t *list = NULL;
-    size_t k = predict(c, steps, n, &list);
-    if (k == 0) return 0;
+/* Checksum list[0..k) (open blocks, marked BLKF_PRESUM) on up to seal_threads
+ * threads, the calling one included, and store each sum in its block. */
+static void compute(pkv_cache *c, const uint32_t *list, size_t k) {
     uint64_t *sums = malloc(k * sizeof *sums);
-    if (!sums) {
+    if (!sums) { /* only an optimization: seal() computes them */
         for (size_t i = 0; i < k; i++) c->pool.b[list[i]].flags &= (uint8_t)~BLKF_PRESUM;
-        free(list);
-        return 0;
+        return;
     }
     size_t nt = c->seal_threads < k ? c->seal_threads : k;
-    sum_job jobs[PKV_SEAL_THREADS_MAX];
+    if (nt == 0) nt = 1;
+    sum_job jobs[PKV_SEAL_THREADS_MAX] = {{0}};
     pthread_t thr[PKV_SEAL_THREADS_MAX];
     bool started[PKV_SEAL_THREADS_MAX] = {false};
     for (size_t t = 0; t < nt; t++)
@@ -114,8 +115,35 @@ size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32
     }
     free(sums);
     c->seal_sums_ahead += k;
+}
+
+size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **listp) {
+    *listp = NULL;
+    if (c->seal_threads < 2 || c->arena.geo.block_bytes < SEALSUM_MIN_BYTES) return 0;
+    uint32_t *list = NULL;
+    size_t k = predict(c, steps, n, &list);
+    if (k == 0) return 0;
+    compute(c, list, k);
     *listp = list;
     return k;
+}
+
+void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full) {
+    if (c->seal_threads < 2 || full - first < 2 ||
+        c->arena.geo.block_bytes < SEALSUM_MIN_BYTES)
+        return;
+    uint32_t *list = malloc((size_t)(full - first) * sizeof *list);
+    if (!list) return; /* only an optimization */
+    size_t k = 0;
+    for (uint64_t j = first; j < full; j++) {
+        pkv_block *x = &c->pool.b[s->blocks[j]];
+        if (x->state != BLK_OPEN || (x->flags & BLKF_PRESUM)) continue; /* (a batch's) */
+        x->flags |= BLKF_PRESUM;
+        list[k++] = s->blocks[j];
+    }
+    if (k >= 2) compute(c, list, k);
+    else if (k == 1) c->pool.b[list[0]].flags &= (uint8_t)~BLKF_PRESUM;
+    free(list);
 }
 
 void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k) {

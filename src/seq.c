@@ -454,7 +454,10 @@ retry:
         goto retry;
     }
     if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) return rc;
-    if (n_commit) commit_apply(c, s, &cp);
+    if (n_commit) {
+        pkv_seal_sums_range(c, s, cp.first, cp.full); /* seal_threads > 1 */
+        commit_apply(c, s, &cp);
+    }
     if (n) append_apply(c, s, tokens, n, slots, &ap);
     if (c->limbo.tail != PKV_NONE) pkv_limbo_stamp(c);
     return 0;

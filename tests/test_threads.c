@@ -268,3 +268,38 @@ Test(threads, seal_threads_limit)
     c = pt_open_sub("limit", &o);
     pt_close(c);
 }
+
+/* A single commit that seals several blocks (a prefill) checksums them on the
+ * seal_threads threads too; one that seals a single block does not. */
+Test(threads, commit_seal_sums_ahead)
+{
+    pkv_options o;
+    pt_opts(&o, 8, 4, 64, SA_BS, PKV_F32, 64); /* 256 KiB a block */
+    o.seal_threads = 3;
+    pkv_cache *c = pt_open_sub("prefill", &o);
+    enum { N = 5 * SA_BS + 3 };
+    uint32_t t[N + SA_BS];
+    for (uint32_t k = 0; k < N + SA_BS; k++) t[k] = 50000u + k;
+    PT_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    PT_APPEND(c, 1, 0, t, 0, N);
+    PT_OK(pkv_seq_commit(c, 1, N)); /* seals 5 blocks */
+    PT_CHECK(c);
+    pkv_stats_t s1 = pt_stats(c);
+    cr_assert_eq(s1.seals, 5);
+    cr_assert_eq(s1.seal_sums_ahead, 5, "%llu sums computed ahead",
+                 (unsigned long long)s1.seal_sums_ahead);
+    PT_APPEND(c, 1, 0, t, N, SA_BS);
+    PT_OK(pkv_seq_commit(c, 1, SA_BS)); /* seals 1 block: computed by seal() */
+    pkv_stats_t s2 = pt_stats(c);
+    cr_assert_eq(s2.seals, 6);
+    cr_assert_eq(s2.seal_sums_ahead, 5);
+    PT_CHECK(c);
+    pt_close(c);
+    c = pt_open_sub("prefill", &o);
+    pkv_recovery_t rec;
+    PT_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.seq_blocks_bad, 0);
+    PT_VERIFY(c, 1, 0, t, N + SA_BS, N + SA_BS);
+    PT_CHECK(c);
+    pt_close(c);
+}
