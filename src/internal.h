@@ -419,8 +419,8 @@ struct pkv_cache {
 size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **list);
 /* After the steps: clear the marks the batch did not consume; frees list. */
 void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k);
-/* With the lock held, just before a commit seals s->blocks[first, full): when that
- * is two blocks or more, checksum them the same way (seal() consumes the marks). */
+/* With the lock held, just before a commit seals s->blocks[first, full), two
+ * blocks or more: checksum them the same way (seal() consumes the marks). */
 void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full);
 
 static inline void pkv_lock(pkv_cache *c) { pkv_mutex_lock(&c->lock); }

@@ -51,37 +51,38 @@ static void *sum_worker(void *arg) {
     return NULL;
 }
 
-/* The open blocks the batch's commits will seal, from each sequence's current
- * state; each at most once. Returns the count (0 on an allocation failure). */
-static size_t predict(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **out) {
-    const pkv_pool *p = &c->pool;
-    size_t cap = 0, k = 0;
-    uint32_t *list = NULL;
-    for (size_t i = 0; i < n; i++) {
-        const pkv_seq *s = pkv_seqmap_get(&c->seqs, steps[i].id);
-        uint64_t nc = steps[i].n_commit;
-        if (!s || nc == 0 || nc > s->len - s->committed) continue;
-        uint64_t first = pkv_bdiv(p, s->committed), full = pkv_bdiv(p, s->committed + nc);
-        for (uint64_t j = first; j < full; j++) {
-            uint32_t b = s->blocks[j];
-            pkv_block *x = &c->pool.b[b];
-            if (x->state != BLK_OPEN || (x->flags & BLKF_PRESUM)) continue;
-            if (k == cap) {
-                cap = cap ? 2 * cap : 32;
-                uint32_t *nl = realloc(list, cap * sizeof *nl);
-                if (!nl) { /* only an optimization: seal() computes them */
-                    for (size_t m = 0; m < k; m++) c->pool.b[list[m]].flags &= (uint8_t)~BLKF_PRESUM;
-                    free(list);
-                    return 0;
-                }
-                list = nl;
+/* A growable list of the blocks marked BLKF_PRESUM by one call. */
+typedef struct marks {
+    uint32_t *b;
+    size_t n, cap;
+    bool oom; /* growing failed: the call computes nothing ahead */
+} marks;
+
+static void unmark(pkv_cache *c, const uint32_t *list, size_t k) {
+    for (size_t i = 0; i < k; i++) c->pool.b[list[i]].flags &= (uint8_t)~BLKF_PRESUM;
+}
+
+/* Mark and list the open blocks of s->blocks[first, full) not marked yet (a
+ * block already marked belongs to an enclosing batch). */
+static void mark_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full,
+                       marks *m) {
+    for (uint64_t j = first; j < full && !m->oom; j++) {
+        uint32_t b = s->blocks[j];
+        pkv_block *x = &c->pool.b[b];
+        if (x->state != BLK_OPEN || (x->flags & BLKF_PRESUM)) continue;
+        if (m->n == m->cap) {
+            size_t cap = m->cap ? 2 * m->cap : 32;
+            uint32_t *nb = realloc(m->b, cap * sizeof *nb);
+            if (!nb) { /* only an optimization: seal() computes them */
+                m->oom = true;
+                break;
             }
-            x->flags |= BLKF_PRESUM; /* marks it listed; the sum follows */
-            list[k++] = b;
+            m->b = nb;
+            m->cap = cap;
         }
+        x->flags |= BLKF_PRESUM; /* the sum follows (compute) */
+        m->b[m->n++] = b;
     }
-    *out = list;
-    return k;
 }
 
 /* Checksum list[0..k) (open blocks, marked BLKF_PRESUM) on up to seal_threads
@@ -89,7 +90,7 @@ static size_t predict(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **
 static void compute(pkv_cache *c, const uint32_t *list, size_t k) {
     uint64_t *sums = malloc(k * sizeof *sums);
     if (!sums) { /* only an optimization: seal() computes them */
-        for (size_t i = 0; i < k; i++) c->pool.b[list[i]].flags &= (uint8_t)~BLKF_PRESUM;
+        unmark(c, list, k);
         return;
     }
     size_t nt = c->seal_threads < k ? c->seal_threads : k;
@@ -117,39 +118,47 @@ static void compute(pkv_cache *c, const uint32_t *list, size_t k) {
     c->seal_sums_ahead += k;
 }
 
+/* Mark, then compute when there are at least `min` blocks; else unmark. Returns
+ * the count computed (m->b stays the caller's to free). */
+static size_t finish_marks(pkv_cache *c, marks *m, size_t min) {
+    if (m->oom || m->n < min) {
+        unmark(c, m->b, m->n);
+        return 0;
+    }
+    compute(c, m->b, m->n);
+    return m->n;
+}
+
+static bool worth_it(const pkv_cache *c) {
+    return c->seal_threads >= 2 && c->arena.geo.block_bytes >= SEALSUM_MIN_BYTES;
+}
+
 size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32_t **listp) {
     *listp = NULL;
-    if (c->seal_threads < 2 || c->arena.geo.block_bytes < SEALSUM_MIN_BYTES) return 0;
-    uint32_t *list = NULL;
-    size_t k = predict(c, steps, n, &list);
-    if (k == 0) return 0;
-    compute(c, list, k);
-    *listp = list;
+    if (!worth_it(c)) return 0;
+    marks m = {0};
+    const pkv_pool *p = &c->pool;
+    for (size_t i = 0; i < n; i++) { /* the blocks each step's commit will seal */
+        const pkv_seq *s = pkv_seqmap_get(&c->seqs, steps[i].id);
+        uint64_t nc = steps[i].n_commit;
+        if (s && nc && nc <= s->len - s->committed)
+            mark_range(c, s, pkv_bdiv(p, s->committed), pkv_bdiv(p, s->committed + nc), &m);
+    }
+    size_t k = finish_marks(c, &m, 1);
+    if (k) *listp = m.b;
+    else free(m.b);
     return k;
 }
 
 void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full) {
-    if (c->seal_threads < 2 || full - first < 2 ||
-        c->arena.geo.block_bytes < SEALSUM_MIN_BYTES)
-        return;
-    uint32_t *list = malloc((size_t)(full - first) * sizeof *list);
-    if (!list) return; /* only an optimization */
-    size_t k = 0;
-    for (uint64_t j = first; j < full; j++) {
-        pkv_block *x = &c->pool.b[s->blocks[j]];
-        if (x->state != BLK_OPEN || (x->flags & BLKF_PRESUM)) continue; /* (a batch's) */
-        x->flags |= BLKF_PRESUM;
-        list[k++] = s->blocks[j];
-    }
-    if (k >= 2) compute(c, list, k);
-    else if (k == 1) c->pool.b[list[0]].flags &= (uint8_t)~BLKF_PRESUM;
-    free(list);
+    if (!worth_it(c)) return;
+    marks m = {0};
+    mark_range(c, s, first, full, &m);
+    finish_marks(c, &m, 2); /* one block: no thread to share it with */
+    free(m.b);
 }
 
 void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k) {
-    for (size_t i = 0; i < k; i++) {
-        pkv_block *x = &c->pool.b[list[i]];
-        if (x->state == BLK_OPEN) x->flags &= (uint8_t)~BLKF_PRESUM; /* not sealed */
-    }
+    unmark(c, list, k); /* those not sealed (sealing and freeing clear the flags) */
     free(list);
 }

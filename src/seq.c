@@ -455,7 +455,8 @@ retry:
     }
     if (rc || (rc = pkv_wal_reserve(c, cp.log + ap.log))) return rc;
     if (n_commit) {
-        pkv_seal_sums_range(c, s, cp.first, cp.full); /* seal_threads > 1 */
+        if (pkv_unlikely(c->seal_threads > 1) && cp.full - cp.first > 1)
+            pkv_seal_sums_range(c, s, cp.first, cp.full); /* on helper threads */
         commit_apply(c, s, &cp);
     }
     if (n) append_apply(c, s, tokens, n, slots, &ap);
