@@ -24,8 +24,10 @@
  *   - pass 2: acc += p * v.
  * Arithmetic is f32 throughout; K/V are converted from their storage type exactly.
  * On an H200 this reads K/V at about 90% of the device-to-device copy traffic
- * (docs/cuda.md). A generic variant (any head_dim <= 1024, any alignment, one
- * head per block, scalar loads) covers the rest.
+ * at 4 query heads per kv head, 53% at 8 (docs/cuda.md). For f16/bf16 K/V at
+ * head_dim 64/128 with 2-8 query heads per kv head a tensor-core variant
+ * (attn_mma, below) replaces it. A generic variant (any head_dim <= 1024, any
+ * alignment, one head per block, scalar loads) covers the rest.
  *
  * Only the `len` rows of a sequence are read; a block id >= num_blocks in a
  * table, or a length of 0 or beyond max_len, makes that sequence's output NaN
@@ -35,11 +37,13 @@
 
 #include "cuda/attn_plan.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -398,6 +402,310 @@ __global__ void __launch_bounds__(C::W * 32) attn_fast(const pkv_cuk_attn a) {
     }
 }
 
+/* ---- Tensor-core variant: 2 to 8 query heads per kv head (GQA) -------------
+ *
+ * With several query heads per kv head the CUDA-core kernel above issues 2 HT
+ * FMAs per K/V element; at 8 heads it runs out of issue slots (53% of the copy
+ * bandwidth on an H200). This variant (f16/bf16 K/V, head_dim 64/128, 16-byte
+ * aligned rows, up to 8 query heads per thread block) does the two products
+ * with mma.sync m16n8k16 and f32 accumulators. A's rows 0-7 are the high halves
+ * and rows 8-15 the low halves of the block's query heads (see below); heads a
+ * block lacks (g < 8) are zero rows.
+ *   S = Q K^T: B = 8 token rows of K, read as 16-byte words; the head_dim
+ *     elements are assigned to the k slots in a permuted order (a dot product
+ *     does not care), the same for Q, so that one 16-byte word of a K row feeds
+ *     two k steps without a transpose;
+ *   O += P V: A = P straight from the S accumulators (the m16n8 accumulator
+ *     layout is the A layout), B = V via ldmatrix.trans.
+ * Exactness: Q (in f32) and P are each split into a high and a low half of the
+ * storage type (x = hi + lo, both f16 or both bf16); one mma multiplies both
+ * halves (rows 0-7 and 8-15) and the two result rows are added, so the products
+ * carry ~22 (f16) / ~16 (bf16) bits of Q and P; K and V are exact in their
+ * storage type. Q is first scaled per head by a power of two into [-1, 1] (f16
+ * range), and the scores scaled back. Accumulation is f32.
+ *
+ * Each warp walks its own 16-token tiles of the split (warp w: tiles w, w + 4,
+ * ...) with its own online softmax and its own cp.async ring of MMA_STAGES
+ * tiles (K rows padded to 2D + 64 bytes, V rows to 2D + 16, so that neither
+ * the 16-byte K reads nor ldmatrix conflict on banks). A copy instruction moves
+ * whole rows (2 at head_dim 128), whose offsets the 16 row-owning lanes compute
+ * from block ids read one tile ahead; rows past the split's end or with a block
+ * id out of range are zero-filled, their scores -inf or NaN. The warps' (max,
+ * sum, accumulator) are merged through shared memory at the end. On an H200
+ * this reads K/V at 92-100% of the device-to-device copy traffic at 4k-128k
+ * context, GQA 4:1 and 8:1 (docs/cuda.md). PKV_CUDA_ATTN_NO_MMA=1 in the
+ * environment selects the CUDA-core kernel instead (tests, comparisons). */
+template <typename T> struct Mma;
+template <> struct Mma<F16> {
+    __device__ static __forceinline__ uint32_t pack(float a, float b) {
+        const __half2 h = __floats2half2_rn(a, b);
+        uint32_t w;
+        memcpy(&w, &h, 4);
+        return w;
+    }
+    __device__ static __forceinline__ float round(float x) { return __half2float(__float2half_rn(x)); }
+    __device__ static __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct Mma<BF16> {
+    __device__ static __forceinline__ uint32_t pack(float a, float b) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        uint32_t w;
+        memcpy(&w, &h, 4);
+        return w;
+    }
+    __device__ static __forceinline__ float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+    __device__ static __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <int D, int S_>
+struct MmaCfg {
+    static constexpr int W = 4, STAGES = S_, TILE = 16;
+    static constexpr int SK = 2 * D + 64, SV = 2 * D + 16;       /* padded row bytes */
+    static constexpr int STAGE_BYTES = TILE * (SK + SV);
+    static constexpr int WARP_BYTES = STAGES * STAGE_BYTES;
+    static constexpr int RED_BYTES = W * 8 * D * 4;
+    static constexpr int SMEM = W * WARP_BYTES > RED_BYTES ? W * WARP_BYTES : RED_BYTES;
+    static constexpr int STATIC_SMEM = W * 8 * 2 * 4 + W * STAGES * 4; /* m_w, l_w, bad_w */
+};
+
+template <typename T, int D, int S>
+__global__ void __launch_bounds__(MmaCfg<D, S>::W * 32) attn_mma(const pkv_cuk_attn a) {
+    using C = MmaCfg<D, S>;
+    using M = Mma<T>;
+    constexpr int W = C::W, NT = W * 32, KS = D / 16, NV = D / 8;
+    extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ float m_w[W][8], l_w[W][8];
+    __shared__ uint32_t bad_w[W][S]; /* per stage: bit r = row r has a bad block id */
+
+    const uint32_t seq = blockIdx.x / a.n_splits, sp = blockIdx.x % a.n_splits;
+    const uint32_t kvh = blockIdx.y / a.tiles, tile_h = blockIdx.y % a.tiles;
+    const uint32_t h0 = kvh * a.g + tile_h * 8;
+    const int nh = min(8, (int)(a.g - tile_h * 8));
+    const uint32_t len = a.lens[seq];
+    if (len == 0 || len > a.max_len) {
+        if (sp == 0) poison(a, seq, h0, nh);
+        return;
+    }
+    const uint32_t t0 = sp * a.split_len;
+    if (t0 >= len) return;
+    const uint32_t t1 = min(len, t0 + a.split_len);
+    const uint32_t nsp = (len + a.split_len - 1) / a.split_len;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3; /* mma fragment coordinates */
+
+    /* Q fragments (head g), scaled per head by a power of two into [-1, 1]. */
+    float qv[D / 4];
+    float qmax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int d = 32 * j + tig * 8 + e;
+            const float x = g < nh ? a.q[((size_t)seq * a.num_q_heads + h0 + g) * D + d] * a.scale_log2 : 0.f;
+            qv[8 * j + e] = x;
+            qmax = fmaxf(qmax, fabsf(x));
+        }
+    qmax = fmaxf(qmax, __shfl_xor_sync(FULL, qmax, 1));
+    qmax = fmaxf(qmax, __shfl_xor_sync(FULL, qmax, 2));
+    int qexp = 0;
+    if (qmax > 0.f && qmax <= 3.0e38f) frexpf(qmax, &qexp);
+    const float qscale = ldexpf(1.f, -qexp), sback = ldexpf(1.f, qexp);
+    /* A fragments of Q: rows 0-7 the high halves of the 8 heads, rows 8-15 the
+     * low halves (so one mma gives both products; S = rows g + rows g + 8). */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            /* k step ks = 2j + hh: slots 2 tig + {0,1} <- dims 32j + 8 tig + 4hh + {0,1},
+             * slots 2 tig + 8 + {0,1} <- dims ... + 2 + {0,1} (r = 0, 1). */
+            const int base = 8 * (ks / 2) + 4 * (ks % 2) + 2 * r;
+            const float x = qv[base] * qscale, y = qv[base + 1] * qscale;
+            qa[ks][2 * r] = M::pack(x, y);
+            qa[ks][2 * r + 1] = M::pack(x - M::round(x), y - M::round(y));
+        }
+
+    const uint8_t *kb = static_cast<const uint8_t *>(a.base) + a.layer_off + (size_t)kvh * a.head_stride;
+    const uint8_t *vb = kb + a.kind_stride;
+    const uint32_t *tab = a.tables + (size_t)seq * a.table_stride;
+    unsigned char *wk = dsm + warp * C::WARP_BYTES;            /* [STAGES][TILE][SK] */
+    unsigned char *wv = wk + C::STAGES * C::TILE * C::SK;      /* [STAGES][TILE][SV] */
+    const uint32_t ntiles = (t1 - t0 + C::TILE - 1) / C::TILE;
+
+    /* Lane l looks after row l % 16 of a tile: its block id is read one tile
+     * ahead of the copy, so that the table load's latency is hidden
+     * (UINT32_MAX: past the split's end), and its byte offset is computed at
+     * the copy and handed to the lanes that copy the row (-1: zero-fill). */
+    const int r = lane & 15;
+    auto lookup = [&](uint32_t tl) -> uint32_t {
+        if (tl >= ntiles || (uint32_t)r >= t1 - t0 - tl * C::TILE) return UINT32_MAX; /* no wrap-around */
+        return __ldg(tab + (t0 + tl * C::TILE + r) / a.block_size);
+    };
+    /* Copy tile tl into stage st: each instruction moves RPI whole rows (CPR
+     * 16-byte chunks each), so a warp's request touches few cache lines. Notes
+     * the rows with a block id out of range in bad_w. */
+    constexpr int CPR = D / 8, RPI = 32 / CPR;
+    auto issue = [&](uint32_t tl, uint32_t blk, int st) {
+        const uint32_t t = t0 + tl * C::TILE + r;
+        const bool past = (uint32_t)r >= t1 - t0 - tl * C::TILE;
+        const bool bad = !past && blk >= a.num_blocks;
+        const long long off = past || bad ? -1ll
+                                          : (long long)((size_t)blk * a.block_stride +
+                                                        (size_t)(t % a.block_size) * a.token_stride);
+        const int chunk = lane % CPR, sub = lane / CPR;
+#pragma unroll
+        for (int i = 0; i < C::TILE / RPI; i++) {
+            const int row = i * RPI + sub;
+            const long long ro = __shfl_sync(FULL, off, row);
+            const size_t src = ro < 0 ? 0 : (size_t)ro + chunk * 16;
+            __pipeline_memcpy_async(wk + (st * C::TILE + row) * C::SK + chunk * 16, kb + src, 16, ro < 0 ? 16 : 0);
+            __pipeline_memcpy_async(wv + (st * C::TILE + row) * C::SV + chunk * 16, vb + src, 16, ro < 0 ? 16 : 0);
+        }
+        __pipeline_commit();
+        const uint32_t bm = __ballot_sync(FULL, bad && lane < 16); /* bit r: row r */
+        if (lane == 0) bad_w[warp][st] = bm;
+    };
+
+    float o[NV][4];
+#pragma unroll
+    for (int i = 0; i < NV; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run = -INFINITY, l_run = 0.f;
+    /* ldmatrix.x4.trans row address of this lane within a V stage (matrix
+     * lane / 8: tokens 0-7 or 8-15, dims +0 or +8). */
+    const int vm = lane >> 3, vr = lane & 7;
+    const int v_lane_off = ((vm & 1) * 8 + vr) * C::SV + (vm >> 1) * 16;
+
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        const uint32_t tl = (uint32_t)(warp + i * W);
+        if (tl < ntiles) issue(tl, lookup(tl), i);
+        else __pipeline_commit();
+    }
+    uint32_t blk_next = lookup((uint32_t)(warp + (S - 1) * W));
+    int st = 0, sn = S - 1; /* stage computed now, stage filled now */
+    for (uint32_t tl = (uint32_t)warp; tl < ntiles; tl += W) {
+        const uint32_t tn = tl + (S - 1) * W;
+        if (tn < ntiles) {
+            issue(tn, blk_next, sn);
+            blk_next = lookup(tn + W);
+        } else {
+            __pipeline_commit();
+        }
+        __pipeline_wait_prior(S - 1);
+        __syncwarp();
+        const uint32_t bad_cur = bad_w[warp][st];
+
+        /* S = Q K^T for tokens 0-7 (s[0]) and 8-15 (s[1]) of the tile. */
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const unsigned char *row = wk + (st * C::TILE + nt * 8 + g) * C::SK + tig * 16;
+#pragma unroll
+            for (int j = 0; j < D / 32; j++) {
+                const uint4 kw = *reinterpret_cast<const uint4 *>(row + 64 * j);
+                M::mma(s[nt], qa[2 * j], kw.x, kw.y);
+                M::mma(s[nt], qa[2 * j + 1], kw.z, kw.w);
+            }
+        }
+        /* Scores of head g, tokens 2 tig + {0, 1} and 8 + 2 tig + {0, 1}. */
+        const uint32_t rem = t1 - t0 - tl * C::TILE; /* rows of the tile in the split */
+        float p[4];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int tok = (i >> 1) * 8 + tig * 2 + (i & 1);
+            float x = (s[i >> 1][i & 1] + s[i >> 1][(i & 1) + 2]) * sback;
+            if ((uint32_t)tok >= rem) x = -INFINITY;
+            else if ((bad_cur >> tok) & 1u) x = NAN;
+            p[i] = x;
+            mx = fmaxf(mx, x);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+        const float mn = fmaxf(m_run, mx);
+        const float f = m_run == -INFINITY ? 0.f : exp2f(m_run - mn);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            p[i] = exp2f(p[i] - mn);
+            sum += p[i];
+        }
+        sum += __shfl_xor_sync(FULL, sum, 1);
+        sum += __shfl_xor_sync(FULL, sum, 2);
+        l_run = l_run * f + sum;
+        m_run = mn;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            o[i][0] *= f;
+            o[i][1] *= f;
+            o[i][2] *= f;
+            o[i][3] *= f;
+        }
+        /* O += P V: rows 0-7 of A are the high halves of P, rows 8-15 the low
+         * halves; the output rows g and g + 8 are summed at the end. */
+        const uint32_t pa[4] = {M::pack(p[0], p[1]), M::pack(p[0] - M::round(p[0]), p[1] - M::round(p[1])),
+                                M::pack(p[2], p[3]), M::pack(p[2] - M::round(p[2]), p[3] - M::round(p[3]))};
+        const uint32_t vaddr =
+            (uint32_t)__cvta_generic_to_shared(wv + st * C::TILE * C::SV + v_lane_off);
+#pragma unroll
+        for (int qd = 0; qd < D / 16; qd++) {
+            uint32_t r0, r1, r2, r3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                         : "r"(vaddr + qd * 32));
+            M::mma(o[2 * qd], pa, r0, r1);
+            M::mma(o[2 * qd + 1], pa, r2, r3);
+        }
+        st = st + 1 == S ? 0 : st + 1;
+        sn = sn + 1 == S ? 0 : sn + 1;
+        __syncwarp(); /* every lane is done with stage st before it is refilled */
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads(); /* the rings are reused for the merge below */
+
+    if (tig == 0) {
+        m_w[warp][g] = m_run;
+        l_w[warp][g] = l_run;
+    }
+    __syncthreads();
+    float mg = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; w++) mg = fmaxf(mg, m_w[w][g]);
+    const float fw = m_run == -INFINITY ? 0.f : exp2f(m_run - mg);
+    float *red = reinterpret_cast<float *>(dsm); /* [W][8][D] */
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        red[(warp * 8 + g) * D + i * 8 + tig * 2] = (o[i][0] + o[i][2]) * fw;
+        red[(warp * 8 + g) * D + i * 8 + tig * 2 + 1] = (o[i][1] + o[i][3]) * fw;
+    }
+    __syncthreads();
+    for (int i = tid; i < nh * D; i += NT) {
+        const int h = i / D, d = i % D;
+        float mh = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; w++) mh = fmaxf(mh, m_w[w][h]);
+        float l = 0.f, v = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float fh = m_w[w][h] == -INFINITY ? 0.f : exp2f(m_w[w][h] - mh);
+            l += l_w[w][h] * fh;
+            v += red[(w * 8 + h) * D + d];
+        }
+        emit(a, (size_t)seq * a.num_q_heads + h0 + h, sp, nsp, d, v, mh, l);
+    }
+}
+
 /* Any head_dim <= PKV_ATTN_GENERIC_MAX_D, any alignment: one query head per block,
  * one warp per token, lanes over head_dim, scalar loads; q and the per-warp
  * accumulators in shared memory. Correct rather than fast. */
@@ -514,12 +822,54 @@ cudaError_t launch_fast_h(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
     return launch_cfg<T, D, HT, Cfg<4, 4 / CH, 3, SUB>>(a, grid, st);
 }
 
+/* The tensor-core kernel (f16/bf16, head_dim 64/128, 2-8 query heads per kv
+ * head). Four stages per warp measured best on an H200 (docs/cuda.md: 2 and 3
+ * were 1-8 points lower). Its shared memory (148 KiB at head_dim 128) is above
+ * the 48 KiB default, so the limit is raised before every launch or occupancy
+ * query (cheap, and needs no once-only state). */
+constexpr int MMA_STAGES = 4;
+template <typename T, int D>
+cudaError_t launch_mma(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
+    using C = MmaCfg<D, MMA_STAGES>;
+    cudaError_t e = cudaFuncSetAttribute(attn_mma<T, D, MMA_STAGES>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    if (g_occ) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(g_occ, attn_mma<T, D, MMA_STAGES>, C::W * 32, C::SMEM);
+    attn_mma<T, D, MMA_STAGES><<<grid, C::W * 32, C::SMEM, st>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T> struct HasMma { static constexpr bool value = false; };
+template <> struct HasMma<F16> { static constexpr bool value = true; };
+template <> struct HasMma<BF16> { static constexpr bool value = true; };
+
+/* Whether the tensor-core kernel runs: not with PKV_CUDA_ATTN_NO_MMA set (a
+ * test and comparison switch), and not on a device whose shared memory per
+ * block cannot hold its rings (Hopper has 227 KiB; the PTX fallback may run
+ * on smaller parts). The CUDA-core kernel computes the same result. */
+template <int D>
+static bool use_mma() {
+    const char *e = getenv("PKV_CUDA_ATTN_NO_MMA");
+    if (e && *e && *e != '0') return false;
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return false;
+    return optin >= MmaCfg<D, MMA_STAGES>::SMEM + MmaCfg<D, MMA_STAGES>::STATIC_SMEM;
+}
+
 template <typename T, int D>
 cudaError_t launch_fast_d(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
     switch (a.ht) {
     case 1: return launch_fast_h<T, D, 1>(a, grid, st);
-    case 4: return launch_fast_h<T, D, 4>(a, grid, st);
-    case 8: return launch_fast_h<T, D, 8>(a, grid, st);
+    case 4:
+        if constexpr (HasMma<T>::value && (D == 64 || D == 128))
+            if (use_mma<D>()) return launch_mma<T, D>(a, grid, st);
+        return launch_fast_h<T, D, 4>(a, grid, st);
+    case 8:
+        if constexpr (HasMma<T>::value && (D == 64 || D == 128))
+            if (use_mma<D>()) return launch_mma<T, D>(a, grid, st);
+        return launch_fast_h<T, D, 8>(a, grid, st);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -266,6 +266,39 @@ int main(void) {
         };
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i]);
     }
+    /* GQA: f16/bf16 at head_dim 64 and 128 with 2+ query heads per kv head run
+     * the tensor-core kernel (f32, head_dim 256 and g = 1 the CUDA-core one).
+     * These cases, then again on the CUDA-core kernel (PKV_CUDA_ATTN_NO_MMA),
+     * which f16/bf16 reach only that way (the list above covers g = 4 on the
+     * tensor-core kernel). */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) setenv("PKV_CUDA_ATTN_NO_MMA", "1", 1);
+        for (int k = pass; k < 3; k++) {
+            const pkv_dtype dt = dts[k];
+            const acase g8[] = {
+                {dt, 128, 2, 8, 16, 6, {1, 15, 16, 17, 100, 1000}, 0, 0, 0, 0, 0, "g8 lengths around B"},
+                {dt, 64, 2, 8, 16, 6, {63, 64, 65, 128, 129, 1}, 64, 0, 0, 0, 0, "g8 D64 split boundaries"},
+                {dt, 128, 1, 8, 7, 4, {5, 63, 64, 2001}, 0, 0, 0, 0, 0, "g8 B7"},
+                {dt, 128, 2, 8, 16, 3, {33, 700, 64}, 0, 0, 1, 0, 0, "g8 out aliases q"},
+                {dt, 128, 2, 8, 16, 3, {33, 700, 64}, 0, 0, 0, 1, 0, "g8 bad block id"},
+                {dt, 64, 3, 7, 1, 3, {1, 2, 333}, 100, 0, 0, 0, 0, "g7 D64 B1"},
+                {dt, 128, 1, 24, 32, 2, {4099, 17}, 0, 0, 0, 0, 0, "g24 three tiles"},
+                {dt, 128, 8, 8, 16, 2, {32771, 5}, 0, 0, 0, 0, 0, "g8 32k context"},
+                {dt, 128, 2, 4, 16, 6, {1, 15, 16, 17, 100, 1000}, 0, 0, 0, 0, 0, "g4 lengths around B"},
+                {dt, 128, 2, 4, 16, 6, {511, 512, 513, 999, 1000, 1001}, 1000, 0, 0, 0, 0, "g4 sub-chunk boundaries"},
+                {dt, 64, 2, 3, 16, 3, {33, 700, 64}, 0, 0, 0, 1, 0, "g3 D64 bad block id"},
+                {dt, 128, 2, 2, 9, 2, {100, 3000}, 0, 0, 0, 0, 1, "g2 B9 max_len above every len"},
+            };
+            for (size_t i = 0; i < sizeof g8 / sizeof g8[0]; i++) {
+                acase c = g8[i];
+                char what[64];
+                snprintf(what, sizeof what, "%s%s", c.what, pass ? " (CUDA cores)" : "");
+                c.what = what;
+                run_case(&c);
+            }
+        }
+        if (pass) unsetenv("PKV_CUDA_ATTN_NO_MMA");
+    }
     /* Long context, f16 and bf16. */
     const acase lc[] = {
         {PKV_F16, 128, 8, 4, 16, 1, {131072}, 0, 0, 0, 0, 0, "128k context"},

@@ -193,7 +193,9 @@ out:
 
 /* ---- Attention --------------------------------------------------------------------------- */
 
-static void bench_attention(uint32_t ctx, uint32_t batch, uint32_t g) {
+/* cuda_cores: force the CUDA-core kernel (PKV_CUDA_ATTN_NO_MMA) where the
+ * tensor-core one would run (f16, GQA), for the comparison. */
+static void bench_attention(uint32_t ctx, uint32_t batch, uint32_t g, int cuda_cores) {
     const uint32_t nkv = 8, nq = nkv * g, D = 128, bs = 16;
     const size_t row = D * 2, head_stride = bs * row, kind_stride = nkv * head_stride;
     const size_t block_stride = 2 * kind_stride;
@@ -240,6 +242,7 @@ static void bench_attention(uint32_t ctx, uint32_t batch, uint32_t g) {
     pkv_cuda_seqs sq = {.tables = d_tab, .table_stride = per_seq, .lens = d_len, .n_seqs = batch,
                         .max_len = ctx};
     size_t wb = 0;
+    if (cuda_cores) setenv("PKV_CUDA_ATTN_NO_MMA", "1", 1); /* before the plan: it sizes the workspace */
     GU_OK(pkv_cuda_attn_workspace(&v, &ap, &sq, &wb));
     if (wb) GU_CUDA(cudaMalloc(&work, wb));
     cudaStream_t st;
@@ -253,6 +256,7 @@ static void bench_attention(uint32_t ctx, uint32_t batch, uint32_t g) {
     for (int i = 0; i < iters; i++) GU_OK(pkv_cuda_attn_decode(&v, &ap, &sq, d_q, d_out, work, wb, st));
     cudaEventRecord(b, st);
     GU_CUDA(cudaEventSynchronize(b));
+    if (cuda_cores) unsetenv("PKV_CUDA_ATTN_NO_MMA");
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     const double t = ms / iters * 1e-3;
@@ -260,11 +264,13 @@ static void bench_attention(uint32_t ctx, uint32_t batch, uint32_t g) {
     const double gbs = kvb / t / 1e9;
     const double frac = d2d_traffic_gbs > 0 ? gbs / d2d_traffic_gbs : 0;
     char key[32];
-    snprintf(key, sizeof key, g == 4 ? "%u" : "%ug%u", ctx, g);
+    if (g == 4) snprintf(key, sizeof key, "%u%s", ctx, cuda_cores ? "cc" : "");
+    else snprintf(key, sizeof key, "%ug%u%s", ctx, g, cuda_cores ? "cc" : "");
     printf("RESULT attn_%s_us %.1f\nRESULT attn_%s_gbs %.1f\nRESULT attn_%s_frac %.3f\nRESULT attn_%s_batch %u\n",
            key, t * 1e6, key, gbs, key, frac, key, batch);
-    printf("# attention ctx %6u x %2u seqs, %u query heads per kv head: %8.1f us, %7.1f GB/s of K/V = "
-           "%.0f%% of the D2D copy traffic\n", ctx, batch, g, t * 1e6, gbs, frac * 100);
+    printf("# attention ctx %6u x %2u seqs, %u query heads per kv head%s: %8.1f us, %7.1f GB/s of K/V = "
+           "%.0f%% of the D2D copy traffic\n", ctx, batch, g, cuda_cores ? " (CUDA cores)" : "", t * 1e6,
+           gbs, frac * 100);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     cudaStreamDestroy(st);
@@ -283,10 +289,14 @@ int main(void) {
     const char *disk = getenv("PKV_GPU_DISK") ? getenv("PKV_GPU_DISK") : ".";
     bench_copies();
     if (getenv("PKV_GPUBENCH_ATTN_ONLY")) { /* kernel tuning runs */
-        bench_attention(4096, 64, 4);
-        bench_attention(32768, 16, 4);
-        bench_attention(131072, 4, 4);
-        bench_attention(32768, 16, 8);
+        bench_attention(4096, 64, 4, 0);
+        bench_attention(32768, 16, 4, 0);
+        bench_attention(131072, 4, 4, 0);
+        bench_attention(4096, 64, 8, 0);
+        bench_attention(32768, 16, 8, 0);
+        bench_attention(131072, 4, 8, 0);
+        bench_attention(32768, 16, 4, 1);
+        bench_attention(32768, 16, 8, 1);
         return gpu_finish();
     }
     const uint64_t arena = (2ull * PG_BLOCKS + 8) * (2ull << 20) + (256ull << 20);
@@ -301,10 +311,12 @@ int main(void) {
         printf("# %s: < %.1f GB free: no disk paging runs\n", disk, (double)arena / 1e9);
     }
     if (have_shm) bench_paging("gather", shm, PKV_CUDA_GATHER_KERNEL);
-    bench_attention(4096, 64, 4);
-    bench_attention(32768, 16, 4);
-    bench_attention(131072, 4, 4);
-    bench_attention(32768, 16, 8); /* GQA 8:1 (e.g. 64 query heads, 8 kv heads) */
+    bench_attention(4096, 64, 4, 0);
+    bench_attention(32768, 16, 4, 0);
+    bench_attention(131072, 4, 4, 0);
+    bench_attention(32768, 16, 8, 0); /* GQA 8:1 (e.g. 64 query heads, 8 kv heads) */
+    bench_attention(32768, 16, 4, 1); /* the CUDA-core kernel, for comparison */
+    bench_attention(32768, 16, 8, 1);
     return gpu_finish();
 }
 #endif

@@ -125,14 +125,17 @@ echo
 echo "Device -> device copy: $(val d2d_copy_gbs) GB/s copied = $(val d2d_traffic_gbs) GB/s of HBM traffic (read + write)"
 echo
 echo "Paged decode attention (f16, 8 kv heads, 32 query heads, head_dim 128, block 16)"
-echo "  context  batch   time (us)   K/V GB/s   fraction of D2D traffic"
-for c in 4096 32768 131072 32768g8; do
+echo "    context  batch   time (us)   K/V GB/s   fraction of D2D traffic"
+for c in 4096 32768 131072 32768g8 32768cc 32768g8cc; do
     label=$c
     [ "$c" = 32768g8 ] && label="32768*"
-    printf "  %7s  %5s  %10s  %9s   %s\n" "$label" "$(val attn_${c}_batch)" "$(val attn_${c}_us)" \
+    [ "$c" = 32768cc ] && label="32768**"
+    [ "$c" = 32768g8cc ] && label="32768*,**"
+    printf "  %9s  %5s  %10s  %9s   %s\n" "$label" "$(val attn_${c}_batch)" "$(val attn_${c}_us)" \
         "$(val attn_${c}_gbs)" "$(pct "$(val attn_${c}_gbs)" "$(val d2d_traffic_gbs)")"
 done
-echo "  (* 64 query heads: 8 per kv head)"
+echo "  (* 64 query heads: 8 per kv head; ** the CUDA-core kernel, PKV_CUDA_ATTN_NO_MMA; the others"
+echo "   run the tensor-core kernel)"
 echo
 best_paging=n/a
 for s in tmpfs disk disk-ro; do
