@@ -121,6 +121,35 @@ __device__ void poison(const pkv_cuk_attn &a, uint32_t seq, uint32_t h0, int nh)
     for (size_t i = threadIdx.x; i < (size_t)nh * a.head_dim; i += blockDim.x) a.out[first + i] = NAN;
 }
 
+/* What a thread block of the attention grid (attn_plan.h) covers: sequence,
+ * split, kv head, its HT-head tile (query heads h0 .. h0 + nh - 1) and the
+ * split's tokens [t0, t1) of nsp splits. False when it has nothing to do: the
+ * sequence's length is invalid (split 0 then writes NaN rows) or the split
+ * starts past the sequence's end. */
+struct Span {
+    uint32_t seq, sp, kvh, h0, t0, t1, nsp;
+    int nh;
+};
+template <int HT>
+__device__ __forceinline__ bool block_span(const pkv_cuk_attn &a, Span *s) {
+    s->seq = blockIdx.x / a.n_splits;
+    s->sp = blockIdx.x % a.n_splits;
+    s->kvh = blockIdx.y / a.tiles;
+    const uint32_t tile = blockIdx.y % a.tiles;
+    s->h0 = s->kvh * a.g + tile * HT;
+    s->nh = min(HT, (int)(a.g - tile * HT));
+    const uint32_t len = a.lens[s->seq];
+    if (len == 0 || len > a.max_len) {
+        if (s->sp == 0) poison(a, s->seq, s->h0, s->nh);
+        return false;
+    }
+    s->t0 = s->sp * a.split_len;
+    if (s->t0 >= len) return false;
+    s->t1 = min(len, s->t0 + a.split_len);
+    s->nsp = (len + a.split_len - 1) / a.split_len;
+    return true;
+}
+
 /* Per head: the sub-chunk's scores sc[h][0..n) become p = exp2(s - m_new); the
  * running max, sum and the accumulator rescale factor are updated. */
 template <int HT, int SUB, int W>
@@ -229,19 +258,11 @@ __global__ void __launch_bounds__(C::W * 32) attn_fast(const pkv_cuk_attn a) {
     float(*sc)[SUB] = reinterpret_cast<float(*)[SUB]>(smem + RING);
     long long(*roff)[SUB] = reinterpret_cast<long long(*)[SUB]>(smem + RING + SCB);
 
-    const uint32_t seq = blockIdx.x / a.n_splits, sp = blockIdx.x % a.n_splits;
-    const uint32_t kvh = blockIdx.y / a.tiles, tile = blockIdx.y % a.tiles;
-    const uint32_t h0 = kvh * a.g + tile * HT;
-    const int nh = min(HT, (int)(a.g - tile * HT));
-    const uint32_t len = a.lens[seq];
-    if (len == 0 || len > a.max_len) {
-        if (sp == 0) poison(a, seq, h0, nh);
-        return;
-    }
-    const uint32_t t0 = sp * a.split_len;
-    if (t0 >= len) return;
-    const uint32_t t1 = min(len, t0 + a.split_len);
-    const uint32_t nsp = (len + a.split_len - 1) / a.split_len;
+    Span span;
+    if (!block_span<HT>(a, &span)) return;
+    const uint32_t seq = span.seq, sp = span.sp, kvh = span.kvh, h0 = span.h0;
+    const uint32_t t0 = span.t0, t1 = span.t1, nsp = span.nsp;
+    const int nh = span.nh;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int grp = warp * TPW + lane / LPT, li = lane % LPT;
 
@@ -435,35 +456,34 @@ __global__ void __launch_bounds__(C::W * 32) attn_fast(const pkv_cuk_attn a) {
  * this reads K/V at 92-100% of the device-to-device copy traffic at 4k-128k
  * context, GQA 4:1 and 8:1 (docs/cuda.md). PKV_CUDA_ATTN_NO_MMA=1 in the
  * environment selects the CUDA-core kernel instead (tests, comparisons). */
+template <typename H2>
+__device__ __forceinline__ uint32_t bits32(H2 h) {
+    uint32_t w;
+    memcpy(&w, &h, 4);
+    return w;
+}
+/* c += a b on one m16n8k16 tile; TYPE is the PTX name of the input type. */
+#define PKV_MMA_16816(TYPE, c, a, b0, b1)                                                          \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, "    \
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                        \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+/* Per storage type: two floats rounded into one 32-bit register (the lower
+ * index in the low half), a float rounded to the type, and the mma. */
 template <typename T> struct Mma;
 template <> struct Mma<F16> {
-    __device__ static __forceinline__ uint32_t pack(float a, float b) {
-        const __half2 h = __floats2half2_rn(a, b);
-        uint32_t w;
-        memcpy(&w, &h, 4);
-        return w;
-    }
+    __device__ static __forceinline__ uint32_t pack(float a, float b) { return bits32(__floats2half2_rn(a, b)); }
     __device__ static __forceinline__ float round(float x) { return __half2float(__float2half_rn(x)); }
     __device__ static __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                     "{%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        PKV_MMA_16816("f16", c, a, b0, b1);
     }
 };
 template <> struct Mma<BF16> {
-    __device__ static __forceinline__ uint32_t pack(float a, float b) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        uint32_t w;
-        memcpy(&w, &h, 4);
-        return w;
-    }
+    __device__ static __forceinline__ uint32_t pack(float a, float b) { return bits32(__floats2bfloat162_rn(a, b)); }
     __device__ static __forceinline__ float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
     __device__ static __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                     "{%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        PKV_MMA_16816("bf16", c, a, b0, b1);
     }
 };
 
@@ -487,19 +507,11 @@ __global__ void __launch_bounds__(MmaCfg<D, S>::W * 32) attn_mma(const pkv_cuk_a
     __shared__ float m_w[W][8], l_w[W][8];
     __shared__ uint32_t bad_w[W][S]; /* per stage: bit r = row r has a bad block id */
 
-    const uint32_t seq = blockIdx.x / a.n_splits, sp = blockIdx.x % a.n_splits;
-    const uint32_t kvh = blockIdx.y / a.tiles, tile_h = blockIdx.y % a.tiles;
-    const uint32_t h0 = kvh * a.g + tile_h * 8;
-    const int nh = min(8, (int)(a.g - tile_h * 8));
-    const uint32_t len = a.lens[seq];
-    if (len == 0 || len > a.max_len) {
-        if (sp == 0) poison(a, seq, h0, nh);
-        return;
-    }
-    const uint32_t t0 = sp * a.split_len;
-    if (t0 >= len) return;
-    const uint32_t t1 = min(len, t0 + a.split_len);
-    const uint32_t nsp = (len + a.split_len - 1) / a.split_len;
+    Span span;
+    if (!block_span<8>(a, &span)) return;
+    const uint32_t seq = span.seq, sp = span.sp, kvh = span.kvh, h0 = span.h0;
+    const uint32_t t0 = span.t0, t1 = span.t1, nsp = span.nsp;
+    const int nh = span.nh;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3; /* mma fragment coordinates */
 
@@ -717,18 +729,10 @@ __global__ void __launch_bounds__(THREADS) attn_generic(const pkv_cuk_attn a) {
     float *accs = qs + D;            /* [WARPS][D] */
     float *scs = accs + WARPS * D;   /* [S_SUB] */
     __shared__ float m_run[1], l_run[1], fac[1];
-    const uint32_t seq = blockIdx.x / a.n_splits, sp = blockIdx.x % a.n_splits;
-    const uint32_t kvh = blockIdx.y / a.tiles, tile = blockIdx.y % a.tiles;
-    const uint32_t h = kvh * a.g + tile;
-    const uint32_t len = a.lens[seq];
-    if (len == 0 || len > a.max_len) {
-        if (sp == 0) poison(a, seq, h, 1);
-        return;
-    }
-    const uint32_t t0 = sp * a.split_len;
-    if (t0 >= len) return;
-    const uint32_t t1 = min(len, t0 + a.split_len);
-    const uint32_t nsp = (len + a.split_len - 1) / a.split_len;
+    Span span;
+    if (!block_span<1>(a, &span)) return;
+    const uint32_t seq = span.seq, sp = span.sp, kvh = span.kvh, h = span.h0;
+    const uint32_t t0 = span.t0, t1 = span.t1, nsp = span.nsp;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t row = (size_t)seq * a.num_q_heads + h;
     for (uint32_t d = threadIdx.x; d < D; d += THREADS) qs[d] = a.q[row * D + d] * a.scale_log2;
