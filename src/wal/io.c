@@ -101,6 +101,26 @@ static long uring_round(struct io_uring *r, int fd, const void *buf, size_t n,
     return wres;
 }
 
+/* Unsynced writes (durability NONE): once WB_HINT bytes of a file are written
+ * since the last hint, start their writeback (SYNC_FILE_RANGE_WRITE waits for
+ * no I/O to finish). The log syncs a segment before it leaves it, and that
+ * fdatasync then finds at most WB_HINT bytes left to write, instead of a whole
+ * segment's worth while no frame can be written. Per thread: only the flusher
+ * writes log frames. Only a hint, so a reused fd number or an error here is
+ * harmless: errors surface at the fdatasync. */
+#define WB_HINT (4u << 20)
+static _Thread_local int wb_fd = -1;
+static _Thread_local uint64_t wb_from;
+static void writeback_hint(int fd, uint64_t end) {
+    if (fd != wb_fd || end < wb_from) {
+        wb_fd = fd;
+        wb_from = 0;
+    }
+    if (end - wb_from < WB_HINT) return;
+    (void)sync_file_range(fd, (off64_t)wb_from, (off64_t)(end - wb_from), SYNC_FILE_RANGE_WRITE);
+    wb_from = end;
+}
+
 static int d_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync) {
     (void)ctx;
     int err = 0;
@@ -122,8 +142,10 @@ static int d_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, i
             if (sres == -ECANCELED) continue; /* cannot happen after a full write */
             if (sres < 0) return sres;
         }
-        if (done == n) return 0;
+        if (done == n) break;
     }
+    if (!sync) writeback_hint(fd, off + n);
+    return 0;
 }
 
 static int d_sync(void *ctx, int fd) {
