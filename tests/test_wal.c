@@ -1010,3 +1010,107 @@ Test(wal, retired_segments_unlinked_without_the_lock)
     pkv_close(c);
     wu_wl_free(&w);
 }
+
+/* ---- Spare segments ------------------------------------------------------------ */
+
+/* An I/O backend that fails the next rename of a spare segment once armed. */
+static struct {
+    const pkv_io_ops *base;
+    atomic_int armed, fired;
+} sp;
+
+static int sp_rename(void *ctx, const char *from, const char *to)
+{
+    (void)ctx;
+    const char *base = strrchr(from, '/');
+    if (base && !strncmp(base, "/wal-spare-", 11) && atomic_exchange(&sp.armed, 0)) {
+        atomic_fetch_add(&sp.fired, 1);
+        return -EIO;
+    }
+    return sp.base->rename(sp.base->ctx, from, to);
+}
+
+/* The log recycles spares top-down (wal-spare-1, then -0). When recycling one
+ * fails, the log forgets it and creates the segment afresh; the spare must not be
+ * left behind, where nothing would ever reuse or delete it. */
+Test(wal, a_spare_that_fails_to_recycle_is_not_left_behind)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "spare-fail");
+    sp.base = pkv_io_default();
+    static pkv_io_ops io;
+    io = *sp.base;
+    io.rename = sp_rename;
+    pkv_options o;
+    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
+    o.checkpoint_bytes = 1ull << 40; /* only the explicit checkpoint below */
+    o.io = &io;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 53, NULL);
+    static uint32_t longp[1201];
+    pt_rng r = {97};
+    for (size_t i = 0; i < 1201; i++) longp[i] = pt_below(&r, 30000);
+    uint64_t lid = 0;
+    WU_OK(wu_do_open(&w, 0, longp, 1201, 0, &lid));
+    wu_churn(c, lid, 4u * (32u << 20)); /* four segments and more */
+    WU_OK(pkv_checkpoint(c));           /* retires them: two become spares */
+    cr_assert_eq(wu_count(dir, "wal-spare-"), 2u, "spares after the checkpoint");
+    /* Up to the next segment (1 MiB steps, so one switch at a time): recycling
+     * wal-spare-1 fails. */
+    atomic_store(&sp.armed, 1);
+    for (int i = 0; i < 80 && !atomic_load(&sp.fired); i++) {
+        wu_churn(c, lid, 1u << 20);
+        WU_OK(pkv_sync(c));
+    }
+    cr_assert_eq(atomic_load(&sp.fired), 1, "no spare was recycled");
+    cr_assert_eq(wu_count(dir, "wal-spare-"), 1u,
+                 "the spare that failed to recycle is still there");
+    /* Up to the one after: it recycles wal-spare-0, and no spare is left. */
+    for (int i = 0; i < 80 && wu_count(dir, "wal-spare-") > 0; i++) {
+        wu_churn(c, lid, 1u << 20);
+        WU_OK(pkv_sync(c));
+    }
+    cr_assert_eq(wu_count(dir, "wal-spare-"), 0u, "spares left after both were used");
+    WU_CHECK(c, "after the failed recycling");
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "after a failed spare recycling");
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
+/* Spares are recycled as the run wal-spare-0 .. -(n-1); one outside it (as a failed
+ * recycling left behind before the fix above) is deleted by the next writable open,
+ * and left alone by a read-only one, which writes nothing. */
+Test(wal, a_stray_spare_is_deleted_by_a_writable_open)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "spare-stray");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 54, NULL);
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    pkv_close(c);
+    char stray[600];
+    snprintf(stray, sizeof stray, "%s/wal-spare-%016llx", dir, 5ull);
+    FILE *f = fopen(stray, "w");
+    cr_assert_not_null(f);
+    fputs("not a segment", f);
+    fclose(f);
+    pkv_options ro = o;
+    ro.flags = PKV_OPEN_RDONLY;
+    pkv_cache *r = wu_open_ok(dir, &ro);
+    WU_CHECK(r, "read-only, stray spare present");
+    pkv_close(r);
+    cr_assert_eq(access(stray, F_OK), 0, "a read-only open deleted a file");
+    c = wu_open_ok(dir, &o);
+    cr_assert_neq(access(stray, F_OK), 0, "the stray spare survived a writable open");
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "after deleting a stray spare");
+    pkv_close(c);
+    wu_wl_free(&w);
+}

@@ -164,6 +164,7 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     if (w->nspare > 0 && size == w->seg_size) {
         pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
         if (io->rename(io->ctx, spare, path) == 0) recycled = true;
+        else (void)io->unlink(io->ctx, spare); /* forgotten below: do not leave it */
         w->nspare--;
     }
     pkv_unlock(c);
@@ -526,8 +527,23 @@ static void *ckpt_main(void *arg) {
     return NULL;
 }
 
+/* Spare segments outside the run 0..nspare-1 that seg_create recycles from the
+ * top would never be reused. One is left when recycling a spare failed and so did
+ * the unlink after it (or by a version before that unlink), and the process ended
+ * before a checkpoint renamed a retired segment over it: delete them, best
+ * effort. They hold no records; a failed unlink is retried at the next open. */
+static void drop_stray_spares(pkv_wal *w) {
+    for (uint64_t k = 0; k < 64; k++) {
+        char path[4200];
+        if ((w->stray_spares >> k & 1) && !pkv_wal_path(w, path, sizeof path, "wal-spare-", k))
+            (void)w->io->unlink(w->io->ctx, path);
+    }
+    w->stray_spares = 0;
+}
+
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     pkv_wal *w = &c->wal;
+    drop_stray_spares(w);
     w->next_lsn = next_lsn;
     w->written_lsn = w->durable_lsn = next_lsn - 1;
     int rc;

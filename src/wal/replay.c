@@ -431,8 +431,11 @@ static bool zero_from(seg *s, uint64_t off) {
     return true;
 }
 
+/* List the log directory: segment numbers (sorted), the newest checkpoint, and the
+ * spare segments: *spares has bit k set for each wal-spare-<k> (k < 64), *nspare
+ * is the length of the run 0, 1, ... that seg_create recycles from the top. */
 static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
-                    bool *have_ckpt, uint64_t *nspare) {
+                    bool *have_ckpt, uint64_t *nspare, uint64_t *spares) {
     DIR *d = opendir(dir);
     if (!d) return pkv_err(PKV_EIO, "open directory %s: %s", dir, strerror(errno));
     size_t cap = 0;
@@ -440,6 +443,7 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
     *nsegs = 0;
     *have_ckpt = false;
     *nspare = 0;
+    *spares = 0;
     struct dirent *e;
     int rc = 0;
     while ((e = readdir(d))) {
@@ -468,10 +472,11 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
             if (!*have_ckpt || n > *ckpt) *ckpt = n;
             *have_ckpt = true;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
-            (*nspare)++;
+            if (n < 64) *spares |= 1ull << n; /* a writer makes only 0 and 1 */
         }
     }
     closedir(d);
+    while (*nspare < 64 && (*spares >> *nspare & 1)) (*nspare)++;
     if (!rc && *nsegs) qsort(*segs, *nsegs, sizeof **segs, cmp_u64);
     return rc;
 }
@@ -890,16 +895,17 @@ static void verify_seqs(pkv_cache *c) {
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
                 uint64_t *next_seg) {
     pkv_recovery_t *rec = &c->rec;
-    uint64_t *nos = NULL, ckpt = 0, nspare = 0;
+    uint64_t *nos = NULL, ckpt = 0, nspare = 0, spares = 0;
     size_t n = 0;
     bool have_ckpt = false;
     double t0 = now_ms();
-    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare);
+    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare, &spares);
     if (rc) {
         free(nos); /* the names listed before the failure */
         return rc;
     }
     c->wal.nspare = nspare;
+    c->wal.stray_spares = nspare < 64 ? spares >> nspare << nspare : 0;
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {

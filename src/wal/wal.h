@@ -96,7 +96,8 @@ typedef struct pkv_wal {
     uint64_t seg_cap; /* bytes allocated for this segment */
     struct pkv_seg { uint64_t no, start_lsn; } *segs; /* live segments, oldest first */
     size_t nsegs, segs_cap;
-    uint64_t nspare; /* recyclable segment files named wal-spare-<k> */
+    uint64_t nspare; /* recyclable segment files named wal-spare-<k>, k < nspare */
+    uint64_t stray_spares; /* bit k: wal-spare-<k> outside that run, found at open */
     /* Where recovery found the log to end cleanly (tail_ok): writing resumes there. */
     bool tail_ok;
     uint64_t tail_no, tail_off, tail_size;
