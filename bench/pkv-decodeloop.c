@@ -2,14 +2,16 @@
  * pkv-decodeloop.c — the bare per-token decode loop, for profilers.
  *
  *   pkv-decodeloop DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY [STEP [FILL [BS [GEOM
- *                  [SEAL_THREADS]]]]]]]]]
+ *                  [SEAL_THREADS [CKPT_BYTES]]]]]]]]]]
  *
  * Opens a fresh cache in DIR (which must not exist; it is left behind), geometry as
  * in pkv-bench (1 layer, 1 KV head, head_dim 8, f16, BS-token blocks (default 16;
  * a large BS such as 1024 leaves the per-token fast paths alone), CAPACITY
  * blocks, default 1048576; GEOM LxHxD sets layers, KV heads and head_dim instead,
  * e.g. 32x8x128 for a model's real block size, where the seal's payload checksum
- * dominates; SEAL_THREADS sets pkv_options.seal_threads), DURABILITY 0 group / 1
+ * dominates; SEAL_THREADS sets pkv_options.seal_threads; CKPT_BYTES sets
+ * pkv_options.checkpoint_bytes, e.g. 1099511627776 to keep automatic checkpoints
+ * out of a comparison), DURABILITY 0 group / 1
  * none / 2 always, PREFAULT 1:
  * PKV_OPEN_PREFAULT, then decodes TOKENS tokens on one sequence: per token
  * pkv_seq_append(1) + (PAYLOAD 1: write its K and V rows of layer 0, head 0; PAYLOAD
@@ -17,7 +19,8 @@
  * with STEP 1 one pkv_seq_commit_append(1, 1) per token, with STEP 2 one
  * pkv_seq_step_batch call per step of 64 sequences (TOKENS in all). FILL 1 first fills the
  * whole cache with cached blocks (one sequence prefilled and closed), so every block
- * the loop takes is an eviction, as on a cache in service. Prints wall-clock and
+ * the loop takes is an eviction, as on a cache in service. A pkv_sync before the
+ * loop writes back what the fill left in flight. Prints wall-clock and
  * calling-thread CPU nanoseconds per token. Under valgrind --tool=callgrind
  * --instr-atstart=no only the loop is counted (when valgrind/callgrind.h exists).
  * Built with -DPKV_DECODELOOP_NO_STEP it runs against libraries without
@@ -57,7 +60,7 @@ static unsigned long long arg(int argc, char **argv, int i, unsigned long long d
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s DIR TOKENS [DURABILITY [PREFAULT [PAYLOAD [CAPACITY "
-                        "[STEP [FILL [BS [LxHxD [SEAL_THREADS]]]]]]]]]\n", argv[0]);
+                        "[STEP [FILL [BS [LxHxD [SEAL_THREADS [CKPT_BYTES]]]]]]]]]]\n", argv[0]);
         return 2;
     }
     uint64_t ntok = arg(argc, argv, 2, 0);
@@ -74,6 +77,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     o.seal_threads = (uint32_t)arg(argc, argv, 11, 0);
+    o.checkpoint_bytes = arg(argc, argv, 12, 0);
     o.durability = (pkv_durability)arg(argc, argv, 3, 0);
     if (arg(argc, argv, 4, 0)) o.flags |= PKV_OPEN_PREFAULT;
     int payload = (int)arg(argc, argv, 5, 0);
@@ -110,6 +114,7 @@ int main(int argc, char **argv) {
         st[k].id = 100 + k;
         rc = pkv_seq_open(c, st[k].id, 0, NULL, 0, NULL);
     }
+    if (!rc) rc = pkv_sync(c); /* nothing of the fill in flight during the loop */
     CALLGRIND_START_INSTRUMENTATION;
     uint64_t t0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_THREAD_CPUTIME_ID);
     for (uint64_t i = 0; step == 2 && i < ntok / NB && !rc; i++) {
