@@ -1740,3 +1740,42 @@ Test(kvdump, summary_reports_arena_place_and_gpu_attach)
     KD_EXPECT(t, 0);
     kres_free(&t);
 }
+
+/* A spare segment outside the run wal-spare-0..n-1 (a recycling that failed) is
+ * reported: counted in the summary, a stray_file note in verify; kvdump deletes
+ * nothing (the next writable open does, test_wal.c). */
+Test(kvdump, a_stray_spare_is_reported)
+{
+    char dir[512], stray[600];
+    pkv_cache *c = build_ref("spare", PKV_F16, PKV_DURABLE_GROUP, dir, sizeof dir);
+    pt_close(c);
+    jv *v = KDJ(0, "summary", dir);
+    cr_assert_eq(ju(v, "log.spares_stray"), 0u);
+    jfree(v);
+    snprintf(stray, sizeof stray, "%s/wal-spare-%016llx", dir, 3ull);
+    FILE *f = fopen(stray, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    uint64_t before = dir_print(dir);
+    v = KDJ(0, "summary", dir);
+    cr_assert_eq(ju(v, "log.spares"), 0u);
+    cr_assert_eq(ju(v, "log.spares_stray"), 1u);
+    jfree(v);
+    v = KDJ(0, "verify", dir);
+    cr_assert(jb(v, "ok"), "a stray spare is a note, not a problem");
+    bool noted = false;
+    for (size_t i = 0; i < jcount(v, "notes"); i++) {
+        char k[48];
+        snprintf(k, sizeof k, "notes.%zu.kind", i);
+        const char *kind = js(v, k);
+        snprintf(k, sizeof k, "notes.%zu.message", i);
+        noted |= !strcmp(kind, "stray_file") && strstr(js(v, k), "wal-spare-0000000000000003");
+    }
+    cr_assert(noted, "no stray_file note names the stray spare");
+    jfree(v);
+    kres r = KD("summary", dir);
+    KD_EXPECT(r, 0);
+    cr_assert(strstr(r.out, "spares      0 to recycle, 1 stray"), "%s", r.out);
+    kres_free(&r);
+    cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
+}

@@ -316,6 +316,7 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
             kj_u64(j, "segments_valid", nvalid);
             kj_u64(j, "segments_read", nread);
             kj_u64(j, "spares", L.nspare);
+            kj_u64(j, "spares_stray", L.nspare_stray + L.nspare_ignored);
             kj_u64(j, "bytes_allocated", L.seg_bytes);
             kj_u64(j, "bytes_used", L.used_bytes);
             if (L.first_lsn) kj_u64(j, "first_lsn", L.first_lsn);
@@ -411,6 +412,9 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
             else
                 printf("no records (last LSN %llu)\n", (unsigned long long)rec.last_lsn);
             printf("log end     %s\n", L.end_reason ? L.end_detail : "no log segment to read");
+            if (L.nspare || L.nspare_stray || L.nspare_ignored)
+                printf("spares      %zu to recycle, %zu stray\n", L.nspare,
+                       L.nspare_stray + L.nspare_ignored);
             if (L.have_ckpt)
                 printf("checkpoint  LSN %llu, %s (raw %s), written %s\n",
                        (unsigned long long)L.ckpt_lsn, kd_bytes(b1, sizeof b1, L.ckpt_file_size),
@@ -1472,6 +1476,15 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
         if (L.ckpt_tmp)
             vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "ckpt.tmp: left by an "
                  "interrupted checkpoint (ignored)");
+        for (unsigned k = (unsigned)L.nspare; k < 64; k++)
+            if (L.spare_mask >> k & 1)
+                vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "wal-spare-%016x: outside "
+                     "the run of spares 0..%zu that the log recycles (a recycling that "
+                     "failed); the next writable open deletes it", k, L.nspare);
+        if (L.nspare_ignored)
+            vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "%zu wal-spare-* file%s "
+                 "numbered 64 or more: no writer makes them; ignored", L.nspare_ignored,
+                 L.nspare_ignored == 1 ? "" : "s");
     }
     /* Read the state. A live writer evicts cached blocks and reuses their slots
      * at once, before the EVICT record reaches the log, so a snapshot (the valid

@@ -193,7 +193,10 @@ typedef struct kd_log {
     size_t nckpt_files;    /* ckpt-* files (normally 0 or 1) */
     kd_seg *segs;
     size_t nsegs;
-    size_t nspare;
+    size_t nspare;         /* spares the library recycles: the run wal-spare-0..n-1 */
+    uint64_t spare_mask;   /* bit k: wal-spare-<k> exists (k < 64) */
+    size_t nspare_stray;   /* others below 64: the next writable open deletes them */
+    size_t nspare_ignored; /* wal-spare-<k>, k >= 64: no writer makes them; ignored */
     bool arena_tmp, ckpt_tmp;
     uint64_t seg_bytes;    /* allocated bytes of every wal-* file */
     uint64_t used_bytes;   /* bytes up to the end of the valid frames, read segments */

@@ -222,7 +222,8 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
             L->have_ckpt = true;
             L->nckpt_files++;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
-            L->nspare++;
+            if (n < 64) L->spare_mask |= 1ull << n;
+            else L->nspare_ignored++;
         } else if (!strcmp(e->d_name, "arena.tmp")) {
             L->arena_tmp = true;
         } else if (!strcmp(e->d_name, "ckpt.tmp")) {
@@ -230,6 +231,10 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
         }
     }
     closedir(d);
+    /* As the library counts them (list_dir, replay.c): the run from 0 is recycled,
+     * the rest of those below 64 are strays. */
+    while (L->nspare < 64 && (L->spare_mask >> L->nspare & 1)) L->nspare++;
+    L->nspare_stray = (size_t)__builtin_popcountll(L->spare_mask) - L->nspare;
     if (!rc && L->nsegs) {
         /* Sort by number (kd_seg starts with its number). */
         uint64_t *nos = malloc(L->nsegs * sizeof *nos);
