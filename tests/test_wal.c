@@ -971,26 +971,36 @@ static int ul_unlink(void *ctx, const char *path)
     return ul.base->unlink(ul.base->ctx, path);
 }
 
+/* A cache that writes its log through `io`, with automatic checkpoints off, and a
+ * sequence of 1,201 tokens (*lid) whose forks make wu_churn() grow the log fast. */
+static pkv_cache *churn_cache(char *dir, size_t cap, const char *sub, const pkv_io_ops *io,
+                              uint64_t seed, pkv_options *o, wu_wl *w, uint64_t *lid)
+{
+    cache_dir(dir, cap, sub);
+    wu_opts(o, WU_BS, 512, PKV_DURABLE_GROUP);
+    o->checkpoint_bytes = 1ull << 40; /* only explicit checkpoints */
+    o->io = io;
+    pkv_cache *c = wu_open_ok(dir, o);
+    wu_wl_init(w, c, seed, NULL);
+    static uint32_t longp[1201];
+    pt_rng r = {seed + 46};
+    for (size_t i = 0; i < 1201; i++) longp[i] = pt_below(&r, 30000);
+    *lid = 0;
+    WU_OK(wu_do_open(w, 0, longp, 1201, 0, lid));
+    return c;
+}
+
 Test(wal, retired_segments_unlinked_without_the_lock)
 {
     char dir[512];
-    cache_dir(dir, sizeof dir, "unlink");
     ul.base = pkv_io_default();
     static pkv_io_ops io;
     io = *ul.base;
     io.unlink = ul_unlink;
     pkv_options o;
-    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
-    o.checkpoint_bytes = 1ull << 40; /* only the explicit checkpoint below */
-    o.io = &io;
-    pkv_cache *c = wu_open_ok(dir, &o);
     wu_wl w;
-    wu_wl_init(&w, c, 52, NULL);
-    static uint32_t longp[1201];
-    pt_rng r = {98};
-    for (size_t i = 0; i < 1201; i++) longp[i] = pt_below(&r, 30000);
-    uint64_t lid = 0;
-    WU_OK(wu_do_open(&w, 0, longp, 1201, 0, &lid));
+    uint64_t lid;
+    pkv_cache *c = churn_cache(dir, sizeof dir, "unlink", &io, 52, &o, &w, &lid);
     atomic_store(&ul.c, c);
     wu_churn(c, lid, 5u * (32u << 20)); /* five segments and more */
     size_t before = wu_count(dir, "wal-");
@@ -1036,23 +1046,14 @@ static int sp_rename(void *ctx, const char *from, const char *to)
 Test(wal, a_spare_that_fails_to_recycle_is_not_left_behind)
 {
     char dir[512];
-    cache_dir(dir, sizeof dir, "spare-fail");
     sp.base = pkv_io_default();
     static pkv_io_ops io;
     io = *sp.base;
     io.rename = sp_rename;
     pkv_options o;
-    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
-    o.checkpoint_bytes = 1ull << 40; /* only the explicit checkpoint below */
-    o.io = &io;
-    pkv_cache *c = wu_open_ok(dir, &o);
     wu_wl w;
-    wu_wl_init(&w, c, 53, NULL);
-    static uint32_t longp[1201];
-    pt_rng r = {97};
-    for (size_t i = 0; i < 1201; i++) longp[i] = pt_below(&r, 30000);
-    uint64_t lid = 0;
-    WU_OK(wu_do_open(&w, 0, longp, 1201, 0, &lid));
+    uint64_t lid;
+    pkv_cache *c = churn_cache(dir, sizeof dir, "spare-fail", &io, 53, &o, &w, &lid);
     wu_churn(c, lid, 4u * (32u << 20)); /* four segments and more */
     WU_OK(pkv_checkpoint(c));           /* retires them: two become spares */
     cr_assert_eq(wu_count(dir, "wal-spare-"), 2u, "spares after the checkpoint");
