@@ -1083,33 +1083,50 @@ Test(wal, a_spare_that_fails_to_recycle_is_not_left_behind)
 }
 
 /* Spares are recycled as the run wal-spare-0 .. -(n-1); one outside it (as a failed
- * recycling left behind before the fix above) is deleted by the next writable open,
- * and left alone by a read-only one, which writes nothing. */
+ * recycling left behind before the fix above) is deleted by the next writable open
+ * while the run stays, and left alone by a read-only open, which writes nothing.
+ * Files numbered 64 or more are made by no writer and are ignored (kept). */
+static bool exists_spare(const char *dir, uint64_t k)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/wal-spare-%016llx", dir, (unsigned long long)k);
+    return access(p, F_OK) == 0;
+}
+
+static void make_spare(const char *dir, uint64_t k)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/wal-spare-%016llx", dir, (unsigned long long)k);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f, "%s", p);
+    fputs("not a segment", f);
+    fclose(f);
+}
+
 Test(wal, a_stray_spare_is_deleted_by_a_writable_open)
 {
     char dir[512];
-    cache_dir(dir, sizeof dir, "spare-stray");
     pkv_options o;
-    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
-    pkv_cache *c = wu_open_ok(dir, &o);
     wu_wl w;
-    wu_wl_init(&w, c, 54, NULL);
-    for (int i = 0; i < 20; i++) wu_step(&w);
+    uint64_t lid;
+    pkv_cache *c = churn_cache(dir, sizeof dir, "spare-stray", pkv_io_default(), 54, &o, &w,
+                               &lid);
+    wu_churn(c, lid, 4u * (32u << 20)); /* four segments and more */
+    WU_OK(pkv_checkpoint(c));           /* retires them: wal-spare-0 and -1 */
     pkv_close(c);
-    char stray[600];
-    snprintf(stray, sizeof stray, "%s/wal-spare-%016llx", dir, 5ull);
-    FILE *f = fopen(stray, "w");
-    cr_assert_not_null(f);
-    fputs("not a segment", f);
-    fclose(f);
+    cr_assert(exists_spare(dir, 0) && exists_spare(dir, 1), "no run of two spares");
+    make_spare(dir, 3);     /* outside the run: a stray */
+    make_spare(dir, 0x100); /* numbered 64 or more: ignored */
     pkv_options ro = o;
     ro.flags = PKV_OPEN_RDONLY;
     pkv_cache *r = wu_open_ok(dir, &ro);
-    WU_CHECK(r, "read-only, stray spare present");
+    WU_CHECK(r, "read-only, stray spares present");
     pkv_close(r);
-    cr_assert_eq(access(stray, F_OK), 0, "a read-only open deleted a file");
+    cr_assert(exists_spare(dir, 3), "a read-only open deleted a file");
     c = wu_open_ok(dir, &o);
-    cr_assert_neq(access(stray, F_OK), 0, "the stray spare survived a writable open");
+    cr_assert(!exists_spare(dir, 3), "the stray spare survived a writable open");
+    cr_assert(exists_spare(dir, 0) && exists_spare(dir, 1), "a spare of the run was deleted");
+    cr_assert(exists_spare(dir, 0x100), "a spare numbered 64 or more was deleted");
     wu_wl_reattach(&w, c);
     wu_verify_model(c, &w.m, "after deleting a stray spare");
     pkv_close(c);

@@ -1479,11 +1479,12 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
         for (unsigned k = (unsigned)L.nspare; k < 64; k++)
             if (L.spare_mask >> k & 1)
                 vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "wal-spare-%016x: outside "
-                     "the run of spares 0..%zu that the log recycles (a recycling that "
-                     "failed); the next writable open deletes it", k, L.nspare);
+                     "the run of spares from wal-spare-0 that the log recycles (%zu long; a "
+                     "recycling failed); the next writable open deletes it", k, L.nspare);
         if (L.nspare_ignored)
             vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "%zu wal-spare-* file%s "
-                 "numbered 64 or more: no writer makes them; ignored", L.nspare_ignored,
+                 "numbered 64 or more: no writer makes them; the library ignores them "
+                 "and never deletes them", L.nspare_ignored,
                  L.nspare_ignored == 1 ? "" : "s");
     }
     /* Read the state. A live writer evicts cached blocks and reuses their slots

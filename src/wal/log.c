@@ -147,9 +147,10 @@ int pkv_wal_seg_push(pkv_wal *w, uint64_t no, uint64_t start) {
 /* Create (or recycle a spare into) segment `no` starting at LSN `start`, write its
  * header durably, make it current. Called by the flusher, or at open before the
  * threads start, without the cache lock: it takes the lock only to claim a spare
- * (the checkpoint thread renames segments into spares under it) and to install the
- * new segment, so callers are not blocked while the segment is allocated and its
- * header and directory entry are synced. Returns 0, or -errno with *what set; the
+ * (the checkpoint thread renames segments into spares under it; a spare that fails
+ * to be renamed into place is unlinked there too) and to install the new segment,
+ * so callers are not blocked while the segment is allocated and its header and
+ * directory entry are synced. Returns 0, or -errno with *what set; the
  * caller enters the failed state. */
 static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_size,
                       const char **what) {
@@ -164,7 +165,11 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
     if (w->nspare > 0 && size == w->seg_size) {
         pkv_wal_path(w, spare, sizeof spare, "wal-spare-", w->nspare - 1);
         if (io->rename(io->ctx, spare, path) == 0) recycled = true;
-        else (void)io->unlink(io->ctx, spare); /* forgotten below: do not leave it */
+        /* Forgotten below, so do not leave it on disk. Under the lock, although an
+         * unlink of 32 MiB can take tens of ms (rare: a rename just failed): once
+         * the lock is released, a checkpoint may retire a segment under this very
+         * name (wal-spare-<nspare>), and the unlink would delete that good spare. */
+        else (void)io->unlink(io->ctx, spare);
         w->nspare--;
     }
     pkv_unlock(c);
