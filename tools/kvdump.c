@@ -1476,8 +1476,9 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
         if (L.ckpt_tmp)
             vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "ckpt.tmp: left by an "
                  "interrupted checkpoint (ignored)");
-        for (unsigned k = (unsigned)L.nspare; k < 64; k++)
-            if (L.spare_mask >> k & 1)
+        uint64_t strays = pkv_wal_spare_strays(L.spare_mask);
+        for (unsigned k = 0; k < 64; k++)
+            if (strays >> k & 1)
                 vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "wal-spare-%016x: outside "
                      "the run of spares from wal-spare-0 that the log recycles (%zu long; a "
                      "recycling failed); the next writable open deletes it", k, L.nspare);

@@ -231,10 +231,10 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
         }
     }
     closedir(d);
-    /* As the library counts them (list_dir, replay.c): the run from 0 is recycled,
-     * the rest of those below 64 are strays. */
-    while (L->nspare < 64 && (L->spare_mask >> L->nspare & 1)) L->nspare++;
-    L->nspare_stray = (size_t)__builtin_popcountll(L->spare_mask) - L->nspare;
+    /* As the library counts them (wal.h): the run from 0 is recycled, the rest of
+     * those below 64 are strays. */
+    L->nspare = (size_t)pkv_wal_spare_run(L->spare_mask);
+    L->nspare_stray = (size_t)__builtin_popcountll(pkv_wal_spare_strays(L->spare_mask));
     if (!rc && L->nsegs) {
         /* Sort by number (kd_seg starts with its number). */
         uint64_t *nos = malloc(L->nsegs * sizeof *nos);

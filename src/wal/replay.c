@@ -476,7 +476,7 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
         }
     }
     closedir(d);
-    while (*nspare < 64 && (*spares >> *nspare & 1)) (*nspare)++;
+    *nspare = pkv_wal_spare_run(*spares);
     if (!rc && *nsegs) qsort(*segs, *nsegs, sizeof **segs, cmp_u64);
     return rc;
 }
@@ -905,7 +905,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         return rc;
     }
     c->wal.nspare = nspare;
-    c->wal.stray_spares = nspare < 64 ? spares >> nspare << nspare : 0;
+    c->wal.stray_spares = pkv_wal_spare_strays(spares);
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {

@@ -212,6 +212,16 @@ int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint
  * exactly the 16 lowercase hex digits pkv_wal_path writes. Anything else (a
  * backup copy, "0x", a sign or blank, upper case) is not a log file. */
 bool pkv_wal_name_no(const char *name, const char *prefix, uint64_t *no);
+/* Spare segments: given bit k set for each wal-spare-<k> (k < 64), the length of
+ * the run wal-spare-0, 1, ... that the log recycles from the top, and the others
+ * (strays, which a writable open deletes). recovery and kvdump count them alike. */
+static inline uint64_t pkv_wal_spare_run(uint64_t mask) {
+    return ~mask ? (uint64_t)__builtin_ctzll(~mask) : 64;
+}
+static inline uint64_t pkv_wal_spare_strays(uint64_t mask) {
+    uint64_t run = pkv_wal_spare_run(mask);
+    return run < 64 ? mask >> run << run : 0;
+}
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
 /* The *_size functions give the most bytes the matching encoder appends. */
