@@ -59,7 +59,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pkv_io_ops io = {.ctx = &m, .open = m_open, .close = m_close, .pread = m_pread};
         uint64_t lsn = 0;
         uint64_t end_lsn = 0;
-        rc = pkv_ckpt_read(&io, "fuzz-ckpt", &secret, &lsn, &end_lsn, &raw, &rawlen);
+        /* a full checkpoint or a delta, whichever the input's magic names */
+        const char *magic = size >= 8 && !memcmp(copy, DELTA_MAGIC, 8) ? DELTA_MAGIC
+                                                                       : CKPT_MAGIC;
+        rc = pkv_ckpt_read(&io, "fuzz-ckpt", magic, &secret, &lsn, &end_lsn, &raw, &rawlen,
+                           NULL);
         FZ_ASSERT(rc == 0 || rc == PKV_ECORRUPT || rc == PKV_EVERSION || rc == PKV_ENOMEM,
                   "pkv_ckpt_read: %d", rc);
         if (rc) {
@@ -82,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     pkv_cache *c = fz_template_open(geo);
     c->arena.secret = secret;
-    rc = pkv_ckpt_load(c, raw, rawlen);
+    rc = pkv_ckpt_load(c, raw, rawlen, true);
     FZ_ASSERT(rc == 0 || rc == PKV_ECORRUPT || rc == PKV_ENOMEM, "pkv_ckpt_load: %d", rc);
     if (!rc) {
         rc = pkv_replay_rebuild(c);

@@ -167,7 +167,8 @@ static void gen_geo(unsigned geo) {
             uint64_t secret, lsn, reach;
             uint8_t *raw;
             size_t rl;
-            if (!pkv_ckpt_read(pkv_io_default(), path, &secret, &lsn, &reach, &raw, &rl)) {
+            if (!pkv_ckpt_read(pkv_io_default(), path, CKPT_MAGIC, &secret, &lsn, &reach, &raw,
+                               &rl, NULL)) {
                 uint8_t p1[9];
                 p1[0] = (uint8_t)(geo | 4);
                 pkv_put_u64(p1 + 1, secret);

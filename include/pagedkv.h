@@ -104,6 +104,10 @@ typedef enum pkv_durability {
                                        release freed blocks (no log wait on a full
                                        cache; which blocks are evicted then depends
                                        on flush timing) */
+#define PKV_OPEN_FULL_CHECKPOINTS 0x10u /* every checkpoint full, no delta files
+                                       (so builds before deltas can open the
+                                       directory; each checkpoint then costs the
+                                       whole metadata) */
 
 struct pkv_io_ops; /* I/O backend for log and checkpoint files (testing) */
 
@@ -293,7 +297,8 @@ typedef struct pkv_stats_t {
     uint64_t wal_bytes;       /* bytes written to the log since open */
     uint64_t last_lsn;        /* last LSN assigned */
     uint64_t durable_lsn;     /* every record up to this LSN is durable */
-    uint64_t checkpoints;     /* checkpoints written since open */
+    uint64_t checkpoints;     /* checkpoints written since open, deltas included */
+    uint64_t checkpoint_deltas; /* of which delta checkpoints (changed blocks only) */
     uint64_t checkpoint_lsn;  /* LSN covered by the newest checkpoint */
     /* CUDA layer */
     uint32_t cuda_handles;    /* pkv_cuda handles open on this cache */
@@ -329,6 +334,7 @@ int pkv_seq_list(pkv_cache *cache, uint64_t *ids, size_t cap, size_t *n);
 /* What the last pkv_open recovered. */
 typedef struct pkv_recovery_t {
     uint64_t checkpoint_lsn;     /* 0: no checkpoint */
+    uint64_t checkpoint_deltas;  /* delta checkpoints applied on the full one */
     uint64_t records_replayed;   /* log records applied after the checkpoint */
     uint64_t last_lsn;           /* last valid LSN found */
     uint64_t torn_bytes;         /* bytes of torn log tail cut off */

@@ -33,7 +33,8 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
     size_t meta_bytes = (size_t)capacity * sizeof(pkv_block);
     p->b = pkv_huge_alloc(meta_bytes);
     p->tokens = pkv_huge_alloc(pool_token_bytes(p));
-    if (!p->b || !p->tokens) {
+    p->ckdirty = calloc(((size_t)capacity + 63) / 64, sizeof *p->ckdirty);
+    if (!p->b || !p->tokens || !p->ckdirty) {
         pkv_pool_free(p);
         return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
     }
@@ -50,8 +51,10 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
 void pkv_pool_free(pkv_pool *p) {
     pkv_huge_free(p->b, (size_t)p->capacity * sizeof(pkv_block));
     pkv_huge_free(p->tokens, pool_token_bytes(p));
+    free(p->ckdirty);
     p->b = NULL;
     p->tokens = NULL;
+    p->ckdirty = NULL;
 }
 
 void pkv_list_push_tail(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b) {
@@ -123,6 +126,7 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     p->n_used--;
     if (x->state == BLK_SEALED) {
         x->rel_lsn = c->wal.next_lsn; /* recency, for the LRU order at recovery */
+        pkv_ckpt_touch(p, b);
         pkv_evict_on_unreferenced(c, b);
         return;
     }
@@ -157,9 +161,11 @@ bool pkv_block_verify(pkv_cache *c, uint32_t b) {
     uint64_t sum = pkv_arena_sum(&c->arena, b);
     if (sum == x->payload_sum) {
         x->flags &= (uint8_t)~BLKF_UNVERIFIED;
+        pkv_ckpt_touch(&c->pool, b);
         return true;
     }
     x->flags = BLKF_BAD;
+    pkv_ckpt_touch(&c->pool, b);
     c->ctr.verify_failures++;
     /* Persist the verdict, so no later recovery serves or indexes it again
      * (callers that can verify while the log runs reserve room for this). */

@@ -29,6 +29,8 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->interval_us = opt->group_commit_us ? opt->group_commit_us : 2000;
     w->ckpt_bytes = opt->checkpoint_bytes ? opt->checkpoint_bytes : 64ull << 20;
     w->ckpt_adaptive = opt->checkpoint_bytes == 0;
+    w->delta_floor = DELTA_FLOOR;
+    w->full_only = opt->flags & PKV_OPEN_FULL_CHECKPOINTS;
     w->seg_size = SEG_SIZE_DEFAULT;
     w->arena_secret = c->arena.secret;
     w->arena_fd = c->arena.fd;
@@ -41,7 +43,7 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
  * geometry and model_id checks for its own callers. */
 static int check_options(const char *dir, const pkv_options *opt) {
     if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT |
-                       PKV_OPEN_NO_LIMBO_WAIT))
+                       PKV_OPEN_NO_LIMBO_WAIT | PKV_OPEN_FULL_CHECKPOINTS))
         return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
     pkv_geometry g;
     int rc = pkv_geometry_from_options(opt, &g);
@@ -205,6 +207,7 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->last_lsn = w->next_lsn ? w->next_lsn - 1 : 0;
     out->durable_lsn = w->durable_lsn;
     out->checkpoints = w->checkpoints;
+    out->checkpoint_deltas = w->ckpt_deltas;
     out->checkpoint_lsn = w->ckpt_lsn;
     out->cuda_handles = c->cuda_handles;
     out->cuda_mode = c->cuda_mode;

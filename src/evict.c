@@ -64,6 +64,7 @@ uint32_t pkv_evict_one(pkv_cache *c) {
     x->state = BLK_FREE;
     x->parent = PKV_NONE;
     x->flags = 0;
+    pkv_ckpt_touch(p, b);
     p->n_sealed--;
     /* Reused at once: a crash before this record is durable finds the block
      * still sealed, and its payload checksum turns the stale slot into a miss. */

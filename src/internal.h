@@ -240,7 +240,17 @@ typedef struct pkv_pool {
     pkv_list lru;      /* sealed blocks with ref 0, oldest release first */
     uint64_t n_used;   /* blocks with ref > 0 */
     uint64_t n_sealed; /* blocks in BLK_SEALED state */
+    /* Bit b: block b's checkpointed state (sealed or not; if sealed its parent,
+     * salt, hash, payload sum, release LSN, flags, tokens) may differ from what the
+     * newest checkpoint file holds. Set by every such change (pkv_ckpt_touch),
+     * cleared as a checkpoint copies the block; a delta checkpoint holds exactly
+     * the blocks whose bit is set (wal/checkpoint.c). */
+    uint64_t *ckdirty;
 } pkv_pool;
+
+static inline void pkv_ckpt_touch(pkv_pool *p, uint32_t b) {
+    p->ckdirty[b >> 6] |= 1ull << (b & 63);
+}
 
 int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size);
 void pkv_pool_free(pkv_pool *p);

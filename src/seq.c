@@ -363,6 +363,7 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     x->salt = s->salt;
     x->flags = 0;
     x->payload_sum = sum;
+    pkv_ckpt_touch(p, b);
     pkv_index_insert(&c->index, h.lo, b);
     p->n_sealed++;
     if (parent != PKV_NONE) p->b[parent].nchild++;

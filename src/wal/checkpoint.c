@@ -9,15 +9,25 @@
  *    40  u64 body length      48  u64 XXH3-64 of body 56  u64 XXH3-64 of [0, 56)
  *    64  body: chunks of [u32 raw bytes][u32 compressed bytes][LZ4 block]
  * Raw snapshot:
- *     u32 version, u32 block_size, u32 capacity, u32 zero
+ *     u32 version, u32 block_size, u32 capacity, u32 kind (0 full, 1 delta)
+ *     delta only: u64 LSN and u64 body XXH3-64 of the file it applies on
  *     8 x u64 counters (hit/miss tokens, hit/miss blocks, evictions, cow, dedupes,
  *                       seals)
- *     u64 sealed count, then per sealed block:
+ *     u64 sealed count, then per sealed block (delta: per changed sealed block):
  *         u32 block, u32 parent, u64 salt, u64 hash lo, u64 hash hi,
  *         u64 payload xxh3, u64 release LSN, u32 flags, u32 zero, u32 tokens[B]
+ *     delta only: u64 count, u32 blocks[count]: changed blocks no longer sealed
  *     u64 sequence count, then per sequence (committed part only):
  *         u64 id, u64 salt, u64 committed, u32 nblocks, u32 ntail,
  *         u32 blocks[nblocks], u32 tail tokens[ntail]
+ *
+ * Delta checkpoints (delta-<lsn>, magic "PKVDELT\0", same header): the blocks
+ * whose checkpointed state changed since the previous file of the chain (the
+ * pool's dirty bits), and all sequences and counters. Recovery loads ckpt-<lsn>,
+ * then each later delta in LSN order, each naming the file before it. The chain
+ * ends (the next checkpoint is full) after DELTA_CHAIN_MAX deltas, when the
+ * deltas would outgrow the full checkpoint, after recovery, and after a
+ * checkpoint that failed once it had begun clearing dirty bits.
  *
  * Atomicity: write ckpt.tmp, fdatasync it, rename to ckpt-<lsn>, fsync the
  * directory, then delete older checkpoints. A crash at any point leaves either
@@ -109,15 +119,67 @@ static size_t seqs_size(const pkv_cache *c) {
     return n;
 }
 
-int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *lsn_out,
-                       uint64_t *end_out) {
-    const pkv_pool *p = &c->pool;
+/* One sealed block's record (56 + 4 * block_size bytes). */
+static void put_block(wbuf *b, const pkv_pool *p, uint32_t i) {
+    const pkv_block *x = &p->b[i];
+    wb_u32(b, i);
+    wb_u32(b, x->parent);
+    wb_u64(b, x->salt);
+    wb_u64(b, x->hash.lo);
+    wb_u64(b, x->hash.hi);
+    wb_u64(b, x->payload_sum);
+    wb_u64(b, x->rel_lsn);
+    wb_u32(b, x->flags);
+    wb_u32(b, 0);
+    const uint32_t *t = pkv_pool_tokens(p, i);
+    for (uint32_t j = 0; j < p->block_size; j++) wb_u32(b, t[j]);
+}
+
+/* Copy blocks [i, end) (lock held; room reserved): every sealed one, or with
+ * delta only the dirty ones, the unsealed of those into *fr. Clears their bits. */
+static uint64_t put_slice(pkv_pool *p, bool delta, uint32_t i, uint32_t end, wbuf *b,
+                          wbuf *fr) {
+    uint64_t n = 0;
+    if (!delta) {
+        for (uint32_t k = i; k < end; k++)
+            if (p->b[k].state == BLK_SEALED) put_block(b, p, k), n++;
+    } else {
+        for (uint32_t w = i >> 6; w < (end + 63) >> 6; w++) {
+            uint64_t m = p->ckdirty[w];
+            while (m) {
+                uint32_t k = (w << 6) + (uint32_t)__builtin_ctzll(m);
+                m &= m - 1;
+                if (p->b[k].state == BLK_SEALED) put_block(b, p, k), n++;
+                else wb_u32(fr, k);
+            }
+        }
+    }
+    memset(p->ckdirty + (i >> 6), 0, (((size_t)end + 63) / 64 - (i >> 6)) * 8);
+    return n;
+}
+
+static uint64_t dirty_count(const pkv_pool *p) {
+    uint64_t n = 0;
+    for (size_t w = 0; w < ((size_t)p->capacity + 63) / 64; w++)
+        n += (uint64_t)__builtin_popcountll(p->ckdirty[w]);
+    return n;
+}
+
+uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c) {
+    return 16 + 16 + 8 * 8 + 16 + dirty_count(&c->pool) * (56 + 4ull * c->pool.block_size) +
+           seqs_size(c);
+}
+
+int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *outlen,
+                       uint64_t *lsn_out, uint64_t *end_out) {
+    pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
     const size_t per = 56 + 4ull * bs;
-    wbuf b = {0}, q = {0};
-    /* Size the buffer for the blocks sealed now (plus slack) with the lock
-     * released; it grows between slices if more get sealed meanwhile. */
-    size_t est = 16 + 8 * 8 + 8 + (p->n_sealed + p->n_sealed / 16 + SLICE_BLOCKS) * per;
+    wbuf b = {0}, q = {0}, fr = {0};
+    /* Size the buffer for the blocks sealed now, or dirty now (plus slack) with
+     * the lock released; it grows between slices if more get sealed meanwhile. */
+    uint64_t nb = delta ? dirty_count(p) : p->n_sealed;
+    size_t est = 16 + 16 + 8 * 8 + 8 + (nb + nb / 16 + SLICE_BLOCKS) * per;
     pkv_unlock(c);
     int rc = wb_room(&b, est);
     pkv_lock(c);
@@ -137,7 +199,11 @@ int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *ls
     wb_u32(&b, WAL_VERSION);
     wb_u32(&b, bs);
     wb_u32(&b, cap);
-    wb_u32(&b, 0);
+    wb_u32(&b, delta ? 1 : 0);
+    if (delta) {
+        wb_u64(&b, c->wal.prev_lsn);
+        wb_u64(&b, c->wal.prev_sum);
+    }
     const pkv_counters *k = &c->ctr;
     uint64_t ctr[8] = {k->hit_tokens, k->miss_tokens, k->hit_blocks, k->miss_blocks,
                        k->evictions, k->cow_copies, k->dedupes, k->seals};
@@ -145,7 +211,7 @@ int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *ls
     size_t count_at = b.len;
     wb_u64(&b, 0); /* sealed count, patched at the end */
     put_seqs(c, &q);
-    /* Sealed blocks, a slice per hold of the lock. */
+    /* Blocks, a slice per hold of the lock. */
     uint64_t nsealed = 0;
     size_t touched = 0;
     for (uint32_t i = 0; i < cap;) {
@@ -153,43 +219,37 @@ int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *outlen, uint64_t *ls
         size_t need = (size_t)(end - i) * per;
         pkv_unlock(c); /* let waiting callers in; fault in the next slice's room */
         rc = wb_room_touched(&b, need, &touched);
+        if (!rc && delta) rc = wb_room(&fr, 4ull * (end - i));
         pkv_lock(c);
         if (rc) goto nomem;
-        for (; i < end; i++) {
-            const pkv_block *x = &p->b[i];
-            if (x->state != BLK_SEALED) continue;
-            wb_u32(&b, i);
-            wb_u32(&b, x->parent);
-            wb_u64(&b, x->salt);
-            wb_u64(&b, x->hash.lo);
-            wb_u64(&b, x->hash.hi);
-            wb_u64(&b, x->payload_sum);
-            wb_u64(&b, x->rel_lsn);
-            wb_u32(&b, x->flags);
-            wb_u32(&b, 0);
-            const uint32_t *t = pkv_pool_tokens(p, i);
-            for (uint32_t j = 0; j < bs; j++) wb_u32(&b, t[j]);
-            nsealed++;
-        }
+        nsealed += put_slice(p, delta, i, end, &b, &fr);
+        i = end;
     }
     *lsn_out = lsn;
     *end_out = c->wal.next_lsn - 1;
     pkv_put_u64(b.p + count_at, nsealed);
     pkv_unlock(c);
-    rc = wb_room(&b, q.len);
+    rc = wb_room(&b, (delta ? 8 + fr.len : 0) + q.len);
     if (!rc) {
+        if (delta) {
+            wb_u64(&b, fr.len / 4);
+            memcpy(b.p + b.len, fr.p, fr.len);
+            b.len += fr.len;
+        }
         memcpy(b.p + b.len, q.p, q.len);
         b.len += q.len;
     }
     pkv_lock(c);
     if (rc) goto nomem;
     free(q.p);
+    free(fr.p);
     *out = b.p;
     *outlen = b.len;
     return 0;
 nomem:
     free(b.p);
     free(q.p);
+    free(fr.p);
     return pkv_err(PKV_ENOMEM, "checkpoint snapshot");
 }
 
@@ -199,24 +259,27 @@ static int io_err(int neg, const char *what, const char *path) {
                    path, strerror(e));
 }
 
-/* Delete every ckpt-* file other than `keep`. */
+/* Delete every ckpt-* file other than `keep`, and every delta-* file: after a new
+ * full checkpoint no chain needs them. */
 static void remove_old(pkv_wal *w, uint64_t keep) {
     DIR *d = opendir(w->dir);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
         uint64_t n;
-        if (!pkv_wal_name_no(e->d_name, "ckpt-", &n)) continue;
-        if (n == keep) continue;
+        const char *pre = pkv_wal_name_no(e->d_name, "ckpt-", &n)    ? "ckpt-"
+                          : pkv_wal_name_no(e->d_name, "delta-", &n) ? "delta-"
+                                                                     : NULL;
+        if (!pre || (n == keep && pre[0] == 'c')) continue;
         char path[4200];
-        pkv_wal_path(w, path, sizeof path, "ckpt-", n);
+        pkv_wal_path(w, path, sizeof path, pre, n);
         w->io->unlink(w->io->ctx, path);
     }
     closedir(d);
 }
 
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
-                   size_t len) {
+int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
+                   const uint8_t *raw, size_t len, uint64_t *body_sum) {
     const pkv_io_ops *io = w->io;
     size_t nchunks = (len + CHUNK - 1) / CHUNK;
     size_t bound = CKPT_HDR + nchunks * 8 + (size_t)LZ4_compressBound(CHUNK) * nchunks;
@@ -238,7 +301,7 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
     }
     uint8_t *h = out;
     memset(h, 0, CKPT_HDR);
-    memcpy(h, CKPT_MAGIC, 8);
+    memcpy(h, delta ? DELTA_MAGIC : CKPT_MAGIC, 8);
     pkv_put_u32(h + 8, WAL_VERSION);
     /* How far past `lsn` the block section may reach (saturating). */
     pkv_put_u32(h + 12, end_lsn - lsn >= UINT32_MAX ? UINT32_MAX : (uint32_t)(end_lsn - lsn));
@@ -246,12 +309,13 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
     pkv_put_u64(h + 24, w->arena_secret);
     pkv_put_u64(h + 32, len);
     pkv_put_u64(h + 40, o - CKPT_HDR);
-    pkv_put_u64(h + 48, XXH3_64bits(out + CKPT_HDR, o - CKPT_HDR));
+    *body_sum = XXH3_64bits(out + CKPT_HDR, o - CKPT_HDR);
+    pkv_put_u64(h + 48, *body_sum);
     pkv_put_u64(h + 56, XXH3_64bits(h, 56));
 
     char tmp[4200], path[4200];
     snprintf(tmp, sizeof tmp, "%s/ckpt.tmp", w->dir);
-    int rc = pkv_wal_path(w, path, sizeof path, "ckpt-", lsn);
+    int rc = pkv_wal_path(w, path, sizeof path, delta ? "delta-" : "ckpt-", lsn);
     if (rc) {
         free(out);
         return rc;
@@ -278,7 +342,7 @@ int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *ra
     }
     if ((rc = io->rename(io->ctx, tmp, path)) < 0) return io_err(rc, "rename", path);
     if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_err(rc, "fsync", w->dir);
-    remove_old(w, lsn);
+    if (!delta) remove_old(w, lsn);
     return 0;
 }
 
@@ -297,8 +361,9 @@ static int read_hashed(const pkv_io_ops *io, int fd, const char *path, uint8_t *
     return 0;
 }
 
-int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint64_t *lsn,
-                  uint64_t *end_lsn, uint8_t **raw_out, size_t *len_out) {
+int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
+                  uint64_t *secret, uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw_out,
+                  size_t *len_out, uint64_t *body_sum) {
     uint8_t h[CKPT_HDR];
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
     if (fd < 0) return io_err(fd, "open", path);
@@ -310,7 +375,7 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
         rc = io_err((int)r, "read", path);
         goto out;
     }
-    if (r != (long)CKPT_HDR || memcmp(h, CKPT_MAGIC, 8) ||
+    if (r != (long)CKPT_HDR || memcmp(h, magic, 8) ||
         !pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56))) {
         rc = pkv_err(PKV_ECORRUPT, "%s: bad checkpoint header", path);
         goto out;
@@ -400,6 +465,7 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret, uint
     }
     *raw_out = raw;
     *len_out = rawlen;
+    if (body_sum) *body_sum = pkv_get_u64(h + 48);
     raw = NULL;
     rc = 0;
 out:
@@ -429,13 +495,40 @@ static uint64_t rb_u64(rbuf *b) {
     return v;
 }
 
-int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
+/* The raw snapshot's fixed head: version, geometry, kind and (delta) the file it
+ * applies on. Leaves b after it. */
+static int read_head(rbuf *b, uint32_t *bs, uint32_t *cap, pkv_ckpt_meta *m) {
+    uint32_t ver = rb_u32(b);
+    *bs = rb_u32(b);
+    *cap = rb_u32(b);
+    uint32_t kind = rb_u32(b);
+    if (b->bad || ver != WAL_VERSION || kind > 1)
+        return pkv_err(PKV_ECORRUPT, "checkpoint: version %u, kind %u", ver, kind);
+    memset(m, 0, sizeof *m);
+    m->delta = kind == 1;
+    if (m->delta) {
+        m->prev_lsn = rb_u64(b);
+        m->prev_sum = rb_u64(b);
+        if (b->bad) return pkv_err(PKV_ECORRUPT, "checkpoint truncated");
+    }
+    return 0;
+}
+
+int pkv_ckpt_info(const uint8_t *raw, size_t len, pkv_ckpt_meta *out) {
+    rbuf b = {raw, len, 0, false};
+    uint32_t bs, cap;
+    return read_head(&b, &bs, &cap, out);
+}
+
+int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
     rbuf b = {raw, len, 0, false};
-    uint32_t ver = rb_u32(&b), cbs = rb_u32(&b), cap = rb_u32(&b);
-    rb_u32(&b);
-    if (b.bad || ver != WAL_VERSION || cbs != bs || cap != p->capacity)
+    uint32_t cbs, cap;
+    pkv_ckpt_meta m;
+    int rc = read_head(&b, &cbs, &cap, &m);
+    if (rc) return rc;
+    if (cbs != bs || cap != p->capacity)
         return pkv_err(PKV_ECORRUPT, "checkpoint geometry (block size %u, capacity %u) "
                        "differs from the arena's (%u, %u)", cbs, cap, bs, p->capacity);
     pkv_counters *k = &c->ctr;
@@ -472,6 +565,22 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
 #endif
     }
     b.off += ns * per;
+    if (m.delta) {
+        /* Blocks sealed in the chain before, no longer sealed now. */
+        uint64_t nf = rb_u64(&b);
+        if (b.bad || nf > p->capacity || nf * 4 > len - b.off)
+            return pkv_err(PKV_ECORRUPT, "checkpoint: bad freed block count %llu",
+                           (unsigned long long)nf);
+        for (uint64_t i = 0; i < nf; i++) {
+            uint32_t blk = rb_u32(&b);
+            if (blk >= p->capacity)
+                return pkv_err(PKV_ECORRUPT, "checkpoint: freed block %u out of range", blk);
+            pkv_block *x = &p->b[blk];
+            x->state = BLK_FREE;
+            x->parent = PKV_NONE;
+            x->flags = 0;
+        }
+    }
     uint64_t nq = rb_u64(&b);
     if (b.bad) return pkv_err(PKV_ECORRUPT, "checkpoint truncated");
     for (uint64_t i = 0; i < nq; i++) {
@@ -489,7 +598,8 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len) {
         r.blocks = raw + b.off;
         r.tokens = r.blocks + 4ull * r.nblocks;
         b.off += 4ull * r.nblocks + 4ull * r.ntok;
-        int rc = pkv_replay_apply(c, &r);
+        if (!seqs) continue; /* an older file of the chain: the newest one's apply */
+        rc = pkv_replay_apply(c, &r);
         if (rc) return rc;
     }
     if (b.off != len) return pkv_err(PKV_ECORRUPT, "checkpoint: %zu trailing bytes",

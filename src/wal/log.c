@@ -421,14 +421,26 @@ static bool ckpt_due(const pkv_wal *w) {
 static bool do_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
     if (w->failed) return false;
+    /* Nothing logged since the newest checkpoint file: it still holds the state
+     * (changes without a record, such as a block verified, are ones recovery
+     * redoes anyway), and a second file of the same LSN would break the chain. */
+    if (w->chain_ok && w->next_lsn - 1 == w->prev_lsn) {
+        w->ckpt_ok++;
+        return true;
+    }
+    /* A delta when the chain allows one and it stays within the budget. */
+    uint64_t budget = w->ckpt_raw > w->delta_floor ? w->ckpt_raw : w->delta_floor;
+    bool delta = !w->full_only && w->chain_ok && w->chain_len < DELTA_CHAIN_MAX &&
+                 w->chain_raw + pkv_ckpt_delta_estimate(c) <= budget;
     w->ckpt_busy = true;
+    w->chain_ok = false; /* until this file is written: dirty bits get cleared */
     uint64_t since = w->bytes_since_ckpt;
     uint8_t *raw = NULL;
     size_t rawlen = 0;
-    uint64_t lsn = 0, end = 0;
-    if (pkv_ckpt_serialize(c, &raw, &rawlen, &lsn, &end)) { /* out of memory: the */
-        w->ckpt_busy = false;                               /* log stays valid, */
-        return false;                                       /* try again later */
+    uint64_t lsn = 0, end = 0, sum = 0;
+    if (pkv_ckpt_serialize(c, delta, &raw, &rawlen, &lsn, &end)) { /* out of memory: */
+        w->ckpt_busy = false;                  /* the log stays valid, try again */
+        return false;                          /* later (with a full checkpoint) */
     }
     /* The snapshot may show records up to `end` (and the payload they checksum):
      * wait until the log holds them durably, the arena flushed before them. */
@@ -443,7 +455,7 @@ static bool do_checkpoint(pkv_cache *c) {
         return false;
     }
     pkv_unlock(c);
-    int rc = pkv_ckpt_write(w, lsn, end, raw, rawlen);
+    int rc = pkv_ckpt_write(w, delta, lsn, end, raw, rawlen, &sum);
     free(raw);
     pkv_lock(c);
     w->ckpt_busy = false;
@@ -452,6 +464,18 @@ static bool do_checkpoint(pkv_cache *c) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return false;
     }
+    if (delta) {
+        w->chain_len++;
+        w->chain_raw += rawlen;
+        w->ckpt_deltas++;
+    } else {
+        w->chain_len = 0;
+        w->chain_raw = 0;
+        w->ckpt_raw = rawlen;
+    }
+    w->chain_ok = true;
+    w->prev_lsn = lsn;
+    w->prev_sum = sum;
     /* Segments wholly covered by the checkpoint become spares. The log keeps
      * going while a checkpoint is taken, so more segments may be live than with
      * a checkpoint that stopped the log; spares are then kept only while live
@@ -483,10 +507,10 @@ static bool do_checkpoint(pkv_cache *c) {
     memmove(w->segs, w->segs + keep, (w->nsegs - keep) * sizeof *w->segs);
     w->nsegs -= keep;
     w->ckpt_lsn = lsn;
-    w->ckpt_raw = rawlen;
     /* Log written while the checkpoint was taken counts toward the next one. */
     w->bytes_since_ckpt = w->bytes_since_ckpt > since ? w->bytes_since_ckpt - since : 0;
     w->checkpoints++;
+    w->ckpt_ok++;
     if (ndead) {
         pkv_unlock(c);
         for (size_t i = 0; i < ndead; i++) {
@@ -623,12 +647,12 @@ int pkv_wal_sync(pkv_cache *c) {
 
 int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_wal *w = &c->wal;
-    uint64_t gen = w->ckpt_gen, before = w->checkpoints;
+    uint64_t gen = w->ckpt_gen, before = w->ckpt_ok;
     w->ckpt_req = true;
     pkv_cond_signal(&w->cv_ckpt);
     while (w->ckpt_gen == gen) pkv_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
-    if (w->checkpoints == before) return pkv_err(PKV_EIO, "checkpoint not written");
+    if (w->ckpt_ok == before) return pkv_err(PKV_EIO, "checkpoint not written");
     return 0;
 }
 

@@ -431,16 +431,32 @@ static bool zero_from(seg *s, uint64_t off) {
     return true;
 }
 
-/* List the log directory: segment numbers (sorted), the newest checkpoint, and the
- * spare segments: *spares has bit k set for each wal-spare-<k> (k < 64), *nspare
- * is the length of the run 0, 1, ... that seg_create recycles from the top. */
+static int push_u64(uint64_t **v, size_t *n, size_t *cap, uint64_t x) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        uint64_t *nv = realloc(*v, nc * sizeof *nv);
+        if (!nv) return pkv_err(PKV_ENOMEM, "directory listing");
+        *v = nv;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = x;
+    return 0;
+}
+
+/* List the log directory: segment numbers (sorted), the newest checkpoint, the
+ * delta checkpoints (sorted), and the spare segments: *spares has bit k set for
+ * each wal-spare-<k> (k < 64), *nspare is the length of the run 0, 1, ... that
+ * seg_create recycles from the top. */
 static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
-                    bool *have_ckpt, uint64_t *nspare, uint64_t *spares) {
+                    bool *have_ckpt, uint64_t **deltas, size_t *ndeltas,
+                    uint64_t *nspare, uint64_t *spares) {
     DIR *d = opendir(dir);
     if (!d) return pkv_err(PKV_EIO, "open directory %s: %s", dir, strerror(errno));
-    size_t cap = 0;
+    size_t cap = 0, dcap = 0;
     *segs = NULL;
     *nsegs = 0;
+    *deltas = NULL;
+    *ndeltas = 0;
     *have_ckpt = false;
     *nspare = 0;
     *spares = 0;
@@ -458,19 +474,12 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
                              e->d_name);
                 break;
             }
-            if (*nsegs == cap) {
-                cap = cap ? cap * 2 : 16;
-                uint64_t *ns = realloc(*segs, cap * sizeof *ns);
-                if (!ns) {
-                    rc = pkv_err(PKV_ENOMEM, "segment list");
-                    break;
-                }
-                *segs = ns;
-            }
-            (*segs)[(*nsegs)++] = n;
+            if ((rc = push_u64(segs, nsegs, &cap, n))) break;
         } else if (pkv_wal_name_no(e->d_name, "ckpt-", &n)) {
             if (!*have_ckpt || n > *ckpt) *ckpt = n;
             *have_ckpt = true;
+        } else if (pkv_wal_name_no(e->d_name, "delta-", &n)) {
+            if ((rc = push_u64(deltas, ndeltas, &dcap, n))) break;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
             if (n < 64) *spares |= 1ull << n; /* a writer makes only 0 and 1 */
         }
@@ -478,6 +487,7 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
     closedir(d);
     *nspare = pkv_wal_spare_run(*spares);
     if (!rc && *nsegs) qsort(*segs, *nsegs, sizeof **segs, cmp_u64);
+    if (!rc && *ndeltas) qsort(*deltas, *ndeltas, sizeof **deltas, cmp_u64);
     return rc;
 }
 
@@ -892,16 +902,77 @@ static void verify_seqs(pkv_cache *c) {
     }
 }
 
+/* Load the checkpoint chain: the full checkpoint ckpt-<base>, then every
+ * delta-<n> with n > base in order, each of which must name the file before it
+ * (LSN and body checksum): the log before the newest may be recycled, so a chain
+ * with a file missing or replaced cannot be recovered and is an error. Deltas
+ * with n <= base belong to an older chain (a crash before their deletion) and are
+ * ignored. *after / *reach: the newest file's LSN and reach. */
+static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64_t *deltas,
+                      size_t ndeltas, uint64_t *after, uint64_t *reach, bool *drop_all) {
+    pkv_recovery_t *rec = &c->rec;
+    size_t first = 0;
+    while (first < ndeltas && deltas[first] <= base) first++;
+    uint64_t prev_lsn = 0, prev_sum = 0;
+    for (size_t i = first; i <= ndeltas; i++) {
+        bool is_base = i == first;
+        uint64_t no = is_base ? base : deltas[i - 1];
+        const char *pre = is_base ? "ckpt-" : "delta-";
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s%016llx", dir, pre, (unsigned long long)no);
+        uint8_t *raw = NULL;
+        size_t len = 0;
+        uint64_t secret = 0, lsn = 0, end = 0, sum = 0;
+        int rc = pkv_ckpt_read(c->wal.io, path, is_base ? CKPT_MAGIC : DELTA_MAGIC, &secret,
+                               &lsn, &end, &raw, &len, &sum);
+        pkv_ckpt_meta m;
+        if (!rc && !is_base && lsn != no)
+            rc = pkv_err(PKV_ECORRUPT, "%s: covers LSN %llu, not the one its name says",
+                         path, (unsigned long long)lsn);
+        if (!rc && secret != c->arena.secret) {
+            free(raw);
+            *after = lsn;
+            *reach = end;
+            *drop_all = true; /* describes another arena: load nothing from it */
+            snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the "
+                     "checkpoint describes another arena); its blocks and sequences "
+                     "were dropped");
+            return 0;
+        }
+        if (!rc) rc = pkv_ckpt_info(raw, len, &m);
+        if (!rc && m.delta != !is_base)
+            rc = pkv_err(PKV_ECORRUPT, "%s: holds a %s checkpoint", path,
+                         m.delta ? "delta" : "full");
+        if (!rc && !is_base && (m.prev_lsn != prev_lsn || m.prev_sum != prev_sum))
+            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: it applies on "
+                         "the file of LSN %llu, but the file before it is LSN %llu (or "
+                         "differs from the one it was written on)", path,
+                         (unsigned long long)m.prev_lsn, (unsigned long long)prev_lsn);
+        if (!rc) rc = pkv_ckpt_load(c, raw, len, i == ndeltas);
+        free(raw);
+        if (rc) return rc;
+        if (is_base) c->wal.ckpt_raw = len;
+        else rec->checkpoint_deltas++;
+        prev_lsn = lsn;
+        prev_sum = sum;
+        *after = lsn;
+        *reach = end;
+    }
+    rec->checkpoint_lsn = *after;
+    return 0;
+}
+
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
                 uint64_t *next_seg) {
     pkv_recovery_t *rec = &c->rec;
-    uint64_t *nos = NULL, ckpt = 0, nspare = 0, spares = 0;
-    size_t n = 0;
+    uint64_t *nos = NULL, *deltas = NULL, ckpt = 0, nspare = 0, spares = 0;
+    size_t n = 0, ndeltas = 0;
     bool have_ckpt = false;
     double t0 = now_ms();
-    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &nspare, &spares);
+    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &deltas, &ndeltas, &nspare, &spares);
     if (rc) {
         free(nos); /* the names listed before the failure */
+        free(deltas);
         return rc;
     }
     c->wal.nspare = nspare;
@@ -909,24 +980,12 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)ckpt);
-        uint8_t *raw = NULL;
-        size_t len = 0;
-        uint64_t secret = 0;
-        rc = pkv_ckpt_read(c->wal.io, path, &secret, &after, &reach, &raw, &len);
-        if (!rc && secret != c->arena.secret) {
-            drop_all = true; /* describes another arena: load nothing from it */
-            snprintf(rec->note, sizeof rec->note, "arena was replaced or recreated (the "
-                     "checkpoint describes another arena); its blocks and sequences "
-                     "were dropped");
-        } else if (!rc) {
-            rc = pkv_ckpt_load(c, raw, len);
-            rec->checkpoint_lsn = after;
-            c->wal.ckpt_raw = len;
-        }
-        free(raw);
+        rc = load_chain(c, dir, ckpt, deltas, ndeltas, &after, &reach, &drop_all);
         if (rc) goto out;
+    } else if (ndeltas) {
+        rc = pkv_err(PKV_ECORRUPT, "%s: delta checkpoint delta-%016llx but no full "
+                     "checkpoint to apply it on", dir, (unsigned long long)deltas[0]);
+        goto out;
     }
     double t1 = now_ms();
     rec->ms_checkpoint = t1 - t0;
@@ -962,6 +1021,10 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
             snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)ckpt);
             c->wal.io->unlink(c->wal.io->ctx, path);
         }
+        for (size_t i = 0; i < ndeltas; i++) {
+            snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)deltas[i]);
+            c->wal.io->unlink(c->wal.io->ctx, path);
+        }
         c->wal.nsegs = 0;
         c->wal.tail_ok = false;
         c->wal.io->sync_dir(c->wal.io->ctx, dir);
@@ -994,6 +1057,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     *next_seg = n ? nos[n - 1] + 1 : 1;
 out:
     free(nos);
+    free(deltas);
     return rc;
 }
 

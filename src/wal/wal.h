@@ -5,7 +5,9 @@
  *   arena               header page + block slots (arena.c)
  *   LOCK                flock()ed by the one writer
  *   wal-<seg 16 hex>    log segments: a 64-byte header, then frames
- *   ckpt-<lsn 16 hex>   the newest checkpoint (LZ4-compressed metadata snapshot)
+ *   ckpt-<lsn 16 hex>   the newest full checkpoint (LZ4-compressed metadata snapshot)
+ *   delta-<lsn 16 hex>  delta checkpoints on top of it: the blocks changed since
+ *                       the checkpoint file before (a chain; docs/format.md)
  *
  * Writers append records to an in-memory buffer under the cache lock; a single
  * flusher thread swaps the buffer out, flushes the arena (so payload reaches disk
@@ -49,6 +51,13 @@ enum {
 #define SEG_HDR 64u
 #define SEG_MAGIC "PKVWAL\0\0"
 #define CKPT_MAGIC "PKVCKPT\0"
+#define DELTA_MAGIC "PKVDELT\0"
+/* A delta chain ends (the next checkpoint is full) when it would hold more than
+ * DELTA_CHAIN_MAX files, or more raw bytes than the full checkpoint it starts from
+ * or DELTA_FLOOR (pkv_wal.delta_floor), whichever is larger: below that, a full
+ * checkpoint is cheap anyway, and recovery reads at most that much more. */
+#define DELTA_CHAIN_MAX 64u
+#define DELTA_FLOOR (1ull << 20)
 #define CKPT_HDR 64u
 #define WAL_VERSION 1u
 #ifdef PKV_FUZZING
@@ -83,7 +92,22 @@ typedef struct pkv_wal {
     uint32_t interval_us;
     uint64_t ckpt_bytes;  /* checkpoint_bytes, or 64 MiB when it was 0 */
     bool ckpt_adaptive;   /* checkpoint_bytes was 0: see pkv_wal_ckpt_due */
-    uint64_t ckpt_raw;    /* raw snapshot bytes of the newest checkpoint (0: none) */
+    uint64_t ckpt_raw;    /* raw snapshot bytes of the newest full checkpoint (0: none) */
+    /* The checkpoint chain on disk: the newest full checkpoint and the deltas
+     * after it. chain_ok: the pool's dirty bits (pkv_pool.ckdirty) hold every
+     * change since the newest file of the chain, so the next checkpoint may be a
+     * delta; false after recovery and after a checkpoint that failed once it had
+     * begun clearing bits. prev_lsn / prev_sum: that newest file's LSN and the
+     * XXH3-64 of its body, which a delta names to chain onto it. */
+    bool chain_ok;
+    uint32_t chain_len;   /* deltas after the full checkpoint */
+    uint64_t chain_raw;   /* their raw bytes */
+    uint64_t prev_lsn, prev_sum;
+    uint64_t delta_floor; /* DELTA_FLOOR (tests lower it) */
+    bool full_only;       /* PKV_OPEN_FULL_CHECKPOINTS */
+    uint64_t ckpt_deltas; /* delta checkpoints written since open */
+    uint64_t ckpt_ok;     /* checkpoints that succeeded: written, or the newest file
+                             already held everything (pkv_wal_checkpoint) */
     uint64_t seg_size;
     uint64_t arena_secret;
     int arena_fd;
@@ -275,17 +299,33 @@ void pkv_wal_drain_limbo(pkv_cache *c);
  * block section may already show records in (lsn, end_lsn]: replaying the log
  * from lsn + 1 reapplies them (every record sets absolute values). The snapshot
  * may replace the log only once end_lsn is durable. */
-int pkv_ckpt_serialize(pkv_cache *c, uint8_t **out, size_t *len, uint64_t *lsn,
-                       uint64_t *end_lsn);
-/* Compress and write ckpt-<lsn> atomically (no lock needed). */
-int pkv_ckpt_write(pkv_wal *w, uint64_t lsn, uint64_t end_lsn, const uint8_t *raw,
-                   size_t len);
-/* Load the metadata of a raw snapshot into the cache (recovery). */
-int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len);
-/* Ask for transparent huge pages for a large fresh buffer (fewer page faults). */
-/* Read and decompress a checkpoint file. */
-int pkv_ckpt_read(const pkv_io_ops *io, const char *path, uint64_t *secret,
-                  uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw, size_t *len);
+/* delta: only the blocks whose dirty bit is set (sealed ones in full, the others
+ * as "no longer sealed"), chained onto w->prev_lsn / w->prev_sum; otherwise every
+ * sealed block. Either way the copied blocks' dirty bits are cleared. */
+int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *len,
+                       uint64_t *lsn, uint64_t *end_lsn);
+/* Bytes a delta would take now (an upper bound; cache lock held). */
+uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c);
+/* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
+ * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
+ * A full checkpoint then deletes every older checkpoint and delta file. */
+int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
+                   const uint8_t *raw, size_t len, uint64_t *body_sum);
+/* What a raw snapshot says about itself (pkv_ckpt_info). */
+typedef struct pkv_ckpt_meta {
+    bool delta;
+    uint64_t prev_lsn, prev_sum; /* delta: the file it applies on */
+} pkv_ckpt_meta;
+int pkv_ckpt_info(const uint8_t *raw, size_t len, pkv_ckpt_meta *out);
+/* Load the metadata of a raw snapshot into the cache (recovery): its counters and
+ * blocks (a delta's on top of what is loaded), and, with seqs, its sequences (only
+ * the newest file of a chain is given seqs; the others' are checked, not applied). */
+int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs);
+/* Read and decompress a checkpoint or delta file (magic: CKPT_MAGIC or
+ * DELTA_MAGIC); *body_sum: the XXH3-64 of its body (may be NULL). */
+int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
+                  uint64_t *secret, uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw,
+                  size_t *len, uint64_t *body_sum);
 
 /* ---- wal/replay.c ---- */
 /* Recover the cache from directory `dir` (checkpoint + log). */

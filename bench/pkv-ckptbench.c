@@ -1,0 +1,214 @@
+/*
+ * pkv-ckptbench.c — what a checkpoint costs on a large cache, delta or full.
+ *
+ *   pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] [--full] [--dir DIR]
+ *
+ * Opens a fresh cache (geometry of pkv-bench: 1 layer, 1 KV head, head_dim 8, f16,
+ * 16-token blocks; N blocks, default 1048576; automatic checkpoints off), fills it
+ * with cached blocks (prefilled sequences, closed), takes a checkpoint (always full:
+ * the first of an open), then R rounds (default 8) of: decode T tokens (default
+ * 160000, i.e. 10,000 new blocks, each by eviction) on a new sequence, close it,
+ * pkv_sync, and time pkv_checkpoint: wall time, the process's CPU time during the
+ * call (all threads), the file's size and kind. Then closes and times the reopen
+ * (loading the chain). --full opens with PKV_OPEN_FULL_CHECKPOINTS, so every
+ * checkpoint is full: run both to compare. The cache directory is created under
+ * DIR (default /tmp) and removed at exit.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "pagedkv.h"
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BS 16u
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static double cpu_ms(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+static void die(const char *what, int rc) {
+    fprintf(stderr, "pkv-ckptbench: %s: %s (%s)\n", what, pkv_strerror(rc), pkv_last_error());
+    exit(1);
+}
+#define OK(call)                                                                      \
+    do {                                                                              \
+        int rc_ = (call);                                                             \
+        if (rc_) die(#call, rc_);                                                     \
+    } while (0)
+
+static char g_dir[4096];
+
+static void cleanup(void) {
+    if (!g_dir[0]) return;
+    DIR *d = opendir(g_dir);
+    if (d) {
+        struct dirent *e;
+        char p[4400];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(g_dir);
+    char *slash = strrchr(g_dir, '/');
+    if (slash) {
+        *slash = '\0';
+        rmdir(g_dir);
+    }
+}
+
+static uint64_t file_size(const char *pre, uint64_t lsn) {
+    char p[4400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s%016llx", g_dir, pre, (unsigned long long)lsn);
+    return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/* Append and commit n tokens (ids from *next) to sequence id, `chunk` at a time. */
+static void feed(pkv_cache *c, uint64_t id, uint64_t n, uint32_t chunk, uint32_t *next) {
+    static uint32_t t[4096];
+    static pkv_slot s[4096];
+    for (uint64_t done = 0; done < n;) {
+        uint32_t k = n - done < chunk ? (uint32_t)(n - done) : chunk;
+        for (uint32_t i = 0; i < k; i++) t[i] = (*next)++;
+        OK(pkv_seq_append(c, id, t, k, s));
+        OK(pkv_seq_commit(c, id, k));
+        done += k;
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(int argc, char **argv) {
+    uint64_t cap = 1048576, tokens = 160000;
+    int rounds = 8;
+    bool full = false;
+    const char *base = "/tmp";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--capacity") && i + 1 < argc) cap = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--dir") && i + 1 < argc) base = argv[++i];
+        else if (!strcmp(argv[i], "--full")) full = true;
+        else {
+            fprintf(stderr, "usage: pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] "
+                            "[--full] [--dir DIR]\n");
+            return 2;
+        }
+    }
+    if (cap < 64 || cap > UINT32_MAX || rounds < 1 || rounds > 1000 || tokens == 0) {
+        fprintf(stderr, "pkv-ckptbench: capacity 64..2^32-1, rounds 1..1000, tokens > 0\n");
+        return 2;
+    }
+    snprintf(g_dir, sizeof g_dir, "%s/pkv-ckptbench-XXXXXX", base);
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    strcat(g_dir, "/cache");
+    atexit(cleanup);
+
+    pkv_options o;
+    memset(&o, 0, sizeof o);
+    o.num_layers = 1;
+    o.num_kv_heads = 1;
+    o.head_dim = 8;
+    o.block_size = BS;
+    o.dtype = PKV_F16;
+    o.capacity = cap;
+    o.model_id = "pkv-ckptbench";
+    o.checkpoint_bytes = 1ull << 40; /* only the checkpoints this program asks for */
+    o.flags = full ? PKV_OPEN_FULL_CHECKPOINTS : 0;
+    pkv_cache *c;
+    OK(pkv_open(g_dir, &o, &c));
+    printf("pkv-ckptbench: capacity %llu blocks x %u tokens, %s checkpoints, %d rounds of "
+           "%llu decoded tokens\n", (unsigned long long)cap, BS,
+           full ? "full (PKV_OPEN_FULL_CHECKPOINTS)" : "delta", rounds,
+           (unsigned long long)tokens);
+    uint32_t next = 1;
+    uint64_t id = 1, per_seq = 32768;
+    double t0 = now_ms();
+    for (uint64_t done = 0; done < cap * BS; done += per_seq, id++) {
+        size_t hit;
+        OK(pkv_seq_open(c, id, 0, &next, 1, &hit));
+        feed(c, id, per_seq, 4096, &next);
+        OK(pkv_seq_close(c, id));
+    }
+    OK(pkv_sync(c));
+    printf("fill: %llu tokens in %.1f s\n", (unsigned long long)cap * BS, (now_ms() - t0) / 1e3);
+    fflush(stdout);
+
+    double *wall = calloc((size_t)rounds, sizeof *wall), *cpu = calloc((size_t)rounds, sizeof *cpu);
+    double *mb = calloc((size_t)rounds, sizeof *mb);
+    if (!wall || !cpu || !mb) return 1;
+    for (int r = -1; r < rounds; r++) {
+        if (r >= 0) {
+            size_t hit;
+            OK(pkv_seq_open(c, id, 0, &next, 1, &hit));
+            feed(c, id, tokens, 1, &next);
+            OK(pkv_seq_close(c, id));
+            id++;
+            OK(pkv_sync(c));
+        }
+        pkv_stats_t s0, s1;
+        OK(pkv_stats(c, &s0));
+        double w0 = now_ms(), c0 = cpu_ms();
+        OK(pkv_checkpoint(c));
+        double w = now_ms() - w0, cu = cpu_ms() - c0;
+        OK(pkv_stats(c, &s1));
+        bool delta = s1.checkpoint_deltas > s0.checkpoint_deltas;
+        uint64_t sz = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn);
+        printf("%s checkpoint %-5s: %8.1f ms wall, %8.1f ms CPU (process), file %8.2f MB\n",
+               r < 0 ? "first" : "round", delta ? "delta" : "full", w, cu, sz / 1e6);
+        fflush(stdout);
+        if (r >= 0) {
+            wall[r] = w;
+            cpu[r] = cu;
+            mb[r] = sz / 1e6;
+        }
+    }
+    printf("median of %d rounds: %.1f ms wall, %.1f ms CPU, %.2f MB per checkpoint\n", rounds,
+           median(wall, rounds), median(cpu, rounds), median(mb, rounds));
+    pkv_close(c);
+    double o0 = now_ms();
+    OK(pkv_open(g_dir, &o, &c));
+    double ow = now_ms() - o0;
+    pkv_recovery_t rec;
+    OK(pkv_recovery(c, &rec));
+    printf("reopen: %.1f ms (checkpoint load %.1f ms, %llu deltas applied, %llu records "
+           "replayed)\n", ow, rec.ms_checkpoint, (unsigned long long)rec.checkpoint_deltas,
+           (unsigned long long)rec.records_replayed);
+    pkv_close(c);
+    free(wall);
+    free(cpu);
+    free(mb);
+    return 0;
+}

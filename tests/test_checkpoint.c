@@ -1,0 +1,493 @@
+/* Delta checkpoints (src/wal/checkpoint.c, docs/format.md "Checkpoints"): a chain
+ * of a full checkpoint ckpt-<lsn> and delta-<lsn> files holding only the blocks
+ * that changed since the file before.
+ *
+ * "The same state" after a reopen means: the same sealed blocks, each with the same
+ * parent, salt, hash, payload checksum and token ids (read from the block pool
+ * under the lock), and the workload's model (sequences, tokens, K/V through the
+ * block table; wal_util.h). pkv_check after every reopen. */
+#include "internal.h"
+#include "wal_util.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+TestSuite(checkpoint, .init = pt_setup, .fini = pt_teardown);
+
+/* ---- The sealed blocks of a cache ---------------------------------------------- */
+
+typedef struct sealed {
+    uint32_t block, parent;
+    uint64_t salt, hlo, hhi, sum;
+    uint32_t tok[16];
+    uint64_t rel_lsn; /* compared only between two recovered caches (the rebuild
+                         adjusts it) */
+} sealed;
+
+typedef struct sealed_set {
+    sealed *b;
+    size_t n;
+} sealed_set;
+
+static sealed_set sealed_take(pkv_cache *c) {
+    sealed_set s = {0};
+    pkv_lock(c);
+    const pkv_pool *p = &c->pool;
+    cr_assert(p->block_size <= 16);
+    s.b = calloc(p->capacity, sizeof *s.b);
+    cr_assert(s.b);
+    for (uint32_t i = 0; i < p->capacity; i++) {
+        const pkv_block *x = &p->b[i];
+        if (x->state != BLK_SEALED) continue;
+        sealed *e = &s.b[s.n++];
+        *e = (sealed){i, x->parent, x->salt, x->hash.lo, x->hash.hi, x->payload_sum, {0},
+                      x->rel_lsn};
+        memcpy(e->tok, pkv_pool_tokens(p, i), 4ull * p->block_size);
+    }
+    pkv_unlock(c);
+    return s;
+}
+
+static void sealed_same_as(const sealed_set *a, pkv_cache *c, bool lsn, const char *what) {
+    sealed_set b = sealed_take(c);
+    cr_assert_eq(a->n, b.n, "%s: %zu sealed blocks, %zu before", what, b.n, a->n);
+    for (size_t i = 0; i < a->n; i++)
+        cr_assert(!memcmp(&a->b[i], &b.b[i], offsetof(sealed, rel_lsn)) &&
+                      (!lsn || a->b[i].rel_lsn == b.b[i].rel_lsn),
+                  "%s: sealed block %u differs (now block %u)", what, a->b[i].block,
+                  b.b[i].block);
+    free(b.b);
+}
+static void sealed_same(const sealed_set *a, pkv_cache *c, const char *what) {
+    sealed_same_as(a, c, false, what);
+}
+
+/* ---- Helpers ------------------------------------------------------------------- */
+
+static pkv_stats_t stats(pkv_cache *c) {
+    pkv_stats_t st;
+    PT_OK(pkv_stats(c, &st));
+    return st;
+}
+
+static pkv_recovery_t recovery(pkv_cache *c) {
+    pkv_recovery_t r;
+    PT_OK(pkv_recovery(c, &r));
+    return r;
+}
+
+/* Recovery found nothing to repair: a stale block a chain wrongly brought back
+ * would be dropped by the rebuild's hash check and show here. */
+static void clean_recovery(pkv_cache *c, const char *what) {
+    pkv_recovery_t r = recovery(c);
+    cr_assert(r.blocks_dropped == 0 && r.sequences_dropped == 0 && r.sequences_cut == 0 &&
+                  r.seq_blocks_bad == 0 && !r.repaired,
+              "%s: recovery repaired something (dropped %llu blocks, %llu sequences; "
+              "cut %llu): %s", what, (unsigned long long)r.blocks_dropped,
+              (unsigned long long)r.sequences_dropped, (unsigned long long)r.sequences_cut,
+              r.note);
+}
+
+static uint64_t file_size(const char *dir, const char *pre, uint64_t lsn) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s%016llx", dir, pre, (unsigned long long)lsn);
+    size_t n = 0;
+    free(wu_read_file(path, &n));
+    return n;
+}
+
+/* Checkpoint now; returns whether the file written was a delta. */
+static bool checkpoint(pkv_cache *c) {
+    uint64_t d0 = stats(c).checkpoint_deltas, n0 = stats(c).checkpoints;
+    PT_OK(pkv_checkpoint(c));
+    pkv_stats_t st = stats(c);
+    cr_assert_eq(st.checkpoints, n0 + 1, "pkv_checkpoint wrote no file");
+    return st.checkpoint_deltas == d0 + 1;
+}
+
+/* A cached prompt of `nb` full blocks + 1 token, all of it committed, then closed. */
+static void prompt_cached(pkv_cache *c, uint64_t id, uint32_t seed, uint32_t nb,
+                          uint32_t bs) {
+    uint32_t n = nb * bs + 1, t[16 * 64 + 1];
+    cr_assert(n <= sizeof t / sizeof t[0]);
+    for (uint32_t k = 0; k < n; k++) t[k] = seed * 7919u + k * 31u + 1;
+    size_t hit = 0;
+    PT_OK(pkv_seq_open(c, id, 0, t, n, &hit));
+    pkv_slot slots[16 * 64 + 1];
+    if (n > hit) {
+        PT_OK(pkv_seq_append(c, id, t + hit, n - hit, slots));
+        PT_OK(pkv_seq_commit(c, id, n - hit));
+    }
+    PT_OK(pkv_seq_close(c, id));
+}
+
+static void opts(pkv_options *o, uint64_t cap) {
+    wu_opts(o, 16, cap, PKV_DURABLE_GROUP);
+}
+
+/* ---- Tests --------------------------------------------------------------------- */
+
+Test(checkpoint, a_delta_holds_only_the_changed_blocks)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "small");
+    pkv_options o;
+    opts(&o, 3040);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    for (uint32_t i = 0; i < 1500; i++) prompt_cached(c, i + 1, i, 2, 16); /* 3000 blocks */
+    cr_assert(!checkpoint(c), "the first checkpoint after an open must be full");
+    uint64_t base = stats(c).checkpoint_lsn, full = file_size(dir, "ckpt-", base);
+    /* 40 new prompts: 80 new blocks, 40 of them by eviction. */
+    uint64_t ev0 = stats(c).evictions;
+    for (uint32_t i = 0; i < 40; i++) prompt_cached(c, 5000 + i, 100000 + i, 2, 16);
+    cr_assert(stats(c).evictions > ev0, "nothing evicted: the test lost its point");
+    cr_assert(checkpoint(c), "a small change after a full checkpoint must give a delta");
+    uint64_t d1 = stats(c).checkpoint_lsn, dsz = file_size(dir, "delta-", d1);
+    cr_assert(dsz > 0 && dsz * 10 < full, "delta of %llu bytes against a full checkpoint "
+              "of %llu", (unsigned long long)dsz, (unsigned long long)full);
+    cr_assert_eq(wu_count(dir, "ckpt-"), 1);
+    cr_assert_eq(wu_count(dir, "delta-"), 1);
+    PT_CHECK(c);
+    sealed_set want = sealed_take(c);
+    pt_close(c);
+    c = wu_open_ok(dir, &o);
+    pkv_recovery_t r = recovery(c);
+    cr_assert_eq(r.checkpoint_lsn, d1);
+    cr_assert_eq(r.checkpoint_deltas, 1);
+    sealed_same(&want, c, "reopened on ckpt + delta");
+    clean_recovery(c, "reopened on ckpt + delta");
+    free(want.b);
+    pt_close(c);
+}
+
+/* Blocks evicted and not sealed again (free, or the open tail of a sequence) must
+ * not come back from the full checkpoint below the delta. */
+Test(checkpoint, an_evicted_block_stays_evicted)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "evicted");
+    pkv_options o;
+    opts(&o, 96);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    for (uint32_t i = 0; i < 60; i++) prompt_cached(c, i + 1, i, 2, 16);
+    cr_assert(!checkpoint(c)); /* (its sync also empties limbo) */
+    uint64_t ev0 = stats(c).evictions, sealed0 = stats(c).blocks_sealed;
+    uint64_t nfree = stats(c).blocks_free;
+    cr_assert(ev0 > 0 && nfree < 4, "the fill left %llu blocks free",
+              (unsigned long long)nfree);
+    /* 4 + nfree open sequences of 10 committed tokens: the last four took evicted
+     * blocks, now open; one of those is then closed, so its block is free. */
+    uint32_t t[10];
+    pkv_slot slots[10];
+    const uint64_t last = 100 + 4 + nfree;
+    for (uint64_t id = 100; id < last; id++) {
+        for (uint32_t k = 0; k < 10; k++) t[k] = (uint32_t)(id * 100 + k);
+        size_t hit;
+        PT_OK(pkv_seq_open(c, id, 0, t, 10, &hit));
+        PT_OK(pkv_seq_append(c, id, t, 10, slots));
+        PT_OK(pkv_seq_commit(c, id, 10));
+    }
+    PT_OK(pkv_seq_close(c, last - 1));
+    cr_assert_eq(stats(c).evictions, ev0 + 4);
+    cr_assert_eq(stats(c).blocks_sealed, sealed0 - 4);
+    cr_assert(checkpoint(c));
+    sealed_set want = sealed_take(c);
+    char img[600];
+    snprintf(img, sizeof img, "%s-img", dir);
+    PT_OK(pkv_sync(c));
+    wu_copy_dir(dir, img);
+    pkv_cache *ci = wu_open_ok(img, &o);
+    cr_assert_eq(recovery(ci).records_replayed, 0);
+    clean_recovery(ci, "crash image");
+    sealed_same(&want, ci, "crash image");
+    for (uint64_t id = 100; id < last - 1; id++) {
+        pkv_seq_info_t si = PT_SEQ_INFO(ci, id);
+        cr_assert(si.committed == 10, "seq %llu: %llu committed", (unsigned long long)id,
+                  (unsigned long long)si.committed);
+    }
+    free(want.b);
+    pt_close(ci);
+    pt_close(c);
+}
+
+/* The chain alone must carry the state: a crash image taken right after a delta
+ * recovers from it with nothing replayed, to exactly the workload's model. */
+Test(checkpoint, the_chain_alone_recovers_the_workload)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "chain");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 160, PKV_DURABLE_GROUP); /* small: the workload evicts */
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 11, NULL);
+    w.max_seqs = 4;
+    w.max_len = 40;
+    unsigned deltas = 0;
+    for (unsigned round = 0; round < 12; round++) {
+        for (unsigned i = 0; i < 40; i++) wu_step(&w);
+        deltas += checkpoint(c);
+    }
+    cr_assert(deltas >= 6, "only %u of 12 checkpoints were deltas", deltas);
+    cr_assert(stats(c).evictions > 0, "nothing evicted: the test lost its point");
+    sealed_set want = sealed_take(c);
+    uint64_t ck = stats(c).checkpoint_lsn;
+    char img[600];
+    snprintf(img, sizeof img, "%s-img", dir);
+    PT_OK(pkv_sync(c));
+    wu_copy_dir(dir, img);
+    pkv_cache *ci = wu_open_ok(img, &o);
+    cr_assert_eq(recovery(ci).checkpoint_lsn, ck);
+    cr_assert_eq(recovery(ci).records_replayed, 0);
+    cr_assert(recovery(ci).checkpoint_deltas >= 1);
+    sealed_same(&want, ci, "crash image");
+    clean_recovery(ci, "crash image");
+    wu_model m = {0};
+    wu_model_copy(&m, &w.m);
+    wu_model_drop_pending(&m);
+    wu_verify_model(ci, &m, "crash image of the chain");
+    /* A full checkpoint of the same state recovers to exactly the same blocks,
+     * release LSNs (the LRU order) included. */
+    sealed_set chain = sealed_take(ci);
+    pt_close(ci);
+    pkv_lock(c);
+    c->wal.chain_ok = false; /* the next checkpoint is full */
+    pkv_unlock(c);
+    cr_assert(!checkpoint(c));
+    cr_assert_eq(stats(c).checkpoint_lsn, ck);
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    char img2[600];
+    snprintf(img2, sizeof img2, "%s-img2", dir);
+    wu_copy_dir(dir, img2);
+    ci = wu_open_ok(img2, &o);
+    cr_assert_eq(recovery(ci).checkpoint_deltas, 0);
+    cr_assert_eq(recovery(ci).records_replayed, 0);
+    sealed_same_as(&chain, ci, true, "full checkpoint against the chain");
+    wu_verify_model(ci, &m, "crash image of the full checkpoint");
+    wu_model_free(&m);
+    free(chain.b);
+    pt_close(ci);
+    free(want.b);
+    pt_close(c);
+    wu_wl_free(&w);
+}
+
+/* Sequences come from the newest file of the chain only: one closed after the full
+ * checkpoint stays closed, one opened after it is there. */
+Test(checkpoint, sequences_come_from_the_newest_file)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "seqs");
+    pkv_options o;
+    opts(&o, 256);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    uint32_t t[40];
+    for (uint32_t k = 0; k < 40; k++) t[k] = 500 + k;
+    pkv_slot slots[40];
+    size_t hit;
+    PT_OK(pkv_seq_open(c, 1, 0, t, 20, &hit));
+    PT_OK(pkv_seq_append(c, 1, t, 20, slots));
+    PT_OK(pkv_seq_commit(c, 1, 20));
+    cr_assert(!checkpoint(c));
+    PT_OK(pkv_seq_close(c, 1));
+    PT_OK(pkv_seq_open(c, 2, 9, t, 37, &hit));
+    PT_OK(pkv_seq_append(c, 2, t, 37, slots));
+    PT_OK(pkv_seq_commit(c, 2, 37));
+    cr_assert(checkpoint(c));
+    char img[600];
+    snprintf(img, sizeof img, "%s-img", dir);
+    wu_copy_dir(dir, img);
+    pkv_cache *ci = wu_open_ok(img, &o);
+    cr_assert_eq(recovery(ci).records_replayed, 0);
+    clean_recovery(ci, "crash image");
+    uint64_t ids[4];
+    size_t n = 0;
+    PT_OK(pkv_seq_list(ci, ids, 4, &n));
+    cr_assert(n == 1 && ids[0] == 2, "%zu sequences recovered, first %llu", n,
+              (unsigned long long)(n ? ids[0] : 0));
+    pkv_seq_info_t si = PT_SEQ_INFO(ci, 2);
+    cr_assert(si.len == 37 && si.committed == 37 && si.salt == 9);
+    uint32_t got[40];
+    PT_OK(pkv_seq_tokens(ci, 2, got, 40, &n));
+    cr_assert(n == 37 && !memcmp(got, t, 37 * 4), "tokens of the recovered sequence");
+    pt_close(ci);
+    pt_close(c);
+}
+
+Test(checkpoint, a_checkpoint_with_nothing_new_writes_no_file)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "idle");
+    pkv_options o;
+    opts(&o, 256);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    prompt_cached(c, 1, 1, 3, 16);
+    cr_assert(!checkpoint(c));
+    prompt_cached(c, 2, 2, 3, 16);
+    cr_assert(checkpoint(c));
+    pkv_stats_t st = stats(c);
+    PT_OK(pkv_checkpoint(c)); /* nothing logged since: succeeds, writes nothing */
+    cr_assert_eq(stats(c).checkpoints, st.checkpoints);
+    cr_assert_eq(stats(c).checkpoint_lsn, st.checkpoint_lsn);
+    cr_assert_eq(wu_count(dir, "delta-"), 1);
+    prompt_cached(c, 3, 3, 3, 16);
+    cr_assert(checkpoint(c), "the chain goes on after a checkpoint that wrote nothing");
+    cr_assert_eq(wu_count(dir, "delta-"), 2);
+    pt_close(c);
+    c = wu_open_ok(dir, &o);
+    cr_assert_eq(recovery(c).checkpoint_deltas, 2);
+    pt_close(c);
+}
+
+/* A full checkpoint ends the chain: after DELTA_CHAIN_MAX deltas, when the deltas
+ * would outgrow the full checkpoint, and as the first checkpoint after an open.
+ * It deletes the chain's deltas. */
+Test(checkpoint, a_full_checkpoint_ends_the_chain)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "ends");
+    pkv_options o;
+    opts(&o, 4096);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    for (uint32_t i = 0; i < 200; i++) prompt_cached(c, i + 1, i, 2, 16);
+    cr_assert(!checkpoint(c));
+    /* By count. */
+    for (unsigned k = 0; k < DELTA_CHAIN_MAX; k++) {
+        prompt_cached(c, 1000 + k, 1000 + k, 1, 16);
+        cr_assert(checkpoint(c), "checkpoint %u of the chain was not a delta", k + 1);
+    }
+    cr_assert_eq(wu_count(dir, "delta-"), DELTA_CHAIN_MAX);
+    prompt_cached(c, 2000, 2000, 1, 16);
+    cr_assert(!checkpoint(c), "delta number %u", DELTA_CHAIN_MAX + 1);
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    cr_assert_eq(wu_count(dir, "ckpt-"), 1);
+    /* By size: 600 new blocks, where the full checkpoint holds 465 (the budget's
+     * 1 MiB floor lowered for the test). */
+    pkv_lock(c);
+    c->wal.delta_floor = 0;
+    pkv_unlock(c);
+    prompt_cached(c, 3000, 3000, 1, 16);
+    cr_assert(checkpoint(c));
+    for (uint32_t i = 0; i < 300; i++) prompt_cached(c, 4000 + i, 4000 + i, 2, 16);
+    cr_assert(!checkpoint(c), "a delta larger than the full checkpoint was written");
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    /* After a reopen. */
+    prompt_cached(c, 5000, 5000, 1, 16);
+    cr_assert(checkpoint(c));
+    sealed_set want = sealed_take(c);
+    pt_close(c);
+    c = wu_open_ok(dir, &o);
+    sealed_same(&want, c, "reopened");
+    prompt_cached(c, 6000, 6000, 1, 16);
+    cr_assert(!checkpoint(c), "the first checkpoint after an open was a delta");
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    free(want.b);
+    pt_close(c);
+}
+
+/* The log before the newest file may be recycled, so a chain with a file missing
+ * cannot be recovered: the open fails and changes nothing. */
+Test(checkpoint, a_broken_chain_fails_the_open_and_changes_nothing)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "broken");
+    pkv_options o;
+    opts(&o, 512);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    prompt_cached(c, 1, 1, 4, 16);
+    cr_assert(!checkpoint(c));
+    uint64_t base = stats(c).checkpoint_lsn;
+    prompt_cached(c, 2, 2, 4, 16);
+    cr_assert(checkpoint(c));
+    uint64_t d1 = stats(c).checkpoint_lsn;
+    prompt_cached(c, 3, 3, 4, 16);
+    cr_assert(checkpoint(c));
+    pt_close(c);
+    char path[600], keep[600];
+    /* The middle delta missing. */
+    snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)d1);
+    snprintf(keep, sizeof keep, "%s/../kept-delta", dir);
+    cr_assert_eq(rename(path, keep), 0);
+    wu_dirsnap snap;
+    wu_dirsnap_take(&snap, dir);
+    cr_assert_eq(wu_open(dir, &o, &c), PKV_ECORRUPT);
+    cr_assert(strstr(pkv_last_error(), "chain"), "error: %s", pkv_last_error());
+    wu_dirsnap_same(&snap, dir, "after the failed open");
+    wu_dirsnap_free(&snap);
+    cr_assert_eq(rename(keep, path), 0);
+    /* The full checkpoint missing. */
+    snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)base);
+    cr_assert_eq(rename(path, keep), 0);
+    cr_assert_eq(wu_open(dir, &o, &c), PKV_ECORRUPT);
+    cr_assert_eq(rename(keep, path), 0);
+    /* Whole again: opens. */
+    c = wu_open_ok(dir, &o);
+    cr_assert_eq(recovery(c).checkpoint_deltas, 2);
+    pt_close(c);
+}
+
+/* A delta left over from an older chain (a crash between a full checkpoint's
+ * rename and its deletion of the old chain) is ignored. */
+Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "stale");
+    pkv_options o;
+    opts(&o, 512);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    prompt_cached(c, 1, 1, 4, 16);
+    cr_assert(!checkpoint(c));
+    prompt_cached(c, 2, 2, 4, 16);
+    cr_assert(checkpoint(c));
+    uint64_t d1 = stats(c).checkpoint_lsn;
+    char path[600], old[600];
+    snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)d1);
+    snprintf(old, sizeof old, "%s/../old-delta", dir);
+    wu_copy_dir(dir, old); /* keeps a copy of delta-<d1> */
+    pt_close(c);
+    c = wu_open_ok(dir, &o);
+    prompt_cached(c, 3, 3, 4, 16);
+    cr_assert(!checkpoint(c)); /* full: deletes delta-<d1> */
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    sealed_set want = sealed_take(c);
+    pt_close(c);
+    char from[700];
+    snprintf(from, sizeof from, "%s/delta-%016llx", old, (unsigned long long)d1);
+    size_t n = 0;
+    uint8_t *b = wu_read_file(from, &n);
+    wu_write_file(path, b, n);
+    free(b);
+    c = wu_open_ok(dir, &o);
+    cr_assert_eq(recovery(c).checkpoint_deltas, 0);
+    sealed_same(&want, c, "with a stale delta beside the chain");
+    clean_recovery(c, "with a stale delta beside the chain");
+    free(want.b);
+    pt_close(c);
+}
+
+/* PKV_OPEN_FULL_CHECKPOINTS: no delta is written, and the first full checkpoint
+ * deletes the deltas an earlier open left. */
+Test(checkpoint, the_full_checkpoints_flag_writes_no_delta)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "fullonly");
+    pkv_options o;
+    opts(&o, 512);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    prompt_cached(c, 1, 1, 4, 16);
+    cr_assert(!checkpoint(c));
+    prompt_cached(c, 2, 2, 4, 16);
+    cr_assert(checkpoint(c));
+    pt_close(c);
+    o.flags |= PKV_OPEN_FULL_CHECKPOINTS;
+    c = wu_open_ok(dir, &o);
+    cr_assert_eq(recovery(c).checkpoint_deltas, 1); /* a chain opens with the flag */
+    for (uint32_t k = 0; k < 3; k++) {
+        prompt_cached(c, 10 + k, 10 + k, 1, 16);
+        cr_assert(!checkpoint(c), "checkpoint %u was a delta", k);
+        cr_assert_eq(wu_count(dir, "delta-"), 0);
+    }
+    pt_close(c);
+}
