@@ -1,7 +1,8 @@
 /*
  * pkv-ckptbench.c — what a checkpoint costs on a large cache, delta or full.
  *
- *   pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] [--full] [--dir DIR]
+ *   pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] [--full] [--dir DIR] [--keep]
+ *   pkv-ckptbench --reopen CACHE_DIR
  *
  * Opens a fresh cache (geometry of pkv-bench: 1 layer, 1 KV head, head_dim 8, f16,
  * 16-token blocks; N blocks, default 1048576; automatic checkpoints off), fills it
@@ -12,7 +13,8 @@
  * call (all threads), the file's size and kind. Then closes and times the reopen
  * (loading the chain). --full opens with PKV_OPEN_FULL_CHECKPOINTS, so every
  * checkpoint is full: run both to compare. The cache directory is created under
- * DIR (default /tmp) and removed at exit.
+ * DIR (default /tmp) and removed at exit (--keep: kept, and its path printed).
+ * --reopen times a fresh process's pkv_open of such a kept directory (a restart).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -56,9 +58,10 @@ static void die(const char *what, int rc) {
     } while (0)
 
 static char g_dir[4096];
+static bool g_keep;
 
 static void cleanup(void) {
-    if (!g_dir[0]) return;
+    if (!g_dir[0] || g_keep) return;
     DIR *d = opendir(g_dir);
     if (d) {
         struct dirent *e;
@@ -107,6 +110,39 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static void options(pkv_options *o, uint64_t cap, bool full) {
+    memset(o, 0, sizeof *o);
+    o->num_layers = 1;
+    o->num_kv_heads = 1;
+    o->head_dim = 8;
+    o->block_size = BS;
+    o->dtype = PKV_F16;
+    o->capacity = cap;
+    o->model_id = "pkv-ckptbench";
+    o->checkpoint_bytes = 1ull << 40; /* only the checkpoints this program asks for */
+    o->flags = full ? PKV_OPEN_FULL_CHECKPOINTS : 0;
+}
+
+static void print_reopen(pkv_cache *c, double ms) {
+    pkv_recovery_t rec;
+    OK(pkv_recovery(c, &rec));
+    printf("reopen: %.1f ms (checkpoint load %.1f ms, %llu deltas applied, %llu records "
+           "replayed)\n", ms, rec.ms_checkpoint, (unsigned long long)rec.checkpoint_deltas,
+           (unsigned long long)rec.records_replayed);
+}
+
+static int reopen(const char *dir) {
+    pkv_options o;
+    options(&o, 0, false);
+    o.capacity = 0; /* the arena's */
+    pkv_cache *c;
+    double t0 = now_ms();
+    OK(pkv_open(dir, &o, &c));
+    print_reopen(c, now_ms() - t0);
+    pkv_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     uint64_t cap = 1048576, tokens = 160000;
     int rounds = 8;
@@ -118,9 +154,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc) base = argv[++i];
         else if (!strcmp(argv[i], "--full")) full = true;
+        else if (!strcmp(argv[i], "--keep")) g_keep = true;
+        else if (!strcmp(argv[i], "--reopen") && i + 1 == argc - 1) return reopen(argv[i + 1]);
         else {
             fprintf(stderr, "usage: pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] "
-                            "[--full] [--dir DIR]\n");
+                            "[--full] [--dir DIR] [--keep]\n"
+                            "       pkv-ckptbench --reopen CACHE_DIR\n");
             return 2;
         }
     }
@@ -137,16 +176,7 @@ int main(int argc, char **argv) {
     atexit(cleanup);
 
     pkv_options o;
-    memset(&o, 0, sizeof o);
-    o.num_layers = 1;
-    o.num_kv_heads = 1;
-    o.head_dim = 8;
-    o.block_size = BS;
-    o.dtype = PKV_F16;
-    o.capacity = cap;
-    o.model_id = "pkv-ckptbench";
-    o.checkpoint_bytes = 1ull << 40; /* only the checkpoints this program asks for */
-    o.flags = full ? PKV_OPEN_FULL_CHECKPOINTS : 0;
+    options(&o, cap, full);
     pkv_cache *c;
     OK(pkv_open(g_dir, &o, &c));
     printf("pkv-ckptbench: capacity %llu blocks x %u tokens, %s checkpoints, %d rounds of "
@@ -200,13 +230,9 @@ int main(int argc, char **argv) {
     pkv_close(c);
     double o0 = now_ms();
     OK(pkv_open(g_dir, &o, &c));
-    double ow = now_ms() - o0;
-    pkv_recovery_t rec;
-    OK(pkv_recovery(c, &rec));
-    printf("reopen: %.1f ms (checkpoint load %.1f ms, %llu deltas applied, %llu records "
-           "replayed)\n", ow, rec.ms_checkpoint, (unsigned long long)rec.checkpoint_deltas,
-           (unsigned long long)rec.records_replayed);
+    print_reopen(c, now_ms() - o0);
     pkv_close(c);
+    if (g_keep) printf("kept: %s\n", g_dir);
     free(wall);
     free(cpu);
     free(mb);
