@@ -246,6 +246,12 @@ typedef struct pkv_pool {
      * cleared as a checkpoint copies the block; a delta checkpoint holds exactly
      * the blocks whose bit is set (wal/checkpoint.c). */
     uint64_t *ckdirty;
+    /* Internal-checks builds only (NULL otherwise; the field is always there, so
+     * that code including this header with other settings sees one layout): per
+     * block, a digest of what the newest checkpoint file that copied it holds; a
+     * delta asserts that every block whose bit is clear still matches it, so a
+     * change that forgot pkv_ckpt_touch fails the first checkpoint after it. */
+    uint64_t *ckshadow;
 } pkv_pool;
 
 static inline void pkv_ckpt_touch(pkv_pool *p, uint32_t b) {

@@ -135,11 +135,37 @@ static void put_block(wbuf *b, const pkv_pool *p, uint32_t i) {
     for (uint32_t j = 0; j < p->block_size; j++) wb_u32(b, t[j]);
 }
 
+#if PKV_INTERNAL_CHECKS
+/* What a checkpoint records of block k, as a digest: 0 if it is not sealed. */
+static uint64_t ck_digest(const pkv_pool *p, uint32_t k) {
+    const pkv_block *x = &p->b[k];
+    if (x->state != BLK_SEALED) return 0;
+    uint64_t f[7] = {x->parent, x->salt, x->hash.lo, x->hash.hi, x->payload_sum,
+                     x->rel_lsn, x->flags};
+    return XXH3_64bits_withSeed(pkv_pool_tokens(p, k), 4ull * p->block_size,
+                                XXH3_64bits(f, sizeof f)) | 1;
+}
+
+/* Blocks [i, end) are being copied: a delta's clean blocks must be as the chain
+ * holds them; then every copied block's digest becomes the chain's. */
+static void ck_shadow(pkv_pool *p, bool delta, uint32_t i, uint32_t end) {
+    for (uint32_t k = i; k < end; k++) {
+        bool dirty = p->ckdirty[k >> 6] >> (k & 63) & 1;
+        uint64_t d = ck_digest(p, k);
+        if (delta && !dirty) pkv_assert(d == p->ckshadow[k]);
+        if (!delta || dirty) p->ckshadow[k] = d;
+    }
+}
+#endif
+
 /* Copy blocks [i, end) (lock held; room reserved): every sealed one, or with
  * delta only the dirty ones, the unsealed of those into *fr. Clears their bits. */
 static uint64_t put_slice(pkv_pool *p, bool delta, uint32_t i, uint32_t end, wbuf *b,
                           wbuf *fr) {
     uint64_t n = 0;
+#if PKV_INTERNAL_CHECKS
+    ck_shadow(p, delta, i, end);
+#endif
     if (!delta) {
         for (uint32_t k = i; k < end; k++)
             if (p->b[k].state == BLK_SEALED) put_block(b, p, k), n++;
@@ -171,7 +197,7 @@ uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c) {
 }
 
 int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *outlen,
-                       uint64_t *lsn_out, uint64_t *end_out) {
+                       uint64_t *lsn_out, uint64_t *end_out, uint64_t *full_len) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
     const size_t per = 56 + 4ull * bs;
@@ -196,6 +222,7 @@ int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *outlen,
     const uint64_t lsn = c->wal.next_lsn - 1;
     pkv_log_settle_all(c);        /* the records up to lsn show what the snapshot */
     pkv_wal_no_coalesce(&c->wal); /* shows, and are final: replay skips them */
+    *full_len = 16 + 8 * 8 + 8 + p->n_sealed * per + seqs_size(c);
     wb_u32(&b, WAL_VERSION);
     wb_u32(&b, bs);
     wb_u32(&b, cap);
@@ -245,6 +272,7 @@ int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *outlen,
     free(fr.p);
     *out = b.p;
     *outlen = b.len;
+    if (!delta) *full_len = b.len;
     return 0;
 nomem:
     free(b.p);

@@ -399,13 +399,11 @@ void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
 
 /* Is an automatic checkpoint due? With an explicit checkpoint_bytes, when that
  * much log has been written since the last one. By default (checkpoint_bytes 0)
- * when the log since the last one reaches 64 MiB or the raw size of that
- * checkpoint, whichever is larger: a checkpoint costs time in proportion to the
- * metadata it snapshots (serialize, LZ4, write), so a fixed threshold makes a
- * large cache spend most of its logging time rewriting its whole metadata (a
- * 2M-block cache writes a ~240 MB snapshot per 64 MiB of log); this way each
- * byte of log costs at most about one byte of checkpoint, and recovery replays
- * at most about as much log as it loads checkpoint. */
+ * when the log since the last one reaches 64 MiB or the raw size a full snapshot
+ * of the metadata had at the last one (ckpt_raw, also after a delta), whichever is
+ * larger: recovery then replays at most about as much log as it loads checkpoint,
+ * and a full checkpoint costs at most about one byte per byte of log (a delta,
+ * far less; wal/checkpoint.c). */
 static bool ckpt_due(const pkv_wal *w) {
     uint64_t t = w->ckpt_bytes;
     if (w->ckpt_adaptive && w->ckpt_raw > t) t = w->ckpt_raw;
@@ -425,11 +423,15 @@ static bool do_checkpoint(pkv_cache *c) {
      * (changes without a record, such as a block verified, are ones recovery
      * redoes anyway), and a second file of the same LSN would break the chain. */
     if (w->chain_ok && w->next_lsn - 1 == w->prev_lsn) {
+        /* The log bytes counted since (frames flushed after that checkpoint fixed
+         * its LSN) hold only records it covers: none is due, or the automatic
+         * trigger would call this again at once, forever. */
+        w->bytes_since_ckpt = 0;
         w->ckpt_ok++;
         return true;
     }
     /* A delta when the chain allows one and it stays within the budget. */
-    uint64_t budget = w->ckpt_raw > w->delta_floor ? w->ckpt_raw : w->delta_floor;
+    uint64_t budget = w->base_raw > w->delta_floor ? w->base_raw : w->delta_floor;
     bool delta = !w->full_only && w->chain_ok && w->chain_len < DELTA_CHAIN_MAX &&
                  w->chain_raw + pkv_ckpt_delta_estimate(c) <= budget;
     w->ckpt_busy = true;
@@ -437,8 +439,8 @@ static bool do_checkpoint(pkv_cache *c) {
     uint64_t since = w->bytes_since_ckpt;
     uint8_t *raw = NULL;
     size_t rawlen = 0;
-    uint64_t lsn = 0, end = 0, sum = 0;
-    if (pkv_ckpt_serialize(c, delta, &raw, &rawlen, &lsn, &end)) { /* out of memory: */
+    uint64_t lsn = 0, end = 0, sum = 0, full_len = 0;
+    if (pkv_ckpt_serialize(c, delta, &raw, &rawlen, &lsn, &end, &full_len)) { /* out of memory: */
         w->ckpt_busy = false;                  /* the log stays valid, try again */
         return false;                          /* later (with a full checkpoint) */
     }
@@ -471,8 +473,9 @@ static bool do_checkpoint(pkv_cache *c) {
     } else {
         w->chain_len = 0;
         w->chain_raw = 0;
-        w->ckpt_raw = rawlen;
+        w->base_raw = rawlen;
     }
+    w->ckpt_raw = full_len;
     w->chain_ok = true;
     w->prev_lsn = lsn;
     w->prev_sum = sum;

@@ -943,16 +943,20 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         if (!rc && m.delta != !is_base)
             rc = pkv_err(PKV_ECORRUPT, "%s: holds a %s checkpoint", path,
                          m.delta ? "delta" : "full");
-        if (!rc && !is_base && (m.prev_lsn != prev_lsn || m.prev_sum != prev_sum))
+        if (!rc && !is_base && m.prev_lsn != prev_lsn)
             rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: it applies on "
-                         "the file of LSN %llu, but the file before it is LSN %llu (or "
-                         "differs from the one it was written on)", path,
+                         "the checkpoint of LSN %llu, but the file before it is LSN %llu "
+                         "(a file of the chain is missing)", path,
                          (unsigned long long)m.prev_lsn, (unsigned long long)prev_lsn);
+        else if (!rc && !is_base && m.prev_sum != prev_sum)
+            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the file of "
+                         "LSN %llu before it is not the one it was written on (replaced)",
+                         path, (unsigned long long)prev_lsn);
         if (!rc) rc = pkv_ckpt_load(c, raw, len, i == ndeltas);
         free(raw);
         if (rc) return rc;
-        if (is_base) c->wal.ckpt_raw = len;
-        else rec->checkpoint_deltas++;
+        if (is_base) c->wal.ckpt_raw = c->wal.base_raw = len;
+        else c->wal.ckpt_raw += len, rec->checkpoint_deltas++;
         prev_lsn = lsn;
         prev_sum = sum;
         *after = lsn;

@@ -92,7 +92,11 @@ typedef struct pkv_wal {
     uint32_t interval_us;
     uint64_t ckpt_bytes;  /* checkpoint_bytes, or 64 MiB when it was 0 */
     bool ckpt_adaptive;   /* checkpoint_bytes was 0: see pkv_wal_ckpt_due */
-    uint64_t ckpt_raw;    /* raw snapshot bytes of the newest full checkpoint (0: none) */
+    uint64_t ckpt_raw;    /* raw bytes a full snapshot took at the newest checkpoint (a
+                             delta's: its estimate; at open: the chain's bytes); the
+                             adaptive threshold (0: none) */
+    uint64_t base_raw;    /* raw bytes of the chain's full checkpoint: the budget of
+                             its deltas */
     /* The checkpoint chain on disk: the newest full checkpoint and the deltas
      * after it. chain_ok: the pool's dirty bits (pkv_pool.ckdirty) hold every
      * change since the newest file of the chain, so the next checkpoint may be a
@@ -299,11 +303,12 @@ void pkv_wal_drain_limbo(pkv_cache *c);
  * block section may already show records in (lsn, end_lsn]: replaying the log
  * from lsn + 1 reapplies them (every record sets absolute values). The snapshot
  * may replace the log only once end_lsn is durable. */
-/* delta: only the blocks whose dirty bit is set (sealed ones in full, the others
+/* *full_len: the raw bytes a full snapshot would have taken (= *len if full).
+ * delta: only the blocks whose dirty bit is set (sealed ones in full, the others
  * as "no longer sealed"), chained onto w->prev_lsn / w->prev_sum; otherwise every
  * sealed block. Either way the copied blocks' dirty bits are cleared. */
 int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *len,
-                       uint64_t *lsn, uint64_t *end_lsn);
+                       uint64_t *lsn, uint64_t *end_lsn, uint64_t *full_len);
 /* Bytes a delta would take now (an upper bound; cache lock held). */
 uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
