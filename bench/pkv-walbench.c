@@ -856,7 +856,9 @@ static void dir_sizes(const char *dir, rc_build *b) {
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (stat(path, &sb) || !S_ISREG(sb.st_mode)) continue;
-        if (!strncmp(e->d_name, "ckpt-", 5)) b->ckpt_file_bytes += (uint64_t)sb.st_size;
+        /* The checkpoint chain: the full checkpoint and any delta checkpoints. */
+        if (!strncmp(e->d_name, "ckpt-", 5) || !strncmp(e->d_name, "delta-", 6))
+            b->ckpt_file_bytes += (uint64_t)sb.st_size;
         else if (!strncmp(e->d_name, "wal-", 4)) {
             b->log_files++;
             b->log_file_bytes += (uint64_t)sb.st_size;

@@ -1,27 +1,30 @@
 /*
  * kvdump — inspect, verify, export and import a pagedkv cache directory offline.
  *
- *   kvdump summary  DIR                     geometry, occupancy, log, checkpoint
+ *   kvdump summary  DIR                     geometry, occupancy, log, checkpoint chain
  *   kvdump blocks   DIR [--state S] [--limit N]
  *   kvdump block    DIR ID [--payload]
  *   kvdump seqs     DIR
  *   kvdump seq      DIR ID
  *   kvdump prefixes DIR [--top N]           the prefix tree
  *   kvdump wal      DIR [--from LSN] [--to LSN] [--type T] [--stats]
- *   kvdump verify   DIR                     every invariant and payload checksum
+ *   kvdump verify   DIR                     the checkpoint chain, the log, every
+ *                                           invariant and payload checksum
  *   kvdump export   DIR (--seq ID | --prompt FILE) -o BUNDLE
  *   kvdump import   DIR BUNDLE
  *
  * Every command takes --json and --help. Reading never takes the writer's lock
  * and never changes the directory: the cache is opened with PKV_OPEN_RDONLY,
- * which replays the checkpoint and the valid log prefix in memory. Exit codes:
- * 0 ok, 1 problems found (verify), 2 usage or unreadable input, 3 the operation
- * failed (export / import). docs/kvdump.md is the reference.
+ * which loads the checkpoint chain (the full checkpoint, then its deltas) and
+ * replays the valid log prefix in memory; kvdump never rebuilds state itself.
+ * Exit codes: 0 ok, 1 problems found (verify), 2 usage or unreadable input, 3
+ * the operation failed (export / import). docs/kvdump.md is the reference.
  */
 #include "kvdump.h"
 
 #include <errno.h>
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <math.h>
 #include <stdlib.h>
@@ -34,7 +37,7 @@ static const char main_usage[] =
     "never takes the writer's lock and never modifies the directory.\n"
     "\n"
     "commands:\n"
-    "  summary  DIR                          geometry, model, occupancy, log, checkpoint\n"
+    "  summary  DIR                          geometry, model, occupancy, log, checkpoints\n"
     "  blocks   DIR [--state S] [--limit N]  list blocks (S: free, cached, used, all)\n"
     "  block    DIR ID [--payload]           one block; --payload: K/V statistics\n"
     "  seqs     DIR                          list sequences\n"
@@ -42,7 +45,8 @@ static const char main_usage[] =
     "  prefixes DIR [--top N]                the prefix tree, most shared prefixes\n"
     "  wal      DIR [--from LSN] [--to LSN] [--type T] [--stats]\n"
     "                                        the log records, and where the log ends\n"
-    "  verify   DIR                          check every invariant and payload checksum\n"
+    "  verify   DIR                          check the checkpoint chain, the log, every\n"
+    "                                        invariant and payload checksum\n"
     "  export   DIR (--seq ID | --prompt FILE) -o BUNDLE\n"
     "                                        write a prefix's blocks to a bundle\n"
     "  import   DIR BUNDLE                   load a bundle into a cache\n"
@@ -217,12 +221,104 @@ static void kd_place_read(const kd_ctx *x, const pkv_cache *c, kd_place *p) {
     fclose(f);
 }
 
+/* The checkpoint chain of a summary (kd_log_scan): JSON member "checkpoint_chain". */
+static void json_chain(kj *j, const kd_log *L) {
+    kj_obj(j, "checkpoint_chain", false);
+    kj_bool(j, "ok", L->chain_ok);
+    kj_str(j, "error", L->chain_ok ? NULL : L->chain_err);
+    if (L->have_ckpt) kj_u64(j, "base_lsn", L->ckpt_lsn);
+    else kj_null(j, "base_lsn");
+    kj_u64(j, "newest_lsn", L->chain_lsn);
+    kj_u64(j, "deltas", L->nchain);
+    kj_u64(j, "delta_raw_bytes", L->chain_raw);
+    kj_u64(j, "stale", L->nstale);
+    kj_arr(j, "files", false);
+    for (size_t i = 0; i < L->ndeltas; i++) {
+        const kd_delta *d = &L->deltas[i];
+        bool decoded = !d->fail;
+        kj_obj(j, NULL, true);
+        kj_strf(j, "file", "delta-%016llx", (unsigned long long)d->no);
+        kj_u64(j, "lsn", d->no);
+        kj_str(j, "state", kd_delta_state_name(d->state));
+        kj_u64(j, "file_bytes", d->file_size);
+        kj_u64(j, "raw_bytes", d->raw);
+        kj_u64(j, "mtime_ns", d->mtime_ns);
+        if (decoded) {
+            kj_u64(j, "prev_lsn", d->prev_lsn);
+            kj_u64(j, "sealed_blocks", d->sealed);
+            kj_u64(j, "freed_blocks", d->freed);
+            kj_u64(j, "sequences", d->sequences);
+        } else {
+            kj_null(j, "prev_lsn");
+            kj_null(j, "sealed_blocks");
+            kj_null(j, "freed_blocks");
+            kj_null(j, "sequences");
+        }
+        kj_str(j, "error", d->err[0] ? d->err : NULL);
+        kj_end_obj(j);
+    }
+    kj_end_arr(j);
+    kj_end_obj(j);
+}
+
+/* One "delta" line of the text summary. */
+static void print_delta(const kd_delta *d) {
+    char b1[32], b2[32], t1[64];
+    printf("delta       LSN %llu, %s (raw %s), written %s", (unsigned long long)d->no,
+           kd_bytes(b1, sizeof b1, d->file_size), kd_bytes(b2, sizeof b2, d->raw),
+           kd_time(t1, sizeof t1, d->mtime_ns));
+    if (!d->fail)
+        printf(": %llu sealed block%s changed, %llu freed, %llu sequence%s",
+               (unsigned long long)d->sealed, d->sealed == 1 ? "" : "s",
+               (unsigned long long)d->freed, (unsigned long long)d->sequences,
+               d->sequences == 1 ? "" : "s");
+    if (d->state == KD_DELTA_BROKEN) printf("; BROKEN: %s", d->err);
+    else if (d->state == KD_DELTA_FOREIGN) printf("; written for another arena");
+    else if (d->state == KD_DELTA_UNREACHED) printf("; not applied (the chain breaks before it)");
+    putchar('\n');
+}
+
+/* The text summary's checkpoint lines: the full checkpoint, each delta of the
+ * chain, the chain, the stale deltas. Without delta files: one line, as before. */
+static void print_chain(const kd_log *L) {
+    char b1[32], b2[32], t1[64];
+    if (L->have_ckpt)
+        printf("checkpoint  LSN %llu, %s (raw %s), written %s\n", (unsigned long long)L->ckpt_lsn,
+               kd_bytes(b1, sizeof b1, L->ckpt_file_size), kd_bytes(b2, sizeof b2, L->ckpt_raw),
+               kd_time(t1, sizeof t1, L->ckpt_mtime_ns));
+    else
+        printf("checkpoint  none\n");
+    if (!L->ndeltas) return;
+    size_t stale = 0;
+    for (size_t i = 0; i < L->ndeltas; i++) {
+        if (L->deltas[i].state != KD_DELTA_STALE) print_delta(&L->deltas[i]);
+        else stale++;
+    }
+    if (!L->chain_ok)
+        printf("chain       BROKEN: %s; recovery fails\n", L->chain_err);
+    else if (L->chain_foreign)
+        printf("chain       a delta describes another arena: recovery drops every block and "
+               "sequence and replays the log after LSN %llu\n", (unsigned long long)L->chain_lsn);
+    else if (L->nchain)
+        printf("chain       full checkpoint + %zu delta%s (raw %s): the log is replayed after "
+               "LSN %llu\n", L->nchain, L->nchain == 1 ? "" : "s",
+               kd_bytes(b1, sizeof b1, L->chain_raw), (unsigned long long)L->chain_lsn);
+    if (!stale) return;
+    printf("stale       %zu delta%s from an older chain, ignored (LSN <= %llu):", stale,
+           stale == 1 ? "" : "s", (unsigned long long)L->ckpt_no);
+    for (size_t i = 0; i < L->ndeltas; i++)
+        if (L->deltas[i].state == KD_DELTA_STALE)
+            printf(" %llu", (unsigned long long)L->deltas[i].no);
+    putchar('\n');
+}
+
 static const char summary_usage[] =
     "usage: kvdump summary DIR [--json] [--point-in-time]\n"
     "\n"
     "Geometry, model identity, capacity; blocks free / cached / in use; sequences;\n"
-    "log size and LSN range; the last checkpoint; what recovery replays and how long\n"
-    "this read-only recovery took.\n";
+    "log size and LSN range; the checkpoint chain (the full checkpoint, each delta\n"
+    "checkpoint on it, stale deltas); what recovery replays and how long this\n"
+    "read-only recovery took.\n";
 
 static int cmd_summary(kd_ctx *x, int argc, char **argv) {
     const char *pos[1];
@@ -332,7 +428,7 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
         kj_end_obj(j);
         if (!lrc && L.have_ckpt) {
             kj_obj(j, "checkpoint", false);
-            kj_u64(j, "lsn", rec.checkpoint_lsn ? rec.checkpoint_lsn : L.ckpt_lsn);
+            kj_u64(j, "lsn", L.ckpt_lsn);
             kj_u64(j, "file_bytes", L.ckpt_file_size);
             kj_u64(j, "raw_bytes", L.ckpt_raw);
             kj_u64(j, "mtime_ns", L.ckpt_mtime_ns);
@@ -340,8 +436,11 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
         } else {
             kj_null(j, "checkpoint");
         }
+        if (!lrc) json_chain(j, &L);
+        else kj_null(j, "checkpoint_chain");
         kj_obj(j, "recovery", false);
         kj_u64(j, "checkpoint_lsn", rec.checkpoint_lsn);
+        kj_u64(j, "checkpoint_deltas", rec.checkpoint_deltas);
         kj_u64(j, "records_replayed", rec.records_replayed);
         kj_u64(j, "bytes_replayed", lrc ? 0 : L.replay_bytes);
         kj_u64(j, "last_lsn", rec.last_lsn);
@@ -415,19 +514,15 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
             if (L.nspare || L.nspare_stray || L.nspare_ignored)
                 printf("spares      %zu to recycle, %zu stray\n", L.nspare,
                        L.nspare_stray + L.nspare_ignored);
-            if (L.have_ckpt)
-                printf("checkpoint  LSN %llu, %s (raw %s), written %s\n",
-                       (unsigned long long)L.ckpt_lsn, kd_bytes(b1, sizeof b1, L.ckpt_file_size),
-                       kd_bytes(b2, sizeof b2, L.ckpt_raw), kd_time(t1, sizeof t1, L.ckpt_mtime_ns));
-            else
-                printf("checkpoint  none\n");
+            print_chain(&L);
         } else {
             printf("log         unreadable: %s\n", why);
         }
-        printf("recovery    replays %llu records (%s) after the checkpoint; this read-only "
+        printf("recovery    replays %llu records (%s) after the checkpoint%s; this read-only "
                "recovery took %.1f ms (checkpoint %.1f, replay %.1f, rebuild %.1f, verify %.1f)\n",
                (unsigned long long)rec.records_replayed,
-               kd_bytes(b1, sizeof b1, lrc ? 0 : L.replay_bytes), ms, rec.ms_checkpoint,
+               kd_bytes(b1, sizeof b1, lrc ? 0 : L.replay_bytes),
+               rec.checkpoint_deltas ? " chain" : "", ms, rec.ms_checkpoint,
                rec.ms_replay, rec.ms_rebuild, rec.ms_verify);
         if (rec.note[0]) printf("            note: %s\n", rec.note);
         if (rec.repaired)
@@ -440,7 +535,7 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
                (unsigned long long)st.cow_copies, (unsigned long long)st.evictions,
                rec.checkpoint_lsn ? "as saved by the checkpoint" : "saved only by checkpoints: none yet");
     }
-    if (!lrc) kd_log_free(&L);
+    kd_log_free(&L); /* also after a failed scan: it frees what was listed */
     kd_close(x);
     return out_status(x, KD_OK);
 }
@@ -1253,7 +1348,9 @@ static const char verify_usage[] =
     "usage: kvdump verify DIR [--json]\n"
     "\n"
     "Check everything that can be checked offline and list each problem:\n"
-    "the arena header and size; the checkpoint; every log segment header, frame\n"
+    "the arena header and size; the checkpoint chain (the full checkpoint, then each\n"
+    "delta checkpoint, which must name the file before it; stale deltas are notes);\n"
+    "every log segment header, frame\n"
     "and record that recovery reads (corruption, gaps, foreign segments); what\n"
     "recovery had to drop or cut; for every sealed block its chain hash and its\n"
     "payload checksum; and every invariant of pkv_check (refcounts, lists, prefix\n"
@@ -1393,6 +1490,55 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
     k->invariants = true;
 }
 
+/* Whether delta-<no> is still there 50 ms after the scan: a live writer's full
+ * checkpoint renames ckpt-<lsn> into place, then deletes every delta, so a scan
+ * between the two sees stale deltas that are gone a moment later. */
+static bool delta_stays(const char *dir, uint64_t no, bool *slept) {
+    if (!*slept) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        *slept = true;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)no);
+    struct stat st;
+    return stat(path, &st) == 0 || errno != ENOENT;
+}
+
+/* The checkpoint chain (kd_log_scan): a break is a problem (recovery fails), a
+ * delta of another arena too (recovery drops everything), stale deltas notes. */
+static void verify_chain(const char *dir, const kd_log *L, vlist *prob, vlist *notes) {
+    size_t unreached = 0, vanished = 0;
+    bool slept = false;
+    for (size_t i = 0; i < L->ndeltas; i++) {
+        const kd_delta *d = &L->deltas[i];
+        unreached += d->state == KD_DELTA_UNREACHED && L->ckpt_ok;
+        if (d->state == KD_DELTA_FOREIGN)
+            vadd(prob, "foreign_checkpoint", UINT64_MAX, UINT64_MAX, "delta-%016llx (LSN "
+                 "%llu) describes another arena (the arena was replaced or recreated)",
+                 (unsigned long long)d->no, (unsigned long long)d->lsn);
+        else if (d->state == KD_DELTA_STALE && !delta_stays(dir, d->no, &slept))
+            vanished++;
+        else if (d->state == KD_DELTA_STALE)
+            vadd(notes, "stale_delta", UINT64_MAX, UINT64_MAX, "delta-%016llx: LSN %llu is not "
+                 "after the full checkpoint ckpt-%016llx: left from an older chain (a crash "
+                 "before that checkpoint deleted it); recovery ignores it and the next full "
+                 "checkpoint deletes it", (unsigned long long)d->no, (unsigned long long)d->no,
+                 (unsigned long long)L->ckpt_no);
+    }
+    if (vanished)
+        vadd(notes, "live_writer", UINT64_MAX, UINT64_MAX, "%zu stale delta%s vanished just "
+             "after the read: a live writer's full checkpoint deleted %s (not damage)", vanished,
+             vanished == 1 ? "" : "s", vanished == 1 ? "it" : "them");
+    if (L->chain_ok) return;
+    char after[96] = "";
+    if (unreached)
+        snprintf(after, sizeof after, "; %zu later delta%s cannot be applied either", unreached,
+                 unreached == 1 ? "" : "s");
+    vadd(prob, "checkpoint_chain", UINT64_MAX, UINT64_MAX, "%s: recovery fails%s", L->chain_err,
+         after);
+}
+
 static void vlist_free(vlist *l) {
     free(l->v);
     memset(l, 0, sizeof *l);
@@ -1408,6 +1554,7 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
     memset(&k, 0, sizeof k);
     char why[1024];
     kd_log L;
+    memset(&L, 0, sizeof L);
     bool have_log = false;
     rc = kd_read_header(x->dir, &x->hdr, why, sizeof why);
     if (rc == KD_USAGE) return kd_fail(x, KD_USAGE, "%s", why);
@@ -1441,6 +1588,7 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
         if (L.nckpt_files > 1)
             vadd(&notes, "old_checkpoints", UINT64_MAX, UINT64_MAX, "%zu checkpoint files; "
                  "recovery reads only the newest", L.nckpt_files);
+        verify_chain(x->dir, &L, &prob, &notes);
         for (size_t i = 0; i < L.nsegs; i++) {
             const kd_seg *s = &L.segs[i];
             if (s->foreign)
@@ -1603,6 +1751,7 @@ report:;
         for (size_t i = 0; have_log && i < L.nsegs; i++) nread += L.segs[i].read;
         kj_u64(j, "segments_read", nread);
         kj_u64(j, "records", have_log ? L.records : 0);
+        kj_u64(j, "checkpoint_deltas", have_log ? L.ndeltas : 0);
         kj_u64(j, "sealed_blocks", k.sealed);
         kj_u64(j, "payloads", k.payloads);
         kj_u64(j, "hashes", k.hashes);
@@ -1621,8 +1770,15 @@ report:;
                    (unsigned long long)L.last_lsn,
                    L.end_reason ? L.end_detail : "no log segment to read");
             if (L.have_ckpt)
-                printf("  checkpoint  LSN %llu%s\n", (unsigned long long)L.ckpt_lsn,
+                printf("  checkpoint  LSN %llu%s", (unsigned long long)L.ckpt_lsn,
                        L.ckpt_ok ? "" : " (unreadable)");
+            if (L.nchain)
+                printf(" + %zu delta%s, the log read after LSN %llu", L.nchain,
+                       L.nchain == 1 ? "" : "s", (unsigned long long)L.chain_lsn);
+            if (L.have_ckpt && !L.chain_ok) printf(", the chain is broken");
+            if (L.have_ckpt && L.nstale) printf(", %zu stale delta%s", L.nstale,
+                                                L.nstale == 1 ? "" : "s");
+            if (L.have_ckpt) putchar('\n');
         }
         if (k.opened)
             printf("  checked     %llu sealed blocks (%llu payload checksums, %llu chain hashes), "
@@ -1637,7 +1793,7 @@ report:;
     size_t np = prob.n;
     vlist_free(&prob);
     vlist_free(&notes);
-    if (have_log) kd_log_free(&L);
+    kd_log_free(&L);
     return out_status(x, np ? KD_PROBLEMS : KD_OK);
 }
 

@@ -4,8 +4,10 @@
  * kvdump links a private static build of the library and reads its internal
  * structures (src/internal.h, src/wal/wal.h) after a read-only open
  * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). The
- * log scanner (kvdump_wal.c) re-implements the reading rules of src/wal/replay.c
- * so that it can show every record and say why the valid log ends; the bundle
+ * scanner (kvdump_wal.c) re-implements the reading rules of src/wal/replay.c for
+ * the checkpoint chain (full checkpoint + delta checkpoints) and the log, so that
+ * it can show every delta and record and say why the chain breaks or where the
+ * valid log ends; the bundle
  * code (kvdump_bundle.c) exports through the internals and imports through the
  * public API only. docs/kvdump.md is the reference.
  */
@@ -181,16 +183,57 @@ typedef struct kd_seg {
 typedef struct kd_logrec {
     uint64_t seg, off;  /* segment number, byte offset of the record in its file */
     uint32_t len;       /* record bytes, header and trailer included */
-    bool in_ckpt;       /* LSN <= checkpoint LSN: recovery skips it */
+    bool in_ckpt;       /* LSN <= the chain's newest LSN: recovery skips it */
     pkv_rec r;          /* decoded */
 } kd_logrec;
 
+/* One delta checkpoint file, delta-<no> (docs/format.md). Its place in the chain
+ * that recovery loads (load_chain() in src/wal/replay.c): */
+enum kd_delta_state {
+    KD_DELTA_APPLIED = 0, /* links onto the file before it: recovery applies it */
+    KD_DELTA_STALE,       /* no <= the full checkpoint's LSN: left from an older chain
+                             (a crash before a full checkpoint deleted it); ignored */
+    KD_DELTA_BROKEN,      /* the chain breaks here: recovery fails */
+    KD_DELTA_FOREIGN,     /* written for another arena: recovery stops here and
+                             drops every block and sequence (arena replaced) */
+    KD_DELTA_UNREACHED,   /* after the break (or the full checkpoint is unreadable) */
+};
+const char *kd_delta_state_name(int state);
+
+typedef struct kd_delta {
+    uint64_t no;          /* the LSN its name says */
+    int state;            /* enum kd_delta_state */
+    int fail;             /* 0, or where reading it failed (kvdump_wal.c) */
+    uint64_t lsn;         /* the LSN its header says */
+    uint64_t secret, file_size, mtime_ns, raw, body_sum;
+    uint64_t prev_lsn, prev_sum; /* the file it applies on */
+    uint64_t sealed;      /* changed blocks that are sealed now */
+    uint64_t freed;       /* changed blocks no longer sealed */
+    uint64_t sequences;   /* all sequences at its LSN */
+    char err[300];        /* fail, or broken: why */
+} kd_delta;
+
 typedef struct kd_log {
     bool have_ckpt, ckpt_ok;
+    uint64_t ckpt_no;      /* the newest ckpt-<no> (the name; ckpt_lsn: its header) */
     uint64_t ckpt_lsn, ckpt_secret, ckpt_file_size, ckpt_raw, ckpt_body;
+    uint64_t ckpt_sum;     /* the full checkpoint's body XXH3-64 (header offset 48) */
     uint64_t ckpt_mtime_ns;
     char ckpt_err[200];
     size_t nckpt_files;    /* ckpt-* files (normally 0 or 1) */
+    /* The checkpoint chain: every delta-* file, by number, each with its state.
+     * chain_lsn: the LSN of the newest file recovery loads (the full checkpoint's
+     * without deltas); the log is read from there. chain_ok: recovery can load the
+     * chain (false: chain_err says why; a damaged full checkpoint is ckpt_err). */
+    kd_delta *deltas;
+    size_t ndeltas;
+    size_t nchain;         /* deltas applied */
+    size_t nstale;         /* stale deltas */
+    uint64_t chain_lsn;
+    bool chain_ok;
+    bool chain_foreign;    /* a delta of another arena: recovery drops everything */
+    char chain_err[400];
+    uint64_t chain_raw;    /* raw bytes of the applied deltas */
     kd_seg *segs;
     size_t nsegs;
     size_t nspare;         /* spares the library recycles: the run wal-spare-0..n-1 */
@@ -201,11 +244,11 @@ typedef struct kd_log {
     uint64_t seg_bytes;    /* allocated bytes of every wal-* file */
     uint64_t used_bytes;   /* bytes up to the end of the valid frames, read segments */
     uint64_t first_lsn;    /* first record LSN read (0: none) */
-    uint64_t last_lsn;     /* last valid LSN (checkpoint LSN if the log adds none) */
+    uint64_t last_lsn;     /* last valid LSN (chain_lsn if the log adds none) */
     uint64_t frames, records, rec_bytes;
-    uint64_t replay_records, replay_bytes; /* after the checkpoint */
+    uint64_t replay_records, replay_bytes; /* after the checkpoint chain */
     uint64_t torn_bytes;
-    uint64_t skipped_bytes; /* damaged frames covered by the checkpoint, skipped */
+    uint64_t skipped_bytes; /* damaged frames the checkpoint chain covers, skipped */
     uint64_t corrupt_lsn, corrupt_next_lsn; /* corruption: LSN missing, next valid */
     int end_reason;
     uint64_t end_seg, end_off;
@@ -213,9 +256,12 @@ typedef struct kd_log {
 } kd_log;
 
 typedef int (*kd_rec_cb)(void *ctx, const kd_log *L, const kd_logrec *r);
-/* Scan the directory's checkpoint and log like recovery does; call cb for every
- * record read (in LSN order). 0, or an error from cb, or a negative PKV_E* code
- * with a message in why (directory unreadable, out of memory). */
+/* Scan the directory's checkpoint chain and log like recovery does; call cb for
+ * every record read (in LSN order). The full checkpoint's header is read, and
+ * every delta in full (to check its link and count its changes); the log is read
+ * from the newest file of the chain that loads. 0, or an error from cb, or a
+ * negative PKV_E* code with a message in why (directory unreadable, out of
+ * memory). */
 int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,
                 char *why, size_t why_len);
 void kd_log_free(kd_log *L);

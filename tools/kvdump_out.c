@@ -494,16 +494,18 @@ out:
     return rc;
 }
 
-/* A fingerprint of the directory's checkpoint and log files (names, sizes,
- * modification times), to notice a live writer renaming, removing or writing
- * files while recovery read them. */
+/* A fingerprint of the directory's checkpoint (ckpt-*, delta-*) and log files
+ * (names, sizes, modification times), to notice a live writer renaming, removing
+ * or writing files while recovery read them. */
 static uint64_t dir_sig(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     uint64_t sig = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "wal-", 4) && strncmp(e->d_name, "ckpt-", 5)) continue;
+        if (strncmp(e->d_name, "wal-", 4) && strncmp(e->d_name, "ckpt-", 5) &&
+            strncmp(e->d_name, "delta-", 6))
+            continue;
         uint64_t v[3] = {XXH3_64bits(e->d_name, strlen(e->d_name)), 0, 0};
         struct stat st;
         if (!fstatat(dirfd(d), e->d_name, &st, 0)) {

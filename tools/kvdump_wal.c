@@ -1,13 +1,18 @@
 /*
  * kvdump_wal.c — the log scanner and `kvdump wal`.
  *
- * kd_log_scan() reads the checkpoint header and the log segments of a directory
+ * kd_log_scan() reads the checkpoint chain and the log segments of a directory
  * with exactly the rules of pkv_recover() (src/wal/replay.c, docs/format.md
- * "Recovery", step 3): the same file names, segment header validity, start
+ * "Recovery"): the same file names; the chain of load_chain() (the newest
+ * ckpt-<base>, then every delta-<n> with n > base in order, each naming the LSN
+ * and body checksum of the file before it; deltas with n <= base are stale); the
+ * log read from the newest file of the chain; segment header validity, start
  * segment, frame validity, record checks, torn-tail and corruption tests. Unlike
- * recovery it applies nothing: it hands every record to a callback and records
- * where and why the valid log ends. Every length and offset read from disk is
- * checked against the bytes actually read before it is used.
+ * recovery it applies nothing: it reads the full checkpoint's header only, reads
+ * and decodes each delta to check its link and count what it changes, hands
+ * every record to a callback, and records where and why the chain breaks and the
+ * valid log ends. Every length and offset read from disk is checked against the
+ * bytes actually read before it is used.
  */
 #include "kvdump.h"
 
@@ -18,6 +23,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -106,11 +112,14 @@ static bool frame_holding(const segdata *s, size_t from, uint64_t lsn, size_t *a
     return false;
 }
 
-static void read_ckpt_header(const char *dir, kd_log *L) {
+/* *vanished: the file was listed but is gone (a live writer's newer checkpoint
+ * removed it): the caller lists the directory again. */
+static void read_ckpt_header(const char *dir, kd_log *L, bool *vanished) {
     char path[4200];
     snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)L->ckpt_lsn);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
+        if (errno == ENOENT) *vanished = true;
         snprintf(L->ckpt_err, sizeof L->ckpt_err, "cannot open ckpt-%016llx: %s",
                  (unsigned long long)L->ckpt_lsn, strerror(errno));
         return;
@@ -138,7 +147,243 @@ static void read_ckpt_header(const char *dir, kd_log *L) {
     L->ckpt_secret = pkv_get_u64(h + 24);
     L->ckpt_raw = pkv_get_u64(h + 32);
     L->ckpt_body = pkv_get_u64(h + 40);
+    L->ckpt_sum = pkv_get_u64(h + 48);
     L->ckpt_ok = true;
+}
+
+/* ---- Delta checkpoints --------------------------------------------------------- */
+
+const char *kd_delta_state_name(int state) {
+    switch (state) {
+    case KD_DELTA_APPLIED:   return "applied";
+    case KD_DELTA_STALE:     return "stale";
+    case KD_DELTA_BROKEN:    return "broken";
+    case KD_DELTA_FOREIGN:   return "foreign";
+    case KD_DELTA_UNREACHED: return "unreached";
+    default:                 return "unknown";
+    }
+}
+
+/* Where reading a delta failed (kd_delta.fail), in the order load_chain() tests. */
+enum {
+    DF_READ = 1, /* missing, unreadable, bad header, body checksum, LZ4 (pkv_ckpt_read) */
+    DF_HEAD,     /* the raw snapshot's head: version, kind (pkv_ckpt_info) */
+    DF_BODY,     /* the rest, with the checks of pkv_ckpt_load */
+};
+
+static void delta_fail(kd_delta *d, int stage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void delta_fail(kd_delta *d, int stage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof d->err, fmt, ap);
+    va_end(ap);
+    d->fail = stage;
+}
+
+/* A library message about `path`, without the directory (the file name stays). */
+static const char *strip_dir(const char *msg, const char *dir) {
+    size_t n = strlen(dir);
+    return !strncmp(msg, dir, n) && msg[n] == '/' ? msg + n + 1 : msg;
+}
+
+/* Decode a delta's raw snapshot (docs/format.md) with the checks pkv_ckpt_load
+ * makes, counting its changed sealed and freed blocks and its sequences. */
+static void parse_delta(const uint8_t *raw, size_t len, const kd_hdr *h, kd_delta *d) {
+    pkv_ckpt_meta m;
+    if (pkv_ckpt_info(raw, len, &m)) {
+        delta_fail(d, DF_HEAD, "%s", pkv_last_error());
+        return;
+    }
+    if (!m.delta) {
+        delta_fail(d, DF_HEAD, "holds a full checkpoint");
+        return;
+    }
+    d->prev_lsn = m.prev_lsn;
+    d->prev_sum = m.prev_sum;
+    const uint32_t bs = pkv_get_u32(raw + 4), cap = pkv_get_u32(raw + 8);
+    if (bs != h->block_size || cap != h->capacity) {
+        delta_fail(d, DF_BODY, "geometry (block size %u, capacity %u) differs from the "
+                   "arena's (%u, %llu)", bs, cap, h->block_size,
+                   (unsigned long long)h->capacity);
+        return;
+    }
+    const size_t per = 56 + 4ull * bs;
+    size_t off = 32 + 8 * 8; /* head with the link, counters */
+    if (len < off + 8) goto truncated; /* from here on off <= len */
+    uint64_t ns = pkv_get_u64(raw + off);
+    off += 8;
+    if (ns > cap || ns * per > len - off) {
+        delta_fail(d, DF_BODY, "bad sealed block count %llu", (unsigned long long)ns);
+        return;
+    }
+    for (uint64_t i = 0; i < ns; i++, off += per) {
+        uint32_t blk = pkv_get_u32(raw + off), parent = pkv_get_u32(raw + off + 4);
+        if (blk >= cap || (parent != PKV_NONE && parent >= cap)) {
+            delta_fail(d, DF_BODY, "block %u / parent %u out of range", blk, parent);
+            return;
+        }
+    }
+    if (len - off < 8) goto truncated;
+    uint64_t nf = pkv_get_u64(raw + off);
+    off += 8;
+    if (nf > cap || nf * 4 > len - off) {
+        delta_fail(d, DF_BODY, "bad freed block count %llu", (unsigned long long)nf);
+        return;
+    }
+    for (uint64_t i = 0; i < nf; i++, off += 4)
+        if (pkv_get_u32(raw + off) >= cap) {
+            delta_fail(d, DF_BODY, "freed block %u out of range", pkv_get_u32(raw + off));
+            return;
+        }
+    if (len - off < 8) goto truncated;
+    uint64_t nq = pkv_get_u64(raw + off);
+    off += 8;
+    for (uint64_t i = 0; i < nq; i++) {
+        if (len - off < 32) goto truncated;
+        uint32_t nb = pkv_get_u32(raw + off + 24), ntail = pkv_get_u32(raw + off + 28);
+        off += 32;
+        if (ntail >= bs || 4ull * nb + 4ull * ntail > len - off) {
+            delta_fail(d, DF_BODY, "sequence %llu malformed", (unsigned long long)i);
+            return;
+        }
+        off += 4ull * nb + 4ull * ntail;
+    }
+    if (off != len) {
+        delta_fail(d, DF_BODY, "%zu trailing bytes", len - off);
+        return;
+    }
+    d->sealed = ns;
+    d->freed = nf;
+    d->sequences = nq;
+    return;
+truncated:
+    delta_fail(d, DF_BODY, "truncated");
+}
+
+/* Read delta-<d->no> in full (pkv_ckpt_read: header, body checksum, LZ4) and
+ * decode it. *vanished as for read_ckpt_header. */
+static void read_delta(const char *dir, const kd_hdr *h, kd_delta *d, bool *vanished) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)d->no);
+    struct stat st;
+    if (stat(path, &st)) {
+        if (errno == ENOENT) *vanished = true;
+        delta_fail(d, DF_READ, "cannot open: %s", strerror(errno));
+        return;
+    }
+    d->file_size = (uint64_t)st.st_size;
+    d->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+    uint8_t *raw = NULL;
+    size_t len = 0;
+    uint64_t end = 0;
+    if (pkv_ckpt_read(pkv_io_default(), path, DELTA_MAGIC, &d->secret, &d->lsn, &end, &raw,
+                      &len, &d->body_sum)) {
+        if (stat(path, &st) && errno == ENOENT) *vanished = true;
+        delta_fail(d, DF_READ, "%s", strip_dir(pkv_last_error(), dir));
+        return;
+    }
+    d->raw = len;
+    parse_delta(raw, len, h, d);
+    free(raw);
+}
+
+/* The file before a delta in the chain, for messages: "ckpt-..." or "delta-...". */
+static void prev_name(const kd_log *L, size_t i, char *out, size_t n) {
+    if (i == 0 || L->deltas[i - 1].state != KD_DELTA_APPLIED)
+        snprintf(out, n, "ckpt-%016llx", (unsigned long long)L->ckpt_no);
+    else
+        snprintf(out, n, "delta-%016llx", (unsigned long long)L->deltas[i - 1].no);
+}
+
+/* Whether delta i links onto the file before it (LSN prev_lsn, body checksum
+ * prev_sum), with the tests of load_chain() in its order. Sets the state. */
+static void link_delta(kd_log *L, size_t i, uint64_t prev_lsn, uint64_t prev_sum,
+                       uint64_t secret) {
+    kd_delta *d = &L->deltas[i];
+    char before[40];
+    prev_name(L, i, before, sizeof before);
+    char why[512];
+    why[0] = '\0';
+    if (d->fail == DF_READ) {
+        snprintf(why, sizeof why, "unreadable: %s", d->err);
+    } else if (d->lsn != d->no) {
+        snprintf(why, sizeof why, "covers LSN %llu, not the one its name says",
+                 (unsigned long long)d->lsn);
+    } else if (d->secret != secret) {
+        d->state = KD_DELTA_FOREIGN;
+        return;
+    } else if (d->fail == DF_HEAD) {
+        snprintf(why, sizeof why, "%s", d->err);
+    } else if (d->prev_lsn != prev_lsn) {
+        bool present = d->prev_lsn == L->ckpt_no;
+        for (size_t k = 0; k < L->ndeltas; k++) present |= L->deltas[k].no == d->prev_lsn;
+        snprintf(why, sizeof why, "the checkpoint chain is broken: it applies on the file of "
+                 "LSN %llu%s; the file before it is %s (LSN %llu)",
+                 (unsigned long long)d->prev_lsn,
+                 present ? "" : ", which is not in the directory", before,
+                 (unsigned long long)prev_lsn);
+    } else if (d->prev_sum != prev_sum) {
+        snprintf(why, sizeof why, "the checkpoint chain is broken: it applies on a file of "
+                 "LSN %llu with body checksum %016llx, but %s has %016llx (replaced)",
+                 (unsigned long long)prev_lsn, (unsigned long long)d->prev_sum, before,
+                 (unsigned long long)prev_sum);
+    } else if (d->fail == DF_BODY) {
+        snprintf(why, sizeof why, "does not decode: %s", d->err);
+    }
+    if (!why[0]) {
+        d->state = KD_DELTA_APPLIED;
+        return;
+    }
+    d->state = KD_DELTA_BROKEN;
+    snprintf(d->err, sizeof d->err, "%.*s", (int)sizeof d->err - 1, why);
+}
+
+/* Place every delta in the chain recovery loads, as load_chain() does, and set
+ * chain_lsn: where the log is read from. */
+static void link_chain(kd_log *L, uint64_t secret) {
+    L->chain_ok = true;
+    L->chain_lsn = L->ckpt_ok ? L->ckpt_lsn : 0;
+    uint64_t prev_lsn = L->ckpt_lsn, prev_sum = L->ckpt_sum;
+    bool stop = false;
+    for (size_t i = 0; i < L->ndeltas; i++) {
+        kd_delta *d = &L->deltas[i];
+        if (L->have_ckpt && d->no <= L->ckpt_no) {
+            d->state = KD_DELTA_STALE;
+            L->nstale++;
+            continue;
+        }
+        if (!L->have_ckpt && !stop) {
+            d->state = KD_DELTA_BROKEN;
+            snprintf(d->err, sizeof d->err, "no full checkpoint (ckpt-*) to apply it on");
+        } else if (stop || !L->ckpt_ok) {
+            d->state = KD_DELTA_UNREACHED;
+            continue;
+        } else {
+            link_delta(L, i, prev_lsn, prev_sum, secret);
+        }
+        stop = d->state != KD_DELTA_APPLIED;
+        if (d->state == KD_DELTA_FOREIGN) { /* recovery reads the log after it */
+            L->chain_foreign = true;
+            L->chain_lsn = d->lsn;
+        } else if (d->state == KD_DELTA_BROKEN) {
+            L->chain_ok = false;
+            snprintf(L->chain_err, sizeof L->chain_err, "delta-%016llx: %s",
+                     (unsigned long long)d->no, d->err);
+        } else {
+            L->nchain++;
+            L->chain_raw += d->raw;
+            L->chain_lsn = prev_lsn = d->lsn;
+            prev_sum = d->body_sum;
+        }
+    }
+}
+
+/* Read the chain's files: the full checkpoint's header, every delta. */
+static void read_chain(const char *dir, const kd_hdr *h, kd_log *L, bool *vanished) {
+    L->ckpt_no = L->ckpt_lsn;
+    if (L->have_ckpt) read_ckpt_header(dir, L, vanished);
+    for (size_t i = 0; i < L->ndeltas; i++) read_delta(dir, h, &L->deltas[i], vanished);
 }
 
 static void load_seg_header(const char *dir, const kd_hdr *h, kd_seg *s) {
@@ -197,7 +442,7 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
         snprintf(why, wl, "open directory %s: %s", dir, strerror(errno));
         return PKV_EIO;
     }
-    size_t cap = 0;
+    size_t cap = 0, dcap = 0;
     struct dirent *e;
     int rc = 0;
     while ((e = readdir(d))) {
@@ -221,6 +466,20 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
             if (!L->have_ckpt || n > L->ckpt_lsn) L->ckpt_lsn = n;
             L->have_ckpt = true;
             L->nckpt_files++;
+        } else if (pkv_wal_name_no(e->d_name, "delta-", &n)) {
+            if (L->ndeltas == dcap) {
+                dcap = dcap ? dcap * 2 : 16;
+                kd_delta *nd = realloc(L->deltas, dcap * sizeof *nd);
+                if (!nd) {
+                    snprintf(why, wl, "out of memory listing %s", dir);
+                    rc = PKV_ENOMEM;
+                    break;
+                }
+                L->deltas = nd;
+            }
+            kd_delta *x = &L->deltas[L->ndeltas++];
+            memset(x, 0, sizeof *x);
+            x->no = n;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
             if (n < 64) L->spare_mask |= 1ull << n;
             else L->nspare_ignored++;
@@ -250,6 +509,8 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
         }
         free(nos);
     }
+    /* Deltas by number (kd_delta starts with it). */
+    if (!rc && L->ndeltas) qsort(L->deltas, L->ndeltas, sizeof *L->deltas, cmp_u64);
     return rc;
 }
 
@@ -432,11 +693,25 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
 
 int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,
                 char *why, size_t wl) {
-    memset(L, 0, sizeof *L);
-    int rc = list_dir(dir, L, why, wl);
-    if (rc) return rc;
-    if (L->have_ckpt) read_ckpt_header(dir, L);
-    uint64_t after = L->ckpt_ok ? L->ckpt_lsn : 0;
+    int rc;
+    /* A live writer's full checkpoint removes the older ckpt-* and every delta-*
+     * file: when a listed one is gone, list again. */
+    for (int attempt = 0;; attempt++) {
+        memset(L, 0, sizeof *L);
+        rc = list_dir(dir, L, why, wl);
+        if (rc) {
+            kd_log_free(L);
+            return rc;
+        }
+        bool vanished = false;
+        read_chain(dir, h, L, &vanished);
+        if (!vanished || attempt == 49) break;
+        kd_log_free(L);
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    link_chain(L, h->secret);
+    uint64_t after = L->chain_lsn;
     uint64_t expect = after + 1;
     L->last_lsn = after;
     size_t i0 = 0;
@@ -561,7 +836,9 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
 
 void kd_log_free(kd_log *L) {
     free(L->segs);
+    free(L->deltas);
     L->segs = NULL;
+    L->deltas = NULL;
 }
 
 /* ---- kvdump wal ---------------------------------------------------------------- */
@@ -570,8 +847,9 @@ static const char wal_usage[] =
     "usage: kvdump wal DIR [--from LSN] [--to LSN] [--type T[,T...]] [--stats] [--json]\n"
     "\n"
     "Print the records of the log one per line, in LSN order, as recovery reads them\n"
-    "(from the segment that holds the checkpoint's LSN + 1), then the LSN where the\n"
-    "valid log ends and why. Records covered by the checkpoint are marked.\n"
+    "(from the segment that holds LSN + 1 of the newest file of the checkpoint chain:\n"
+    "the full checkpoint, or the last delta checkpoint on it), then the LSN where the\n"
+    "valid log ends and why. Records covered by the checkpoint chain are marked.\n"
     "\n"
     "  --from LSN   only records with LSN >= LSN\n"
     "  --to LSN     only records with LSN <= LSN\n"
@@ -805,11 +1083,16 @@ int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
         tot_b += w.bytes[t];
     }
     if (x->json) {
-        if (L.have_ckpt) {
+        if (L.have_ckpt || L.ndeltas) {
             kj_obj(j, "checkpoint", false);
-            kj_u64(j, "lsn", L.ckpt_lsn);
+            if (L.have_ckpt) kj_u64(j, "lsn", L.ckpt_lsn);
+            else kj_null(j, "lsn");
             kj_bool(j, "ok", L.ckpt_ok);
-            kj_str(j, "error", L.ckpt_ok ? NULL : L.ckpt_err);
+            kj_str(j, "error", L.ckpt_ok ? NULL : L.have_ckpt ? L.ckpt_err : "no full checkpoint");
+            kj_u64(j, "deltas", L.nchain);
+            kj_u64(j, "chain_lsn", L.chain_lsn);
+            kj_bool(j, "chain_ok", L.chain_ok);
+            kj_str(j, "chain_error", L.chain_ok ? NULL : L.chain_err);
             kj_end_obj(j);
         } else {
             kj_null(j, "checkpoint");
@@ -885,9 +1168,16 @@ int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
                    nread, L.nsegs);
         }
         if (L.have_ckpt && !L.ckpt_ok) printf("checkpoint: %s\n", L.ckpt_err);
+        if (!L.chain_ok) printf("checkpoint chain: %s\n", L.chain_err);
+        if (L.nchain)
+            printf("checkpoint chain: full checkpoint LSN %llu + %zu delta%s, the log is read "
+                   "after LSN %llu\n", (unsigned long long)L.ckpt_lsn, L.nchain,
+                   L.nchain == 1 ? "" : "s", (unsigned long long)L.chain_lsn);
         if (L.end_reason == KD_END_NONE)
             printf("end of log: no log segment to read; last LSN %llu%s\n",
-                   (unsigned long long)L.last_lsn, L.have_ckpt ? " (from the checkpoint)" : "");
+                   (unsigned long long)L.last_lsn,
+                   !L.have_ckpt ? "" : L.nchain ? " (from the checkpoint chain)"
+                                                : " (from the checkpoint)");
         else
             printf("end of log: last valid LSN %llu (segment %llu, offset 0x%llx): %s\n",
                    (unsigned long long)L.last_lsn, (unsigned long long)L.end_seg,

@@ -421,7 +421,7 @@ static void wipe_cache_dir(const char *dir) {
     }
     static const char *exact[] = {"arena", "arena.tmp", "LOCK", "ckpt.tmp", "arena.link.tmp",
                                   "cuda.status", "cuda.status.tmp"};
-    static const char *prefix[] = {"wal-", "ckpt-"};
+    static const char *prefix[] = {"wal-", "ckpt-", "delta-"};
     char (*names)[256] = NULL;
     size_t n = 0;
     struct dirent *e;
@@ -429,7 +429,8 @@ static void wipe_cache_dir(const char *dir) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         bool ok = false;
         for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) ok |= !strcmp(e->d_name, exact[i]);
-        for (size_t i = 0; i < 2; i++) ok |= !strncmp(e->d_name, prefix[i], strlen(prefix[i]));
+        for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+            ok |= !strncmp(e->d_name, prefix[i], strlen(prefix[i]));
         if (!ok || strlen(e->d_name) >= 256) {
             closedir(d);
             die("refusing to empty %s: it holds '%s', which is not a pagedkv file "
