@@ -95,8 +95,10 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (!c->rdonly) {
         if ((rc = pkv_wal_start(c, next_lsn, next_seg))) goto fail;
         /* After cutting a damaged log, or dropping lost blocks, make the repaired
-         * state the new base at once so the damage is never read again. */
-        if (c->rec.repaired) {
+         * state the new base at once so the damage is never read again. With
+         * PKV_OPEN_FULL_CHECKPOINTS, a chain of deltas is replaced by a full
+         * checkpoint at once too, so the directory is one older builds read. */
+        if (c->rec.repaired || (c->wal.full_only && c->rec.checkpoint_deltas)) {
             pkv_lock(c);
             rc = pkv_wal_checkpoint(c);
             pkv_unlock(c);

@@ -485,12 +485,52 @@ Test(checkpoint, the_full_checkpoints_flag_writes_no_delta)
     o.flags |= PKV_OPEN_FULL_CHECKPOINTS;
     c = wu_open_ok(dir, &o);
     cr_assert_eq(recovery(c).checkpoint_deltas, 1); /* a chain opens with the flag */
+    /* ... and is replaced by a full checkpoint at once. */
+    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    cr_assert_eq(stats(c).checkpoints, 1);
     for (uint32_t k = 0; k < 3; k++) {
         prompt_cached(c, 10 + k, 10 + k, 1, 16);
         cr_assert(!checkpoint(c), "checkpoint %u was a delta", k);
         cr_assert_eq(wu_count(dir, "delta-"), 0);
     }
     pt_close(c);
+}
+
+/* A delta of another arena on top of this arena's checkpoint is a stray file, not
+ * a replaced arena: the open fails and changes nothing (it used to take the
+ * "arena replaced" path and drop the whole cache). */
+Test(checkpoint, a_delta_of_another_arena_fails_the_open)
+{
+    char a[512], b[512];
+    pt_path(a, sizeof a, "arena-a");
+    pt_path(b, sizeof b, "arena-b");
+    pkv_options o;
+    opts(&o, 512);
+    pkv_cache *ca = wu_open_ok(a, &o), *cb = wu_open_ok(b, &o);
+    prompt_cached(ca, 1, 1, 4, 16);
+    prompt_cached(cb, 1, 1, 4, 16);
+    cr_assert(!checkpoint(ca));
+    cr_assert(!checkpoint(cb));
+    for (uint32_t k = 0; k < 8; k++) prompt_cached(cb, 10 + k, 10 + k, 4, 16);
+    cr_assert(checkpoint(cb));
+    uint64_t lb = stats(cb).checkpoint_lsn;
+    cr_assert(lb > stats(ca).checkpoint_lsn);
+    pt_close(ca);
+    pt_close(cb);
+    char from[600], to[600];
+    snprintf(from, sizeof from, "%s/delta-%016llx", b, (unsigned long long)lb);
+    snprintf(to, sizeof to, "%s/delta-%016llx", a, (unsigned long long)lb);
+    size_t n = 0;
+    uint8_t *buf = wu_read_file(from, &n);
+    wu_write_file(to, buf, n);
+    free(buf);
+    wu_dirsnap snap;
+    wu_dirsnap_take(&snap, a);
+    pkv_cache *c = NULL;
+    cr_assert_eq(wu_open(a, &o, &c), PKV_ECORRUPT);
+    cr_assert(strstr(pkv_last_error(), "another arena"), "error: %s", pkv_last_error());
+    wu_dirsnap_same(&snap, a, "after the failed open");
+    wu_dirsnap_free(&snap);
 }
 
 /* With nothing logged since the newest file, a due automatic checkpoint writes no

@@ -273,7 +273,6 @@ static void print_delta(const kd_delta *d) {
                (unsigned long long)d->freed, (unsigned long long)d->sequences,
                d->sequences == 1 ? "" : "s");
     if (d->state == KD_DELTA_BROKEN) printf("; BROKEN: %s", d->err);
-    else if (d->state == KD_DELTA_FOREIGN) printf("; written for another arena");
     else if (d->state == KD_DELTA_UNREACHED) printf("; not applied (the chain breaks before it)");
     putchar('\n');
 }
@@ -296,9 +295,6 @@ static void print_chain(const kd_log *L) {
     }
     if (!L->chain_ok)
         printf("chain       BROKEN: %s; recovery fails\n", L->chain_err);
-    else if (L->chain_foreign)
-        printf("chain       a delta describes another arena: recovery drops every block and "
-               "sequence and replays the log after LSN %llu\n", (unsigned long long)L->chain_lsn);
     else if (L->nchain)
         printf("chain       full checkpoint + %zu delta%s (raw %s): the log is replayed after "
                "LSN %llu\n", L->nchain, L->nchain == 1 ? "" : "s",
@@ -1506,18 +1502,14 @@ static bool delta_stays(const char *dir, uint64_t no, bool *slept) {
 }
 
 /* The checkpoint chain (kd_log_scan): a break is a problem (recovery fails), a
- * delta of another arena too (recovery drops everything), stale deltas notes. */
+ * delta of another arena than its chain is a broken chain), stale deltas notes. */
 static void verify_chain(const char *dir, const kd_log *L, vlist *prob, vlist *notes) {
     size_t unreached = 0, vanished = 0;
     bool slept = false;
     for (size_t i = 0; i < L->ndeltas; i++) {
         const kd_delta *d = &L->deltas[i];
         unreached += d->state == KD_DELTA_UNREACHED && L->ckpt_ok;
-        if (d->state == KD_DELTA_FOREIGN)
-            vadd(prob, "foreign_checkpoint", UINT64_MAX, UINT64_MAX, "delta-%016llx (LSN "
-                 "%llu) describes another arena (the arena was replaced or recreated)",
-                 (unsigned long long)d->no, (unsigned long long)d->lsn);
-        else if (d->state == KD_DELTA_STALE && !delta_stays(dir, d->no, &slept))
+        if (d->state == KD_DELTA_STALE && !delta_stays(dir, d->no, &slept))
             vanished++;
         else if (d->state == KD_DELTA_STALE)
             vadd(notes, "stale_delta", UINT64_MAX, UINT64_MAX, "delta-%016llx: LSN %llu is not "

@@ -194,8 +194,6 @@ enum kd_delta_state {
     KD_DELTA_STALE,       /* no <= the full checkpoint's LSN: left from an older chain
                              (a crash before a full checkpoint deleted it); ignored */
     KD_DELTA_BROKEN,      /* the chain breaks here: recovery fails */
-    KD_DELTA_FOREIGN,     /* written for another arena: recovery stops here and
-                             drops every block and sequence (arena replaced) */
     KD_DELTA_UNREACHED,   /* after the break (or the full checkpoint is unreadable) */
 };
 const char *kd_delta_state_name(int state);
@@ -231,7 +229,6 @@ typedef struct kd_log {
     size_t nstale;         /* stale deltas */
     uint64_t chain_lsn;
     bool chain_ok;
-    bool chain_foreign;    /* a delta of another arena: recovery drops everything */
     char chain_err[400];
     uint64_t chain_raw;    /* raw bytes of the applied deltas */
     kd_seg *segs;

@@ -158,7 +158,6 @@ const char *kd_delta_state_name(int state) {
     case KD_DELTA_APPLIED:   return "applied";
     case KD_DELTA_STALE:     return "stale";
     case KD_DELTA_BROKEN:    return "broken";
-    case KD_DELTA_FOREIGN:   return "foreign";
     case KD_DELTA_UNREACHED: return "unreached";
     default:                 return "unknown";
     }
@@ -311,8 +310,8 @@ static void link_delta(kd_log *L, size_t i, uint64_t prev_lsn, uint64_t prev_sum
         snprintf(why, sizeof why, "covers LSN %llu, not the one its name says",
                  (unsigned long long)d->lsn);
     } else if (d->secret != secret) {
-        d->state = KD_DELTA_FOREIGN;
-        return;
+        snprintf(why, sizeof why, "the checkpoint chain is broken: the delta describes "
+                 "another arena than the checkpoints before it");
     } else if (d->fail == DF_HEAD) {
         snprintf(why, sizeof why, "%s", d->err);
     } else if (d->prev_lsn != prev_lsn) {
@@ -363,10 +362,7 @@ static void link_chain(kd_log *L, uint64_t secret) {
             link_delta(L, i, prev_lsn, prev_sum, secret);
         }
         stop = d->state != KD_DELTA_APPLIED;
-        if (d->state == KD_DELTA_FOREIGN) { /* recovery reads the log after it */
-            L->chain_foreign = true;
-            L->chain_lsn = d->lsn;
-        } else if (d->state == KD_DELTA_BROKEN) {
+        if (d->state == KD_DELTA_BROKEN) {
             L->chain_ok = false;
             snprintf(L->chain_err, sizeof L->chain_err, "delta-%016llx: %s",
                      (unsigned long long)d->no, d->err);

@@ -929,6 +929,9 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         if (!rc && !is_base && lsn != no)
             rc = pkv_err(PKV_ECORRUPT, "%s: covers LSN %llu, not the one its name says",
                          path, (unsigned long long)lsn);
+        if (!rc && !is_base && secret != c->arena.secret)
+            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the delta "
+                         "describes another arena than the checkpoints before it", path);
         if (!rc && secret != c->arena.secret) {
             free(raw);
             *after = lsn;
@@ -955,8 +958,7 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         if (!rc) rc = pkv_ckpt_load(c, raw, len, i == ndeltas);
         free(raw);
         if (rc) return rc;
-        if (is_base) c->wal.ckpt_raw = c->wal.base_raw = len;
-        else c->wal.ckpt_raw += len, rec->checkpoint_deltas++;
+        if (!is_base) rec->checkpoint_deltas++;
         prev_lsn = lsn;
         prev_sum = sum;
         *after = lsn;
@@ -1017,6 +1019,13 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         /* The old log and checkpoints describe another arena: remove them so they
          * are never read again (the repair checkpoint becomes the new base). */
         char path[4200];
+        /* Deltas first, made durable before the full checkpoint goes: deltas
+         * without a full checkpoint would fail every later open. */
+        for (size_t i = 0; i < ndeltas; i++) {
+            snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)deltas[i]);
+            c->wal.io->unlink(c->wal.io->ctx, path);
+        }
+        if (ndeltas) c->wal.io->sync_dir(c->wal.io->ctx, dir);
         for (size_t i = 0; i < n; i++) {
             snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)nos[i]);
             c->wal.io->unlink(c->wal.io->ctx, path);
@@ -1025,16 +1034,15 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
             snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)ckpt);
             c->wal.io->unlink(c->wal.io->ctx, path);
         }
-        for (size_t i = 0; i < ndeltas; i++) {
-            snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)deltas[i]);
-            c->wal.io->unlink(c->wal.io->ctx, path);
-        }
         c->wal.nsegs = 0;
         c->wal.tail_ok = false;
         c->wal.io->sync_dir(c->wal.io->ctx, dir);
     }
     rc = rebuild(c, c->arena.valid_blocks, drop_all);
     if (rc) goto out;
+    /* The adaptive threshold: what a full snapshot of the recovered state takes
+     * (as after a checkpoint at run time), not the chain's bytes. */
+    if (have_ckpt && !drop_all) c->wal.ckpt_raw = pkv_ckpt_full_estimate(c);
     c->wal.ckpt_lsn = rec->checkpoint_lsn;
     if (!drop_all && c->arena.valid_blocks < c->pool.capacity && rec->note[0] == '\0')
         snprintf(rec->note, sizeof rec->note,

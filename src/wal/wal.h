@@ -93,7 +93,7 @@ typedef struct pkv_wal {
     uint64_t ckpt_bytes;  /* checkpoint_bytes, or 64 MiB when it was 0 */
     bool ckpt_adaptive;   /* checkpoint_bytes was 0: see pkv_wal_ckpt_due */
     uint64_t ckpt_raw;    /* raw bytes a full snapshot took at the newest checkpoint (a
-                             delta's: its estimate; at open: the chain's bytes); the
+                             delta's, and at open: an estimate from the counts); the
                              adaptive threshold (0: none) */
     uint64_t base_raw;    /* raw bytes of the chain's full checkpoint: the budget of
                              its deltas */
@@ -309,8 +309,10 @@ void pkv_wal_drain_limbo(pkv_cache *c);
  * sealed block. Either way the copied blocks' dirty bits are cleared. */
 int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *len,
                        uint64_t *lsn, uint64_t *end_lsn, uint64_t *full_len);
-/* Bytes a delta would take now (an upper bound; cache lock held). */
+/* Bytes a delta would take now (an upper bound), and a full snapshot (cache lock
+ * held, or recovery). */
 uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c);
+uint64_t pkv_ckpt_full_estimate(const pkv_cache *c);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
  * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
  * A full checkpoint then deletes every older checkpoint and delta file. */
