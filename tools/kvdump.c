@@ -1624,9 +1624,8 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
                      "recycling failed); the next writable open deletes it", k, L.nspare);
         if (L.nspare_ignored)
             vadd(&notes, "stray_file", UINT64_MAX, UINT64_MAX, "%zu wal-spare-* file%s "
-                 "numbered 64 or more: no writer makes them; the library ignores them "
-                 "and never deletes them", L.nspare_ignored,
-                 L.nspare_ignored == 1 ? "" : "s");
+                 "numbered 64 or more: no writer makes them; the next writable open "
+                 "deletes them", L.nspare_ignored, L.nspare_ignored == 1 ? "" : "s");
     }
     /* Read the state. A live writer evicts cached blocks and reuses their slots
      * at once, before the EVICT record reaches the log, so a snapshot (the valid

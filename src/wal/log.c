@@ -31,6 +31,7 @@
  */
 #include "internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -565,11 +566,20 @@ static void *ckpt_main(void *arg) {
  * before a checkpoint renamed a retired segment over it: delete them, best
  * effort. They hold no records; a failed unlink is retried at the next open. */
 static void drop_stray_spares(pkv_wal *w) {
-    for (uint64_t k = 0; k < 64; k++) {
+    if (!w->stray_spares) return;
+    /* The directory again, for every number: the mask says only whether any is
+     * there (it has a bit per number below 64 and bit 63 for all above). */
+    DIR *d = opendir(w->dir);
+    if (!d) return;
+    struct dirent *e;
+    uint64_t k;
+    while ((e = readdir(d))) {
         char path[4200];
-        if ((w->stray_spares >> k & 1) && !pkv_wal_path(w, path, sizeof path, "wal-spare-", k))
+        if (pkv_wal_name_no(e->d_name, "wal-spare-", &k) && k >= w->nspare &&
+            !pkv_wal_path(w, path, sizeof path, "wal-spare-", k))
             (void)w->io->unlink(w->io->ctx, path);
     }
+    closedir(d);
     w->stray_spares = 0;
 }
 

@@ -481,7 +481,9 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
         } else if (pkv_wal_name_no(e->d_name, "delta-", &n)) {
             if ((rc = push_u64(deltas, ndeltas, &dcap, n))) break;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
-            if (n < 64) *spares |= 1ull << n; /* a writer makes only 0 and 1 */
+            /* a writer makes only 0 and 1; bit 63 also stands for every larger
+             * number, all strays (the run cannot reach 63) */
+            *spares |= 1ull << (n < 63 ? n : 63);
         }
     }
     closedir(d);

@@ -125,7 +125,8 @@ typedef struct pkv_wal {
     struct pkv_seg { uint64_t no, start_lsn; } *segs; /* live segments, oldest first */
     size_t nsegs, segs_cap;
     uint64_t nspare; /* recyclable segment files named wal-spare-<k>, k < nspare */
-    uint64_t stray_spares; /* bit k: wal-spare-<k> outside that run, found at open */
+    uint64_t stray_spares; /* bit k: wal-spare-<k> outside that run, found at open
+                              (bit 63: any numbered 63 or more) */
     /* Where recovery found the log to end cleanly (tail_ok): writing resumes there. */
     bool tail_ok;
     uint64_t tail_no, tail_off, tail_size;
@@ -240,11 +241,13 @@ int pkv_wal_path(const pkv_wal *w, char *out, size_t n, const char *prefix, uint
  * exactly the 16 lowercase hex digits pkv_wal_path writes. Anything else (a
  * backup copy, "0x", a sign or blank, upper case) is not a log file. */
 bool pkv_wal_name_no(const char *name, const char *prefix, uint64_t *no);
-/* Spare segments: given bit k set for each wal-spare-<k> (k < 64), the length of
+/* Spare segments: given bit k set for each wal-spare-<k> (k < 63; recovery sets bit
+ * 63 for any larger number, kvdump counts those apart), the length of
  * the run wal-spare-0, 1, ... that the log recycles from the top, and the others
  * (strays, which a writable open deletes). recovery and kvdump count them alike. */
 static inline uint64_t pkv_wal_spare_run(uint64_t mask) {
-    return ~mask ? (uint64_t)__builtin_ctzll(~mask) : 64;
+    uint64_t run = ~mask ? (uint64_t)__builtin_ctzll(~mask) : 64;
+    return run < 63 ? run : 63; /* recovery's bit 63 also stands for larger numbers */
 }
 static inline uint64_t pkv_wal_spare_strays(uint64_t mask) {
     uint64_t run = pkv_wal_spare_run(mask);
