@@ -9,6 +9,25 @@
 
 #define MAX_PARTS 6
 
+/* Split part 1 at each FZ_DELTA marker: piece 0 is the full checkpoint, pieces
+ * 1.. the deltas (u64 name, then the file); the last piece takes the rest. */
+static size_t split_deltas(const uint8_t *p, size_t n, const uint8_t **piece, size_t *len) {
+    size_t np = 0, start = 0;
+    for (size_t i = 0; np < FZ_MAX_DELTAS && i + 8 <= n;) {
+        if (!memcmp(p + i, FZ_DELTA, 8)) {
+            piece[np] = p + start;
+            len[np++] = i - start;
+            i += 8;
+            start = i;
+        } else {
+            i++;
+        }
+    }
+    piece[np] = p + start;
+    len[np++] = n - start;
+    return np;
+}
+
 bool fz_cachedir_build(fz_cachedir *cd, const char *name, const uint8_t *data, size_t size) {
     if (size < 1) return false;
     cd->flags = data[0];
@@ -57,10 +76,24 @@ bool fz_cachedir_build(fz_cachedir *cd, const char *name, const uint8_t *data, s
         uint64_t slots = (cd->flags & 2) ? g.capacity / 2 : g.capacity;
         if (truncate(path, (off_t)(PKV_PAGE + slots * g.slot_bytes))) fz_fail("truncate");
     }
-    if (np > 1 && plen[1] > 0) {
-        uint64_t lsn = plen[1] >= 24 ? pkv_get_u64(part[1] + 16) : 0;
-        snprintf(fname, sizeof fname, "ckpt-%016llx", (unsigned long long)lsn);
-        if (fz_write(cd->dir, fname, part[1], plen[1])) fz_fail("write ckpt");
+    if (np > 1) {
+        /* The checkpoint chain: the full checkpoint, then the deltas. */
+        const uint8_t *ck[FZ_MAX_DELTAS + 1];
+        size_t cklen[FZ_MAX_DELTAS + 1];
+        size_t nck = split_deltas(part[1], plen[1], ck, cklen);
+        if (cklen[0] > 0) {
+            uint64_t lsn = cklen[0] >= 24 ? pkv_get_u64(ck[0] + 16) : 0;
+            snprintf(fname, sizeof fname, "ckpt-%016llx", (unsigned long long)lsn);
+            if (fz_write(cd->dir, fname, ck[0], cklen[0])) fz_fail("write ckpt");
+        }
+        for (size_t i = 1; i < nck; i++) {
+            uint8_t no[8] = {0};
+            size_t k = cklen[i] < 8 ? cklen[i] : 8;
+            memcpy(no, ck[i], k);
+            snprintf(fname, sizeof fname, "delta-%016llx",
+                     (unsigned long long)pkv_get_u64(no));
+            if (fz_write(cd->dir, fname, ck[i] + k, cklen[i] - k)) fz_fail("write delta");
+        }
     }
     for (size_t i = 2; i < np; i++) {
         uint64_t no = plen[i] >= 24 ? pkv_get_u64(part[i] + 16) : i - 1;

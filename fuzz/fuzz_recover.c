@@ -1,8 +1,9 @@
 /*
  * fuzz_recover.c — libFuzzer target for whole-directory recovery (pkv_open):
- * the arena header (src/arena.c), checkpoint selection and loading, segment
- * headers, the log walk with torn-tail / corruption / gap decisions
- * (src/wal/replay.c), rebuild, verification and the repair checkpoint.
+ * the arena header (src/arena.c), checkpoint selection and loading (the full
+ * checkpoint and its chain of delta checkpoints, load_chain), segment headers,
+ * the log walk with torn-tail / corruption / gap decisions (src/wal/replay.c),
+ * rebuild, verification and the repair checkpoint.
  *
  * Input: a cache directory as built by fuzz_dir.c (format in fuzz_dir.h).
  * Flags: 1 read-only open first; 2 short arena; 4 PKV_OPEN_POINT_IN_TIME.

@@ -2,12 +2,14 @@
  * gen_corpus.c — writes the seed corpora of the fuzz targets from real files:
  * it builds caches with the library (the fuzzing variant, so log segments are
  * small), runs a workload of every kind of call, and copies out the log
- * segments, checkpoints (as files and as raw snapshots), arena headers, whole
- * directories (for fuzz_recover) and kvdump bundles (through kd_cmd_export, as
+ * segments, checkpoints and delta checkpoints (as files and as raw snapshots),
+ * arena headers, whole directories with their checkpoint chains (for
+ * fuzz_recover and fuzz_kvdump) and kvdump bundles (through kd_cmd_export, as
  * `kvdump export` writes them). The fuzz_api seeds are op strings from a fixed
  * PRNG. Usage: gen_corpus OUTDIR (writes OUTDIR/<target>/seed-*).
  * scripts/fuzz.sh --regen-corpus runs it and then minimizes with -merge=1.
  */
+#include "fuzz_dir.h"
 #include "fuzz_template.h"
 #include "internal.h"
 #include "kvdump.h"
@@ -111,6 +113,9 @@ static void workload(pkv_cache *c, uint32_t bs, int steps, bool kv) {
     }
 }
 
+static int name_cmp(const void *a, const void *b) { return strcmp(a, b); }
+
+/* The files of dir whose names start with prefix (not spares), sorted. */
 static void list_files(const char *dir, const char *prefix, char names[][300], int *n) {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -119,14 +124,91 @@ static void list_files(const char *dir, const char *prefix, char names[][300], i
         if (!strncmp(e->d_name, prefix, strlen(prefix)) && strncmp(e->d_name, "wal-spare", 9))
             snprintf(names[(*n)++], 300, "%.250s", e->d_name);
     if (d) closedir(d);
+    qsort(names, (size_t)*n, sizeof names[0], name_cmp);
 }
 
-/* One geometry: log-only and checkpoint+log directories. */
+/* Checkpoint file at path: as a fuzz_checkpoint seed in mode 0 (the file) and
+ * mode 1 (arena secret + raw snapshot); magic CKPT_MAGIC or DELTA_MAGIC. */
+static void emit_ckpt(unsigned geo, const char *tagbase, const char *path, const char *magic) {
+    char tag[400];
+    uint8_t pre = (uint8_t)geo;
+    size_t n;
+    uint8_t *b = slurp(path, &n);
+    if (!b) fz_fail("read %s", path);
+    snprintf(tag, sizeof tag, "%s-file", tagbase);
+    emit("checkpoint", tag, &pre, 1, b, n);
+    free(b);
+    uint64_t secret, lsn, reach;
+    uint8_t *raw;
+    size_t rl;
+    if (!pkv_ckpt_read(pkv_io_default(), path, magic, &secret, &lsn, &reach, &raw, &rl, NULL)) {
+        uint8_t p1[9];
+        p1[0] = (uint8_t)(geo | 4);
+        pkv_put_u64(p1 + 1, secret);
+        snprintf(tag, sizeof tag, "%s-raw", tagbase);
+        emit("checkpoint", tag, p1, 9, raw, rl);
+        free(raw);
+    } else {
+        fz_fail("gen_corpus: %s does not read back: %s", path, pkv_last_error());
+    }
+}
+
+/* Growing byte buffer for the directory images. */
+typedef struct obuf {
+    uint8_t *p;
+    size_t n, cap;
+} obuf;
+static void ob_put(obuf *b, const void *p, size_t n) {
+    if (b->cap - b->n < n) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap - b->n < n) cap *= 2;
+        b->p = realloc(b->p, cap);
+        if (!b->p) abort();
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+static void ob_delta(obuf *b, uint64_t no, const uint8_t *p, size_t n) {
+    uint8_t u[8];
+    pkv_put_u64(u, no);
+    ob_put(b, FZ_DELTA, 8);
+    ob_put(b, u, 8);
+    ob_put(b, p, n);
+}
+
+/* Directory image for fuzz_recover / fuzz_kvdump (fuzz_dir.h): a byte of flags
+ * (0 here), the arena header page, then the checkpoint chain (the full
+ * checkpoint unless skip_ckpt; each delta unless its index is skip_delta), then
+ * the segments. */
+static void dir_image(obuf *r, const uint8_t *arena, const uint8_t *ck, size_t cn,
+                      bool skip_ckpt, int nd, uint64_t *dno, uint8_t **dd, size_t *dl,
+                      int skip_delta, int ns, uint8_t **sd, size_t *sl) {
+    r->n = 0;
+    ob_put(r, "", 1);
+    ob_put(r, arena, PKV_PAGE);
+    ob_put(r, FZ_SEP, 8);
+    if (ck && !skip_ckpt) ob_put(r, ck, cn);
+    for (int i = 0; i < nd; i++)
+        if (i != skip_delta) ob_delta(r, dno[i], dd[i], dl[i]);
+    for (int i = 0; i < ns; i++) {
+        ob_put(r, FZ_SEP, 8);
+        ob_put(r, sd[i], sl[i]);
+    }
+}
+
+/* Variants of one geometry: 0 log only; 1 a checkpoint and log; 2 a
+ * checkpoint and a delta; 3 a checkpoint, two deltas and log after them;
+ * 4 a checkpoint and four deltas over short workloads (few changed blocks). */
+#define NVARIANT 5
+static const int var_deltas[NVARIANT] = {0, 0, 1, 2, 4};
+
+/* One geometry: log-only, checkpoint+log and checkpoint-chain+log directories. */
 static void gen_geo(unsigned geo) {
     pkv_options o;
     fz_geo_opts(&o, geo);
     o.durability = PKV_DURABLE_NONE;
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < NVARIANT; variant++) {
         char name[64], tag[400], path[1400];
         snprintf(name, sizeof name, "gen-%u-%d", geo, variant);
         const char *dir = fz_dir(name);
@@ -135,17 +217,42 @@ static void gen_geo(unsigned geo) {
         pkv_cache *c;
         if (pkv_open(d, &o, &c)) fz_fail("open: %s", pkv_last_error());
         workload(c, fz_geo_bs[geo], 40, false);
-        if (variant >= 1) {
+        if (variant == 1 || variant == 2) {
             pkv_checkpoint(c);
             workload(c, fz_geo_bs[geo], 25, false);
+            if (variant == 2) pkv_checkpoint(c); /* a delta: the second since the open */
+        } else if (variant >= 3) {
+            /* The first checkpoint after an open is full, the later ones deltas;
+             * a checkpoint with nothing logged since the last writes no file, so
+             * the workload between them goes on until something was logged. */
+            pkv_checkpoint(c);
+            for (int k = 0; k < var_deltas[variant]; k++) {
+                pkv_stats_t st0, st1;
+                pkv_stats(c, &st0);
+                do {
+                    workload(c, fz_geo_bs[geo], variant == 3 ? 25 : 6, false);
+                    pkv_stats(c, &st1);
+                } while (st1.last_lsn == st0.last_lsn);
+                pkv_checkpoint(c);
+            }
+            workload(c, fz_geo_bs[geo], variant == 3 ? 20 : 6, false);
         }
-        if (variant == 2) pkv_checkpoint(c);
+        pkv_stats_t st;
+        pkv_stats(c, &st);
+        if (st.checkpoint_deltas != (uint64_t)var_deltas[variant])
+            fz_fail("gen_corpus: geometry %u variant %d wrote %llu delta checkpoints, not %d",
+                    geo, variant, (unsigned long long)st.checkpoint_deltas,
+                    var_deltas[variant]);
         pkv_close(c);
         uint8_t pre = (uint8_t)geo;
-        char segs[16][300], ckpts[16][300];
-        int ns, nc;
+        char segs[16][300], ckpts[16][300], deltas[16][300];
+        int ns, nc, nd;
         list_files(d, "wal-", segs, &ns);
         list_files(d, "ckpt-", ckpts, &nc);
+        list_files(d, "delta-", deltas, &nd);
+        if (nd != var_deltas[variant])
+            fz_fail("gen_corpus: geometry %u variant %d left %d delta files, not %d", geo,
+                    variant, nd, var_deltas[variant]);
         /* fuzz_record: every segment, read after no checkpoint (variant 0) or
          * after the checkpoint's LSN (bits 2-3 of byte 0 approximate it). */
         for (int i = 0; i < ns; i++) {
@@ -156,34 +263,30 @@ static void gen_geo(unsigned geo) {
             emit("record", tag, &pre, 1, b, trimmed(b, n));
             free(b);
         }
-        /* fuzz_checkpoint: the file (mode 0) and its raw snapshot (mode 1). */
+        /* fuzz_checkpoint: each file of the chain (mode 0) and its raw snapshot
+         * (mode 1); the magic tells fuzz_checkpoint a delta from a full one. */
         size_t cn = 0;
         uint8_t *ck = NULL;
         if (nc) {
             snprintf(path, sizeof path, "%.500s/%.250s", d, ckpts[0]);
             ck = slurp(path, &cn);
-            snprintf(tag, sizeof tag, "g%u-v%d-file", geo, variant);
-            emit("checkpoint", tag, &pre, 1, ck, cn);
-            uint64_t secret, lsn, reach;
-            uint8_t *raw;
-            size_t rl;
-            if (!pkv_ckpt_read(pkv_io_default(), path, CKPT_MAGIC, &secret, &lsn, &reach, &raw,
-                               &rl, NULL)) {
-                uint8_t p1[9];
-                p1[0] = (uint8_t)(geo | 4);
-                pkv_put_u64(p1 + 1, secret);
-                snprintf(tag, sizeof tag, "g%u-v%d-raw", geo, variant);
-                emit("checkpoint", tag, p1, 9, raw, rl);
-                free(raw);
-            }
+            snprintf(tag, sizeof tag, "g%u-v%d", geo, variant);
+            emit_ckpt(geo, tag, path, CKPT_MAGIC);
         }
-        /* fuzz_recover: flags, arena header, SEP, checkpoint, SEP, segments. */
+        uint8_t *ddata[16];
+        size_t dlen[16];
+        uint64_t dno[16];
+        for (int i = 0; i < nd; i++) {
+            snprintf(path, sizeof path, "%.500s/%.250s", d, deltas[i]);
+            ddata[i] = slurp(path, &dlen[i]);
+            dno[i] = strtoull(deltas[i] + 6, NULL, 16);
+            snprintf(tag, sizeof tag, "g%u-v%d-delta%d", geo, variant, i);
+            emit_ckpt(geo, tag, path, DELTA_MAGIC);
+        }
+        /* fuzz_recover: flags, arena header, SEP, checkpoint chain, SEP, segments. */
         size_t an;
         snprintf(path, sizeof path, "%s/arena", d);
         uint8_t *arena = slurp(path, &an);
-        size_t cap = 1 + PKV_PAGE + 8 + cn + 16 * (8 + (32u << 20));
-        (void)cap;
-        size_t total = 1 + PKV_PAGE + 8 + cn;
         uint8_t *segdata[16];
         size_t seglen[16];
         for (int i = 0; i < ns; i++) {
@@ -191,32 +294,45 @@ static void gen_geo(unsigned geo) {
             size_t n;
             segdata[i] = slurp(path, &n);
             seglen[i] = trimmed(segdata[i], n);
-            total += 8 + seglen[i];
         }
         /* One directory image; byte 0 (the flags) varies per seed. */
-        uint8_t *r = malloc(total), *q = r;
-        *q++ = 0;
-        memcpy(q, arena, PKV_PAGE), q += PKV_PAGE;
-        memcpy(q, FZ_SEP, 8), q += 8;
-        if (ck) memcpy(q, ck, cn), q += cn;
-        for (int i = 0; i < ns; i++) {
-            memcpy(q, FZ_SEP, 8), q += 8;
-            memcpy(q, segdata[i], seglen[i]), q += seglen[i];
-        }
+        obuf r = {0};
+        dir_image(&r, arena, ck, cn, false, nd, dno, ddata, dlen, -1, ns, segdata, seglen);
         static const uint8_t fl[3] = {0, 1, 5};
         for (int flags = 0; flags < 3; flags++) {
-            r[0] = fl[flags];
+            r.p[0] = fl[flags];
             snprintf(tag, sizeof tag, "g%u-v%d-f%d", geo, variant, fl[flags]);
-            emit("recover", tag, NULL, 0, r, (size_t)(q - r));
+            emit("recover", tag, NULL, 0, r.p, r.n);
         }
         /* fuzz_kvdump: bits 4-6 pick the command, bit 7 --json (fuzz_kvdump.c). */
         for (int cmd = 0; cmd < 8; cmd++) {
-            r[0] = (uint8_t)(cmd << 4 | (cmd & 1 ? 0x80 : 0));
+            r.p[0] = (uint8_t)(cmd << 4 | (cmd & 1 ? 0x80 : 0));
             snprintf(tag, sizeof tag, "g%u-v%d-c%d", geo, variant, cmd);
-            emit("kvdump", tag, NULL, 0, r, (size_t)(q - r));
+            emit("kvdump", tag, NULL, 0, r.p, r.n);
         }
-        free(r);
+        /* Broken chains (the open fails with PKV_ECORRUPT; kvdump reports
+         * them): deltas without their full checkpoint, and a chain missing its
+         * first delta. Flags 1 (read-only open first) and kvdump's summary and
+         * verify (JSON). */
+        if (nd) {
+            for (int broken = 0; broken < (nd > 1 ? 2 : 1); broken++) {
+                dir_image(&r, arena, ck, cn, broken == 0, nd, dno, ddata, dlen,
+                          broken == 0 ? -1 : 0, ns, segdata, seglen);
+                const char *what = broken == 0 ? "no-ckpt" : "missing-delta";
+                r.p[0] = 1;
+                snprintf(tag, sizeof tag, "g%u-v%d-%s-f1", geo, variant, what);
+                emit("recover", tag, NULL, 0, r.p, r.n);
+                r.p[0] = 0x80;
+                snprintf(tag, sizeof tag, "g%u-v%d-%s-c0", geo, variant, what);
+                emit("kvdump", tag, NULL, 0, r.p, r.n);
+                r.p[0] = 0xf0;
+                snprintf(tag, sizeof tag, "g%u-v%d-%s-c7", geo, variant, what);
+                emit("kvdump", tag, NULL, 0, r.p, r.n);
+            }
+        }
+        free(r.p);
         for (int i = 0; i < ns; i++) free(segdata[i]);
+        for (int i = 0; i < nd; i++) free(ddata[i]);
         free(arena);
         free(ck);
     }
