@@ -128,6 +128,22 @@ static void opts(pkv_options *o, uint64_t cap) {
     wu_opts(o, 16, cap, PKV_DURABLE_GROUP);
 }
 
+/* A 512-block cache in pt_path(sub) with a chain: a full checkpoint, then ndeltas
+ * deltas, each after a new 4-block prompt. lsn[0] receives the full checkpoint's
+ * LSN, lsn[k] the k-th delta's (lsn may be NULL). Returns the open cache. */
+static pkv_cache *open_with_chain(char *dir, size_t dcap, const char *sub, pkv_options *o,
+                                  unsigned ndeltas, uint64_t *lsn) {
+    pt_path(dir, dcap, sub);
+    opts(o, 512);
+    pkv_cache *c = wu_open_ok(dir, o);
+    for (unsigned k = 0; k <= ndeltas; k++) {
+        prompt_cached(c, 1 + k, 1 + k, 4, 16);
+        cr_assert_eq(checkpoint(c), k > 0, "checkpoint %u of the chain", k);
+        if (lsn) lsn[k] = stats(c).checkpoint_lsn;
+    }
+    return c;
+}
+
 /* ---- Tests --------------------------------------------------------------------- */
 
 Test(checkpoint, a_delta_holds_only_the_changed_blocks)
@@ -393,18 +409,10 @@ Test(checkpoint, a_full_checkpoint_ends_the_chain)
 Test(checkpoint, a_broken_chain_fails_the_open_and_changes_nothing)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "broken");
     pkv_options o;
-    opts(&o, 512);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    prompt_cached(c, 1, 1, 4, 16);
-    cr_assert(!checkpoint(c));
-    uint64_t base = stats(c).checkpoint_lsn;
-    prompt_cached(c, 2, 2, 4, 16);
-    cr_assert(checkpoint(c));
-    uint64_t d1 = stats(c).checkpoint_lsn;
-    prompt_cached(c, 3, 3, 4, 16);
-    cr_assert(checkpoint(c));
+    uint64_t lsn[3];
+    pkv_cache *c = open_with_chain(dir, sizeof dir, "broken", &o, 2, lsn);
+    const uint64_t base = lsn[0], d1 = lsn[1];
     pt_close(c);
     char path[600], keep[600];
     /* The middle delta missing. */
@@ -434,15 +442,10 @@ Test(checkpoint, a_broken_chain_fails_the_open_and_changes_nothing)
 Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "stale");
     pkv_options o;
-    opts(&o, 512);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    prompt_cached(c, 1, 1, 4, 16);
-    cr_assert(!checkpoint(c));
-    prompt_cached(c, 2, 2, 4, 16);
-    cr_assert(checkpoint(c));
-    uint64_t d1 = stats(c).checkpoint_lsn;
+    uint64_t lsn[2];
+    pkv_cache *c = open_with_chain(dir, sizeof dir, "stale", &o, 1, lsn);
+    const uint64_t d1 = lsn[1];
     char path[600], old[600];
     snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)d1);
     snprintf(old, sizeof old, "%s/../old-delta", dir);
@@ -468,19 +471,13 @@ Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
     pt_close(c);
 }
 
-/* PKV_OPEN_FULL_CHECKPOINTS: no delta is written, and the first full checkpoint
- * deletes the deltas an earlier open left. */
+/* PKV_OPEN_FULL_CHECKPOINTS: no delta is written, and a chain an earlier open
+ * left is replaced by a full checkpoint at open. */
 Test(checkpoint, the_full_checkpoints_flag_writes_no_delta)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "fullonly");
     pkv_options o;
-    opts(&o, 512);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    prompt_cached(c, 1, 1, 4, 16);
-    cr_assert(!checkpoint(c));
-    prompt_cached(c, 2, 2, 4, 16);
-    cr_assert(checkpoint(c));
+    pkv_cache *c = open_with_chain(dir, sizeof dir, "fullonly", &o, 1, NULL);
     pt_close(c);
     o.flags |= PKV_OPEN_FULL_CHECKPOINTS;
     c = wu_open_ok(dir, &o);
