@@ -34,14 +34,8 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
     p->b = pkv_huge_alloc(meta_bytes);
     p->tokens = pkv_huge_alloc(pool_token_bytes(p));
     p->ckdirty = calloc(((size_t)capacity + 63) / 64, sizeof *p->ckdirty);
-#if PKV_INTERNAL_CHECKS
-    p->ckshadow = calloc(capacity, sizeof *p->ckshadow);
-    if (!p->ckshadow) {
-        pkv_pool_free(p);
-        return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
-    }
-#endif
-    if (!p->b || !p->tokens || !p->ckdirty) {
+    if (PKV_INTERNAL_CHECKS) p->ckshadow = calloc(capacity, sizeof *p->ckshadow);
+    if (!p->b || !p->tokens || !p->ckdirty || (PKV_INTERNAL_CHECKS && !p->ckshadow)) {
         pkv_pool_free(p);
         return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
     }

@@ -33,6 +33,9 @@
 
 /* ---- Internal assertions (mimalloc's mi_assert_internal) ----------------- */
 
+#ifndef PKV_INTERNAL_CHECKS
+#define PKV_INTERNAL_CHECKS 0 /* also usable in plain `if`s */
+#endif
 #if PKV_INTERNAL_CHECKS
 #define pkv_assert(expr)                                                        \
     ((expr) ? (void)0 : pkv_assert_fail(#expr, __FILE__, __LINE__, __func__))

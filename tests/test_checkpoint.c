@@ -91,6 +91,19 @@ static void clean_recovery(pkv_cache *c, const char *what) {
               r.note);
 }
 
+/* Sync c and open a crash image of its directory (a copy into "<dir>-<suffix>": no
+ * close-time work), which must recover from the checkpoint chain alone. */
+static pkv_cache *open_image(pkv_cache *c, const char *dir, const char *suffix,
+                             const pkv_options *o) {
+    char img[600];
+    snprintf(img, sizeof img, "%s-%s", dir, suffix);
+    PT_OK(pkv_sync(c));
+    wu_copy_dir(dir, img);
+    pkv_cache *ci = wu_open_ok(img, o);
+    cr_assert_eq(recovery(ci).records_replayed, 0, "%s: records replayed", img);
+    return ci;
+}
+
 static uint64_t file_size(const char *dir, const char *pre, uint64_t lsn) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s%016llx", dir, pre, (unsigned long long)lsn);
@@ -211,12 +224,7 @@ Test(checkpoint, an_evicted_block_stays_evicted)
     cr_assert_eq(stats(c).blocks_sealed, sealed0 - 4);
     cr_assert(checkpoint(c));
     sealed_set want = sealed_take(c);
-    char img[600];
-    snprintf(img, sizeof img, "%s-img", dir);
-    PT_OK(pkv_sync(c));
-    wu_copy_dir(dir, img);
-    pkv_cache *ci = wu_open_ok(img, &o);
-    cr_assert_eq(recovery(ci).records_replayed, 0);
+    pkv_cache *ci = open_image(c, dir, "img", &o);
     clean_recovery(ci, "crash image");
     sealed_same(&want, ci, "crash image");
     for (uint64_t id = 100; id < last - 1; id++) {
@@ -251,13 +259,8 @@ Test(checkpoint, the_chain_alone_recovers_the_workload)
     cr_assert(stats(c).evictions > 0, "nothing evicted: the test lost its point");
     sealed_set want = sealed_take(c);
     uint64_t ck = stats(c).checkpoint_lsn;
-    char img[600];
-    snprintf(img, sizeof img, "%s-img", dir);
-    PT_OK(pkv_sync(c));
-    wu_copy_dir(dir, img);
-    pkv_cache *ci = wu_open_ok(img, &o);
+    pkv_cache *ci = open_image(c, dir, "img", &o);
     cr_assert_eq(recovery(ci).checkpoint_lsn, ck);
-    cr_assert_eq(recovery(ci).records_replayed, 0);
     cr_assert(recovery(ci).checkpoint_deltas >= 1);
     sealed_same(&want, ci, "crash image");
     clean_recovery(ci, "crash image");
@@ -275,12 +278,8 @@ Test(checkpoint, the_chain_alone_recovers_the_workload)
     cr_assert(!checkpoint(c));
     cr_assert_eq(stats(c).checkpoint_lsn, ck);
     cr_assert_eq(wu_count(dir, "delta-"), 0);
-    char img2[600];
-    snprintf(img2, sizeof img2, "%s-img2", dir);
-    wu_copy_dir(dir, img2);
-    ci = wu_open_ok(img2, &o);
+    ci = open_image(c, dir, "img2", &o);
     cr_assert_eq(recovery(ci).checkpoint_deltas, 0);
-    cr_assert_eq(recovery(ci).records_replayed, 0);
     sealed_same_as(&chain, ci, true, "full checkpoint against the chain");
     wu_verify_model(ci, &m, "crash image of the full checkpoint");
     wu_model_free(&m);
@@ -313,11 +312,7 @@ Test(checkpoint, sequences_come_from_the_newest_file)
     PT_OK(pkv_seq_append(c, 2, t, 37, slots));
     PT_OK(pkv_seq_commit(c, 2, 37));
     cr_assert(checkpoint(c));
-    char img[600];
-    snprintf(img, sizeof img, "%s-img", dir);
-    wu_copy_dir(dir, img);
-    pkv_cache *ci = wu_open_ok(img, &o);
-    cr_assert_eq(recovery(ci).records_replayed, 0);
+    pkv_cache *ci = open_image(c, dir, "img", &o);
     clean_recovery(ci, "crash image");
     uint64_t ids[4];
     size_t n = 0;

@@ -119,7 +119,10 @@ static size_t seqs_size(const pkv_cache *c) {
     return n;
 }
 
-/* One sealed block's record (56 + 4 * block_size bytes). */
+/* Bytes of one sealed block's record. */
+static inline uint64_t entry_bytes(uint32_t bs) { return 56 + 4ull * bs; }
+
+/* One sealed block's record (entry_bytes). */
 static void put_block(wbuf *b, const pkv_pool *p, uint32_t i) {
     const pkv_block *x = &p->b[i];
     wb_u32(b, i);
@@ -202,12 +205,12 @@ static uint64_t dirty_count(const pkv_pool *p) {
 }
 
 uint64_t pkv_ckpt_full_estimate(const pkv_cache *c) {
-    return 16 + 8 * 8 + 8 + c->pool.n_sealed * (56 + 4ull * c->pool.block_size) +
+    return 16 + 8 * 8 + 8 + c->pool.n_sealed * entry_bytes(c->pool.block_size) +
            seqs_size(c);
 }
 
 uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c) {
-    return 16 + 16 + 8 * 8 + 16 + dirty_count(&c->pool) * (56 + 4ull * c->pool.block_size) +
+    return 16 + 16 + 8 * 8 + 16 + dirty_count(&c->pool) * entry_bytes(c->pool.block_size) +
            seqs_size(c);
 }
 
@@ -215,7 +218,7 @@ int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *outlen,
                        uint64_t *lsn_out, uint64_t *end_out, uint64_t *full_len) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
-    const size_t per = 56 + 4ull * bs;
+    const size_t per = entry_bytes(bs);
     wbuf b = {0}, q = {0}, fr = {0};
     /* Size the buffer for the blocks sealed now, or dirty now (plus slack) with
      * the lock released; it grows between slices if more get sealed meanwhile. */
@@ -579,12 +582,12 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
                         &k->evictions, &k->cow_copies, &k->dedupes, &k->seals};
     for (int i = 0; i < 8; i++) *ctr[i] = rb_u64(&b);
     uint64_t ns = rb_u64(&b);
-    if (b.bad || ns > p->capacity || ns * (56 + 4ull * bs) > len - b.off)
+    if (b.bad || ns > p->capacity || ns * entry_bytes(bs) > len - b.off)
         return pkv_err(PKV_ECORRUPT, "checkpoint: bad sealed block count %llu",
                        (unsigned long long)ns);
     /* The count check above covers all ns records: decode them without
      * per-field bounds checks (the largest item of loading a 1M-block snapshot). */
-    const size_t per = 56 + 4ull * bs;
+    const size_t per = entry_bytes(bs);
     const uint8_t *q = raw + b.off;
     for (uint64_t i = 0; i < ns; i++, q += per) {
         uint32_t blk = pkv_get_u32(q), parent = pkv_get_u32(q + 4);

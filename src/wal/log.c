@@ -567,9 +567,7 @@ static void *ckpt_main(void *arg) {
  * effort. They hold no records; a failed unlink is retried at the next open. */
 static void drop_stray_spares(pkv_wal *w) {
     if (!w->stray_spares) return;
-    /* The directory again, for every number: the mask says only whether any is
-     * there (it has a bit per number below 64 and bit 63 for all above). */
-    DIR *d = opendir(w->dir);
+    DIR *d = opendir(w->dir); /* again: recovery kept only whether any is there */
     if (!d) return;
     struct dirent *e;
     uint64_t k;
@@ -580,7 +578,7 @@ static void drop_stray_spares(pkv_wal *w) {
             (void)w->io->unlink(w->io->ctx, path);
     }
     closedir(d);
-    w->stray_spares = 0;
+    w->stray_spares = false;
 }
 
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {

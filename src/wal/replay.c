@@ -445,8 +445,8 @@ static int push_u64(uint64_t **v, size_t *n, size_t *cap, uint64_t x) {
 
 /* List the log directory: segment numbers (sorted), the newest checkpoint, the
  * delta checkpoints (sorted), and the spare segments: *spares has bit k set for
- * each wal-spare-<k> (k < 64), *nspare is the length of the run 0, 1, ... that
- * seg_create recycles from the top. */
+ * each wal-spare-<k> (bit 63 for any k >= 63), *nspare is the length of the run
+ * 0, 1, ... that seg_create recycles from the top. */
 static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
                     bool *have_ckpt, uint64_t **deltas, size_t *ndeltas,
                     uint64_t *nspare, uint64_t *spares) {
@@ -984,7 +984,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         return rc;
     }
     c->wal.nspare = nspare;
-    c->wal.stray_spares = pkv_wal_spare_strays(spares);
+    c->wal.stray_spares = pkv_wal_spare_strays(spares) != 0;
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
     if (have_ckpt) {

@@ -125,8 +125,7 @@ typedef struct pkv_wal {
     struct pkv_seg { uint64_t no, start_lsn; } *segs; /* live segments, oldest first */
     size_t nsegs, segs_cap;
     uint64_t nspare; /* recyclable segment files named wal-spare-<k>, k < nspare */
-    uint64_t stray_spares; /* bit k: wal-spare-<k> outside that run, found at open
-                              (bit 63: any numbered 63 or more) */
+    bool stray_spares; /* wal-spare-<k> files outside that run were found at open */
     /* Where recovery found the log to end cleanly (tail_ok): writing resumes there. */
     bool tail_ok;
     uint64_t tail_no, tail_off, tail_size;
@@ -250,8 +249,8 @@ static inline uint64_t pkv_wal_spare_run(uint64_t mask) {
     return run < 63 ? run : 63; /* recovery's bit 63 also stands for larger numbers */
 }
 static inline uint64_t pkv_wal_spare_strays(uint64_t mask) {
-    uint64_t run = pkv_wal_spare_run(mask);
-    return run < 64 ? mask >> run << run : 0;
+    uint64_t run = pkv_wal_spare_run(mask); /* at most 63 */
+    return mask >> run << run;
 }
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
