@@ -472,6 +472,41 @@ void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint3
         memcpy(d + r * g->run_bytes, s + r * g->run_bytes, bytes);
 }
 
+/* libxxhash's AVX2 and AVX-512 paths (0.8.1, Debian 12) return with the upper
+ * halves of the vector registers dirty: the dispatched functions end without a
+ * vzeroupper. Until something clears them, every legacy-SSE instruction that
+ * runs next, in this library (built for baseline x86-64) and in libc, pays the
+ * SSE/AVX transition cost, and on Intel the core keeps its wide-vector power
+ * licence. Measured on the decode loop (docs/benchmarks.md, "The payload
+ * checksum's dirty vector state"): the 512-byte sum of a sealing commit took
+ * ~270 cycles instead of ~80, about 7 ns per decoded token. So clear them after
+ * each sum, where the CPU and the OS support AVX (vzeroupper is an AVX
+ * instruction; without AVX the dispatcher never used those paths). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+static bool g_clear_upper; /* set once, before any thread of the caller runs */
+
+__attribute__((constructor)) static void detect_avx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const unsigned need = (1u << 27) | (1u << 28); /* OSXSAVE, AVX */
+    if ((c & need) != need) return;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    g_clear_upper = (lo & 6u) == 6u; /* the OS saves XMM and YMM state */
+}
+
+__attribute__((target("avx"))) static void clear_upper(void) {
+    __builtin_ia32_vzeroupper();
+}
+
+uint64_t pkv_arena_sum(const pkv_arena *a, uint32_t b) {
+    uint64_t sum = PKV_XXH3_WIDE(pkv_arena_block(a, b), a->geo.block_bytes);
+    if (g_clear_upper) clear_upper();
+    return sum;
+}
+#else
 uint64_t pkv_arena_sum(const pkv_arena *a, uint32_t b) {
     return PKV_XXH3_WIDE(pkv_arena_block(a, b), a->geo.block_bytes);
 }
+#endif

@@ -7,12 +7,24 @@
  * XXH3-64, so caches written before, or on another CPU, must verify: the
  * dispatched sum must equal XXH3_64bits bit for bit, for payloads of every shape
  * (sizes that are and are not multiples of the vector stripes).
+ *
+ * libxxhash's AVX2/AVX-512 paths return with the upper halves of the vector
+ * registers dirty, which slows every legacy-SSE instruction after them; the sum
+ * must leave them clean (checked through XGETBV's XINUSE where the CPU has it).
  */
 #include "pkv_test.h"
 
 #include "internal.h"
 
+#include <string.h>
 #include <xxhash.h>
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<xxh_x86dispatch.h>)
+#include <cpuid.h>
+#include <xxh_x86dispatch.h>
+#define HAVE_XINUSE_TEST 1
+#endif
+#endif
 
 TestSuite(arena_sum, .init = pt_setup, .fini = pt_teardown);
 
@@ -62,3 +74,58 @@ Test(arena_sum, equals_plain_xxh3_for_every_payload_shape) {
     check_geometry(4, 2, 128, PKV_BF16, 16);  /* 65,536 */
     check_geometry(3, 5, 72, PKV_F16, 13);    /* 56,160 */
 }
+
+#ifdef HAVE_XINUSE_TEST
+/* XGETBV with ECX = 1 reads XINUSE: the state components not in their initial
+ * configuration. Bit 2: the upper halves of YMM0-15; bit 6: the upper 256 bits
+ * of ZMM0-15. vzeroupper returns both to their initial configuration. */
+#define XINUSE_UPPER ((1u << 2) | (1u << 6))
+
+static bool xinuse_readable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned need = (1u << 27) | (1u << 28); /* OSXSAVE, AVX */
+    if ((c & need) != need || __get_cpuid_max(0, NULL) < 0xD) return false;
+    __cpuid_count(0xD, 1, a, b, c, d);
+    return (a >> 2) & 1u; /* XGETBV with ECX = 1 */
+}
+
+static unsigned xinuse(void) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    return lo;
+}
+
+Test(arena_sum, leaves_the_upper_vector_state_clean) {
+    if (!xinuse_readable()) cr_skip_test("this CPU has no AVX or no XGETBV(1)");
+    char dir[512];
+    pt_path(dir, sizeof dir, "cache");
+    pkv_options o;
+    pkv_options_init(&o);
+    o.num_layers = 1;
+    o.num_kv_heads = 1;
+    o.head_dim = 8;
+    o.dtype = PKV_F16;
+    o.block_size = 16; /* 512 bytes: the long-input (vector) path */
+    o.capacity = 4;
+    o.model_id = "arena-sum-test";
+    pkv_cache *c = NULL;
+    PT_OK(pkv_open(dir, &o, &c));
+    const pkv_arena *a = &c->arena;
+    memset(pkv_arena_block(a, 1), 0x5A, a->geo.block_bytes);
+    /* What the dispatched XXH3 itself leaves: dirty where it used AVX2/AVX-512
+     * without a vzeroupper (libxxhash 0.8.1); reported, not required. */
+    uint64_t direct = XXH3_64bits_dispatch(pkv_arena_block(a, 1), a->geo.block_bytes);
+    unsigned after_dispatch = xinuse();
+    cr_log_info("XINUSE after XXH3_64bits_dispatch: %#x (upper state %s)", after_dispatch,
+                after_dispatch & XINUSE_UPPER ? "dirty" : "clean");
+    for (int i = 0; i < 3; i++) {
+        uint64_t sum = pkv_arena_sum(a, 1);
+        unsigned after = xinuse();
+        cr_assert_eq(sum, direct);
+        cr_assert_eq(after & XINUSE_UPPER, 0u,
+                     "pkv_arena_sum left the upper vector state dirty (XINUSE %#x)", after);
+    }
+    pkv_close(c);
+}
+#endif
