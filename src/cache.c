@@ -72,8 +72,10 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
     int rc0 = check_options(dir, opt);
     if (rc0) return rc0;
-    pkv_cache *c = calloc(1, sizeof *c);
+    /* 64-byte aligned: the lock has a cache line of its own (internal.h) */
+    pkv_cache *c = aligned_alloc(_Alignof(pkv_cache), sizeof *c);
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");
+    memset(c, 0, sizeof *c);
     /* c->lock and the log's condition variables are ready zeroed (lock.c) */
     c->rdonly = opt->flags & PKV_OPEN_RDONLY;
     c->no_limbo_wait = opt->flags & PKV_OPEN_NO_LIMBO_WAIT;

@@ -373,25 +373,93 @@ void pkv_hint_huge(void *p, size_t n);
 
 /* ---- The cache lock (lock.c) ------------------------------------------- */
 
-/* A futex mutex: 0 free, 1 held, 2 held and perhaps waited on. Zero-initialized
- * is unlocked; nothing to destroy. */
+/* The cache lock: a futex mutex (v: 0 free, 1 held, 2 held and perhaps waited
+ * on) that can be biased to one thread, which then takes and releases it with
+ * plain stores (busy) instead of atomic read-modify-writes; any other thread takes
+ * v and revokes the bias first (lock.c has the protocol). Zero-initialized is
+ * unlocked and unbiased; nothing to destroy. The fields after busy are touched
+ * only by the holder. */
 typedef struct pkv_mutex {
-    _Atomic uint32_t v;
+    _Alignas(64) _Atomic uint32_t v; /* a cache line of its own */
+    _Atomic uint32_t busy;      /* 1 while the bias holder is inside, fast path */
+    _Atomic uint32_t waiting;   /* a revoker sleeps until busy drops to 0 */
+    uint32_t fast;              /* the holder came in by the fast path */
+    _Atomic uintptr_t bias;     /* the thread the lock is biased to, or 0 */
+    uintptr_t last;             /* thread of the latest acquisitions of v */
+    uint32_t streak;            /* consecutive acquisitions of v by `last` */
+    uint32_t grant_shift;       /* bias after a streak of 256 << grant_shift */
+    uint64_t fast_uses;         /* fast acquisitions since the bias was granted */
+    uint64_t revoked_ns;        /* CLOCK_MONOTONIC time of the latest revocation */
+    uint64_t forget_ns;         /* grant_shift back to 0 this long after it (0:
+                                   the default, lock.c; tests set others) */
+    uint64_t revocations;       /* (tests and benchmarks) */
 } pkv_mutex;
 /* A condition variable for pkv_mutex (spurious wake-ups possible). Zeroed is ready. */
 typedef struct pkv_cond {
     _Atomic uint32_t seq, waiters;
 } pkv_cond;
 
+/* This thread's identity for the bias: its thread pointer (unique among live
+ * threads, one instruction to read). */
+static inline uintptr_t pkv_self(void) {
+#if defined(__x86_64__) || defined(__aarch64__)
+    return (uintptr_t)__builtin_thread_pointer();
+#else
+    return (uintptr_t)pthread_self();
+#endif
+}
+
 void pkv_mutex_lock_slow(pkv_mutex *m);
 void pkv_mutex_wake(pkv_mutex *m);
+void pkv_mutex_wake_revoker(pkv_mutex *m);
+void pkv_mutex_took_v_slow(pkv_mutex *m, uintptr_t me);
+void pkv_mutex_streak(pkv_mutex *m);
+/* Can locks be biased in this process (membarrier registered)? */
+bool pkv_mutex_bias_available(void);
+/* Leave the fast path: busy back to 0, waking a revoker that sleeps on it. The
+ * revoker's membarrier orders the store before the load of `waiting` (lock.c). */
+static inline void pkv_mutex_fast_exit(pkv_mutex *m) {
+    atomic_store_explicit(&m->busy, 0, memory_order_release);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (pkv_unlikely(atomic_load_explicit(&m->waiting, memory_order_relaxed)))
+        pkv_mutex_wake_revoker(m);
+}
+/* Just took v: revoke another thread's bias, count this thread's streak. */
+static inline void pkv_mutex_took_v(pkv_mutex *m, uintptr_t me) {
+    if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_relaxed) == 0 && m->last == me))
+        m->streak++;
+    else
+        pkv_mutex_took_v_slow(m, me);
+}
 static inline void pkv_mutex_lock(pkv_mutex *m) {
+    uintptr_t me = pkv_self();
+    if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_relaxed) == me)) {
+        atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+        /* busy is stored before bias is loaded again: the compiler keeps the
+         * order, a revoker's membarrier makes the CPU keep it (lock.c) */
+        atomic_signal_fence(memory_order_seq_cst);
+        if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_acquire) == me)) {
+            m->fast = 1;
+            m->fast_uses++;
+            return;
+        }
+        pkv_mutex_fast_exit(m); /* revoked meanwhile: queue on v */
+    }
     uint32_t free_ = 0;
     if (pkv_unlikely(!atomic_compare_exchange_strong_explicit(
             &m->v, &free_, 1, memory_order_acquire, memory_order_relaxed)))
-        pkv_mutex_lock_slow(m);
+        pkv_mutex_lock_slow(m); /* takes v, then calls took_v itself */
+    else
+        pkv_mutex_took_v(m, me);
 }
 static inline void pkv_mutex_unlock(pkv_mutex *m) {
+    if (pkv_likely(m->fast)) {
+        m->fast = 0;
+        pkv_mutex_fast_exit(m);
+        return;
+    }
+    /* every 256 acquisitions of a streak: is it long enough for the bias? (lock.c) */
+    if (pkv_unlikely((m->streak & 255u) == 0 && m->streak != 0)) pkv_mutex_streak(m);
     if (pkv_unlikely(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2))
         pkv_mutex_wake(m);
 }

@@ -1,26 +1,55 @@
 /*
- * lock.c — the cache lock and its condition variables, on Linux futexes.
+ * lock.c — the cache lock and its condition variables, on Linux futexes, with a
+ * bias to the thread that uses the lock most.
  *
  * Every pkv_* call takes the cache lock once, and a decoding engine makes two
  * calls per token, so the uncontended lock and unlock are on the hottest path
  * there is. glibc's pthread_mutex_lock/unlock spend ~60 instructions a pair on
- * type, owner and elision bookkeeping around the one atomic operation each needs;
- * these take the atomic operation and a branch (measured: 9-11 ns a pair for
- * glibc, 6 ns for this, on the development VM; see docs/benchmarks.md).
+ * type, owner and elision bookkeeping around the one atomic operation each needs
+ * (9-11 ns a pair on the development VM); a plain futex mutex takes just the two
+ * atomic operations (6 ns), and even those were ~16 ns of an ~80 ns decode token,
+ * since each drains the store buffer. A biased lock takes none.
  *
- * pkv_mutex ("Futexes Are Tricky", U. Drepper, mutex 2): v is 0 free, 1 held,
+ * The futex mutex, v ("Futexes Are Tricky", U. Drepper, mutex 2): 0 free, 1 held,
  * 2 held and perhaps waited on. Lock: CAS 0 -> 1, else spin briefly, then swap in
  * 2 and sleep on v while the old value was not 0. Unlock: swap in 0; if it was 2,
- * wake one sleeper. Acquire on lock and release on unlock order the state the
- * lock protects (ThreadSanitizer sees these atomics).
+ * wake one sleeper.
+ *
+ * The bias: `bias` names one thread (its thread pointer) that takes the lock by
+ * storing busy = 1 and checking that bias still names it, and releases it by
+ * storing busy = 0: plain stores and loads, no atomic read-modify-write, no fence.
+ * Every other thread takes v, then revokes the bias: bias = 0, then
+ * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which runs a full memory barrier
+ * on every CPU that runs one of this process's threads, then waits for busy == 0.
+ * That barrier stands in for the fence the holder's fast path leaves out
+ * (asymmetric Dekker, as in liburcu and in JVM biased locking): either the holder
+ * stored busy = 1 before its barrier point, and the revoker sees it and waits, or
+ * the holder loads bias after it, sees 0 and queues on v like everyone else.
+ * A revoker that must wait long sleeps on busy: it sets `waiting`, runs a second
+ * membarrier (so a busy = 0 stored before it is seen, and one stored after it is
+ * followed by a load of waiting == 1, which wakes the revoker), then futex-waits.
+ *
+ * Who gets the bias: a thread that took v 256 times in a row (no other thread in
+ * between) is granted it when it releases v. A bias revoked after fewer than 4096
+ * fast acquisitions (a membarrier costs microseconds, a fast acquisition saves
+ * nanoseconds) doubles the streak the next grant needs, up to 2^20; one that paid
+ * for itself halves it again, and 50 ms without a revocation reset it. So a
+ * decoding thread holds the bias between the log flusher's visits (one
+ * revocation per group commit), and threads that take turns pay for at most one
+ * membarrier per 50 ms. Without membarrier (kernels before 4.14,
+ * seccomp filters, valgrind) nothing is ever biased: the plain futex mutex.
+ *
+ * Memory order: the fast path's acquire load of bias and release store of busy,
+ * v's acquire and release, and the revoker's acquire load of busy == 0 order the
+ * state the lock protects (ThreadSanitizer sees these atomics).
  *
  * pkv_cond: a sequence number and a count of waiters. A waiter reads seq with the
  * lock held, counts itself, unlocks, and sleeps while seq is unchanged; signal and
  * broadcast bump seq and make the futex call only when someone is counted. A
  * signal sent after the waiter read seq changes it, so the futex wait returns at
  * once: no wake-up is lost. Wake-ups may be spurious (every waiter re-checks its
- * condition, as with pthread_cond_wait); waiters re-take the lock in state 2,
- * since others may be asleep on it. Not for use across processes.
+ * condition, as with pthread_cond_wait); waiters re-take v in state 2, since others
+ * may be asleep on it. Not for use across processes.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -29,8 +58,11 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts,
@@ -46,13 +78,135 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Take the lock in state 2 (perhaps waited on), sleeping while it is held. */
+/* ---- The bias ------------------------------------------------------------ */
+
+#define BIAS_STREAK     256u      /* v acquisitions in a row that earn the bias */
+#define BIAS_SHIFT_MAX  12u       /* ... at most 256 << 12 = 2^20 */
+#define BIAS_PAID       4096u     /* fast acquisitions that pay for a revocation */
+#define BIAS_FORGET_NS  (50ull * 1000 * 1000) /* grant_shift resets 50 ms after
+                                                 the latest revocation */
+#define REVOKE_SPINS    200       /* polls of busy before sleeping on it */
+
+static int membarrier_ok; /* 1: registered and working; set once (pthread_once) */
+static _Atomic int bias_state; /* 0 not asked yet, 1 available, -1 not */
+static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static long sys_membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
+
+static void membarrier_init(void) {
+    if (getenv("PKV_LOCK_NO_BIAS")) return; /* for comparisons: the plain mutex */
+    long q = sys_membarrier(MEMBARRIER_CMD_QUERY);
+    if (q < 0 || !(q & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return;
+    if (sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) return;
+    if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) return;
+    membarrier_ok = 1;
+}
+
+bool pkv_mutex_bias_available(void) {
+    int st = atomic_load_explicit(&bias_state, memory_order_acquire);
+    if (pkv_likely(st != 0)) return st > 0;
+    pthread_once(&membarrier_once, membarrier_init);
+    atomic_store_explicit(&bias_state, membarrier_ok ? 1 : -1, memory_order_release);
+    return membarrier_ok;
+}
+
+/* Every thread of the process executes a full memory barrier. Registered and
+ * tried at init, so it cannot fail short of a kernel bug, and then mutual
+ * exclusion can no longer be promised: stop. */
+static void barrier_all(void) {
+    if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+        fprintf(stderr, "pagedkv: membarrier failed after it was registered (errno %d); "
+                        "the cache lock cannot be revoked safely\n", errno);
+        abort();
+    }
+}
+
+void pkv_mutex_wake_revoker(pkv_mutex *m) { futex(&m->busy, FUTEX_WAKE_PRIVATE, 1, NULL, 0); }
+
+/* Holding v: take the bias away from the thread that has it, and wait until that
+ * thread is out of the lock. */
+static void revoke_bias(pkv_mutex *m) {
+    atomic_store_explicit(&m->bias, 0, memory_order_relaxed);
+    barrier_all();
+    for (int i = 0; atomic_load_explicit(&m->busy, memory_order_acquire); i++) {
+        if (i < REVOKE_SPINS) {
+            cpu_relax();
+            continue;
+        }
+        atomic_store_explicit(&m->waiting, 1, memory_order_relaxed);
+        barrier_all();
+        if (atomic_load_explicit(&m->busy, memory_order_acquire))
+            futex(&m->busy, FUTEX_WAIT_PRIVATE, 1, NULL, 0);
+        atomic_store_explicit(&m->waiting, 0, memory_order_relaxed);
+    }
+    m->revocations++;
+    m->revoked_ns = now_ns();
+    if (m->fast_uses < BIAS_PAID) {
+        if (m->grant_shift < BIAS_SHIFT_MAX) m->grant_shift++;
+    } else if (m->grant_shift > 0) {
+        m->grant_shift--;
+    }
+}
+
+void pkv_mutex_took_v_slow(pkv_mutex *m, uintptr_t me) {
+    uintptr_t b = atomic_load_explicit(&m->bias, memory_order_relaxed);
+    if (b != 0 && b != me) revoke_bias(m);
+    if (m->last == me) {
+        if (m->streak < UINT32_MAX) m->streak++;
+    } else {
+        m->last = me;
+        m->streak = 1;
+    }
+}
+
+/* Holding v at the end of a streak that earns the bias: grant it to this thread
+ * (m->last), unless it has it already (it took v again after a condition wait;
+ * any other thread's bias was revoked when v was taken) or it cannot be had. */
+static void grant(pkv_mutex *m) {
+    m->streak = 0; /* asked again after another streak, not on every unlock */
+    if (atomic_load_explicit(&m->bias, memory_order_relaxed) == 0 && pkv_mutex_bias_available()) {
+        m->fast_uses = 0;
+        atomic_store_explicit(&m->bias, m->last, memory_order_release);
+    }
+}
+
+/* Holding v, after each 256 acquisitions of a streak (pkv_mutex_unlock). A long
+ * enough streak earns the bias. The back-off that early revocations built up is
+ * forgotten once no revocation came for BIAS_FORGET_NS: otherwise a burst of
+ * them (the checkpoint thread's slices, say) could leave the streak a decoding
+ * thread needs longer than the gaps between the flusher's visits, and it would
+ * never get the bias back. Threads that take turns revoke far more often than
+ * that, so they still pay for at most one membarrier per BIAS_FORGET_NS. */
+void pkv_mutex_streak(pkv_mutex *m) {
+    if (m->grant_shift > 0) {
+        uint64_t forget = m->forget_ns ? m->forget_ns : BIAS_FORGET_NS;
+        if (now_ns() - m->revoked_ns >= forget) m->grant_shift = 0;
+    }
+    if (m->streak >= (BIAS_STREAK << m->grant_shift)) grant(m);
+}
+
+static void unlock_v(pkv_mutex *m) {
+    if (atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2)
+        futex(&m->v, FUTEX_WAKE_PRIVATE, 1, NULL, 0);
+}
+
+void pkv_mutex_wake(pkv_mutex *m) { futex(&m->v, FUTEX_WAKE_PRIVATE, 1, NULL, 0); }
+
+/* ---- The futex mutex ------------------------------------------------------ */
+
+/* Take v in state 2 (perhaps waited on), sleeping while it is held. */
 static void lock_contended(pkv_mutex *m) {
     while (atomic_exchange_explicit(&m->v, 2, memory_order_acquire) != 0)
         futex(&m->v, FUTEX_WAIT_PRIVATE, 2, NULL, 0);
 }
 
-void pkv_mutex_lock_slow(pkv_mutex *m) {
+static void lock_v(pkv_mutex *m) {
     /* A holder usually leaves within a few hundred ns: spin that long first. */
     for (int i = 0; i < 100; i++) {
         uint32_t v = atomic_load_explicit(&m->v, memory_order_relaxed);
@@ -65,12 +219,21 @@ void pkv_mutex_lock_slow(pkv_mutex *m) {
     lock_contended(m);
 }
 
-void pkv_mutex_wake(pkv_mutex *m) { futex(&m->v, FUTEX_WAKE_PRIVATE, 1, NULL, 0); }
+void pkv_mutex_lock_slow(pkv_mutex *m) {
+    lock_v(m);
+    pkv_mutex_took_v(m, pkv_self());
+}
 
 int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs) {
     uint32_t seq = atomic_load_explicit(&cv->seq, memory_order_relaxed);
     atomic_fetch_add_explicit(&cv->waiters, 1, memory_order_seq_cst);
-    pkv_mutex_unlock(m);
+    /* released without granting the bias: this thread is about to sleep */
+    if (m->fast) {
+        m->fast = 0;
+        pkv_mutex_fast_exit(m);
+    } else {
+        unlock_v(m);
+    }
     long r;
     if (abs)
         r = futex(&cv->seq, FUTEX_WAIT_BITSET_PRIVATE | FUTEX_CLOCK_REALTIME, seq, abs,
@@ -80,6 +243,7 @@ int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs) {
     int e = r < 0 ? errno : 0;
     atomic_fetch_sub_explicit(&cv->waiters, 1, memory_order_relaxed);
     lock_contended(m);
+    pkv_mutex_took_v(m, pkv_self());
     return e == ETIMEDOUT ? ETIMEDOUT : 0;
 }
 

@@ -78,6 +78,23 @@ void pts_log(const char *fmt, ...)
     va_end(ap);
 }
 
+#define PTS_SKIPPED 77 /* a test's exit status: it skipped itself (pts_skip) */
+
+void pts_skip(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[SKIP] ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    if (pts_current && pts_current->opts.fini && !pts_in_fini) {
+        pts_in_fini = 1;
+        pts_current->opts.fini();
+    }
+    exit(PTS_SKIPPED);
+}
+
 static int selected(const struct pts_test *t, int argc, char **argv)
 {
     char full[256];
@@ -102,7 +119,7 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    int tested = 0, passing = 0, failing = 0, crashing = 0;
+    int tested = 0, passing = 0, failing = 0, crashing = 0, skipped = 0;
     for (int i = 0; i < pts_n; i++) {
         const struct pts_test *t = &pts_tests[i];
         if (!selected(t, argc, argv))
@@ -135,6 +152,9 @@ int main(int argc, char **argv)
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
             passing++;
             fprintf(stderr, "[PASS] %s::%s: (%.2fs)\n", t->suite, t->name, dt);
+        } else if (WIFEXITED(st) && WEXITSTATUS(st) == PTS_SKIPPED) {
+            skipped++;
+            fprintf(stderr, "[SKIP] %s::%s: (%.2fs)\n", t->suite, t->name, dt);
         } else if (WIFEXITED(st)) {
             failing++;
             fprintf(stderr, "[FAIL] %s::%s: exit status %d (%.2fs)\n", t->suite, t->name,
@@ -145,7 +165,7 @@ int main(int argc, char **argv)
                     WTERMSIG(st), WTERMSIG(st) == SIGALRM ? " (timeout)" : "", dt);
         }
     }
-    fprintf(stderr, "[====] Synthesis: Tested: %d | Passing: %d | Failing: %d | Crashing: %d \n",
-            tested, passing, failing, crashing);
+    fprintf(stderr, "[====] Synthesis: Tested: %d | Passing: %d | Failing: %d | Crashing: %d "
+                    "| Skipped: %d \n", tested, passing, failing, crashing, skipped);
     return failing || crashing ? 1 : 0;
 }

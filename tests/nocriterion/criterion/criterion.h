@@ -7,7 +7,7 @@
  * (Snaipe/Criterion#274, open). The thread tests (test_threads.c,
  * test_stress.c) and tests/pkv_test.c only need TestSuite/Test with
  * .init/.fini/.timeout, cr_assert, cr_assert_eq/neq/null/not_null/str_eq and
- * cr_log_info, so this header provides exactly those, and tests/nocriterion/
+ * cr_log_info (and test_lock.c cr_skip_test), so this header provides exactly those, and tests/nocriterion/
  * runner.c runs every registered test in its own fork()ed process, as Criterion
  * does, and prints Criterion's summary line.
  */
@@ -52,5 +52,8 @@ void pts_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define cr_assert_not_null(p, ...) cr_assert((p) != NULL, __VA_ARGS__)
 #define cr_assert_str_eq(a, b, ...) cr_assert(strcmp((a), (b)) == 0, __VA_ARGS__)
 #define cr_log_info(...) pts_log(__VA_ARGS__)
+/* Skip the rest of the test: the runner counts it as skipped, with the message. */
+_Noreturn void pts_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define cr_skip_test(...) pts_skip(__VA_ARGS__)
 
 #endif
