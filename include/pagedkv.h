@@ -306,6 +306,9 @@ typedef struct pkv_stats_t {
                                  GPU reaches the arena); 0 = none open */
     uint64_t seal_sums_ahead; /* seal checksums computed ahead on seal_threads (a
                                  batch's, a multi-block commit's), since open */
+    uint64_t wal_max_delay_us; /* longest wait of a record from its append until it
+                                  was durable (the first record of each group
+                                  commit), since open; 0 in NONE mode */
 } pkv_stats_t;
 
 int pkv_stats(pkv_cache *cache, pkv_stats_t *out);

@@ -216,6 +216,7 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->cuda_handles = c->cuda_handles;
     out->cuda_mode = c->cuda_mode;
     out->seal_sums_ahead = c->seal_sums_ahead;
+    out->wal_max_delay_us = w->max_delay_ns / 1000u;
     pkv_unlock(c);
     return 0;
 }

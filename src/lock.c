@@ -91,12 +91,6 @@ static int membarrier_ok; /* 1: registered and working; set once (pthread_once) 
 static _Atomic int bias_state; /* 0 not asked yet, 1 available, -1 not */
 static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 static long sys_membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
 
 static void membarrier_init(void) {
@@ -146,7 +140,7 @@ static void revoke_bias(pkv_mutex *m) {
         atomic_store_explicit(&m->waiting, 0, memory_order_relaxed);
     }
     m->revocations++;
-    m->revoked_ns = now_ns();
+    m->revoked_ns = pkv_now_ns();
     if (m->fast_uses < BIAS_PAID) {
         if (m->grant_shift < BIAS_SHIFT_MAX) m->grant_shift++;
     } else if (m->grant_shift > 0) {
@@ -186,7 +180,7 @@ static void grant(pkv_mutex *m) {
 void pkv_mutex_streak(pkv_mutex *m) {
     if (m->grant_shift > 0) {
         uint64_t forget = m->forget_ns ? m->forget_ns : BIAS_FORGET_NS;
-        if (now_ns() - m->revoked_ns >= forget) m->grant_shift = 0;
+        if (pkv_now_ns() - m->revoked_ns >= forget) m->grant_shift = 0;
     }
     if (m->streak >= (BIAS_STREAK << m->grant_shift)) grant(m);
 }

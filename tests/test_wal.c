@@ -1133,3 +1133,70 @@ Test(wal, a_stray_spare_is_deleted_by_a_writable_open)
     pkv_close(c);
     wu_wl_free(&w);
 }
+
+/* ---- The longest wait for durability (pkv_stats().wal_max_delay_us) -------------- */
+
+/* A backend whose synced frame writes take 40 ms longer while `slow` is set: the
+ * record they carry waited at least that long, and the statistic must say so. */
+static struct {
+    const pkv_io_ops *base;
+    atomic_int slow;
+} md;
+
+static int md_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    (void)ctx;
+    if (sync && atomic_load(&md.slow)) {
+        struct timespec d = {0, 40 * 1000 * 1000};
+        nanosleep(&d, NULL);
+    }
+    return md.base->write(md.base->ctx, fd, buf, n, off, sync);
+}
+
+static uint64_t md_now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+static uint64_t md_max_delay_us(pkv_cache *c)
+{
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    return st.wal_max_delay_us;
+}
+
+Test(wal, max_delay_counts_a_slow_fdatasync)
+{
+    char dir[512];
+    md.base = pkv_io_default();
+    static pkv_io_ops io;
+    io = *md.base;
+    io.write = md_write;
+    const uint32_t prompt[3] = {1, 2, 3};
+    for (int mode = 0; mode <= 2; mode++) {
+        cache_dir(dir, sizeof dir, "maxdelay");
+        pt_rmrf(dir);
+        pkv_options o;
+        wu_opts(&o, WU_BS, CAP, (pkv_durability)mode);
+        o.io = &io;
+        uint64_t t0 = md_now_us();
+        pkv_cache *c = wu_open_ok(dir, &o);
+        atomic_store(&md.slow, 1);
+        size_t hit = 0;
+        WU_OK(pkv_seq_open(c, 7, 0, prompt, 3, &hit)); /* logs SEQ_SET */
+        WU_OK(pkv_sync(c));
+        atomic_store(&md.slow, 0);
+        uint64_t waited = md_now_us() - t0, got = md_max_delay_us(c);
+        if (mode == PKV_DURABLE_NONE) {
+            cr_assert_eq(got, 0u, "NONE mode reports %llu us", (unsigned long long)got);
+        } else {
+            cr_assert_geq(got, 40000u, "mode %d: the slow fdatasync's record waited >= 40 ms, "
+                          "reported %llu us", mode, (unsigned long long)got);
+            cr_assert_leq(got, waited, "mode %d: reported %llu us, more than the %llu us the "
+                          "test took", mode, (unsigned long long)got, (unsigned long long)waited);
+        }
+        pkv_close(c);
+    }
+}

@@ -90,7 +90,10 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     pkv_put_u32(r, (uint32_t)total);
     pkv_put_u32(r + 4, type);
     pkv_put_u64(r + 8, w->next_lsn);
-    if (w->nrec++ == 0) w->buf_first_lsn = w->next_lsn;
+    if (w->nrec++ == 0) {
+        w->buf_first_lsn = w->next_lsn;
+        w->buf_first_ns = pkv_now_ns(); /* once per group */
+    }
     w->next_lsn++;
     w->len += total;
     w->records++;
@@ -277,6 +280,7 @@ static void flush_once(pkv_cache *c, bool hard) {
     size_t len = w->len;
     uint32_t nrec = w->nrec;
     uint64_t first = w->buf_first_lsn, last = w->next_lsn - 1;
+    uint64_t first_ns = w->buf_first_ns;
     bool dirty = w->arena_dirty;
     /* The arena is flushed before a frame that seals blocks in every mode: in NONE
      * mode too, or a frame reaching the disk ahead of the payload it checksums
@@ -332,6 +336,12 @@ static void flush_once(pkv_cache *c, bool hard) {
         if (sync) {
             w->syncs++;
             w->durable_lsn = w->written_lsn;
+            /* The group's oldest record waited from its append until now, when a
+             * waiter can first see it durable (pkv_stats().wal_max_delay_us). In
+             * NONE mode only pkv_sync syncs, and earlier frames it makes durable
+             * were written unsynced: not measured. */
+            uint64_t waited = nrec && w->mode != PKV_DURABLE_NONE ? pkv_now_ns() - first_ns : 0;
+            if (waited > w->max_delay_ns) w->max_delay_ns = waited;
         }
     }
     pkv_cond_broadcast(&w->cv_done);

@@ -136,6 +136,9 @@ typedef struct pkv_wal {
     size_t len, cap;
     uint32_t nrec;
     uint64_t buf_first_lsn;
+    uint64_t buf_first_ns; /* CLOCK_MONOTONIC when its first record was appended */
+    uint64_t max_delay_ns; /* longest append-to-durable wait of a group's first
+                              record (flush_once), since open */
     uint8_t *fbuf; /* the flusher's swapped-out buffer */
     size_t fcap;
 
