@@ -426,6 +426,16 @@ Test(checkpoint, a_broken_chain_fails_the_open_and_changes_nothing)
     cr_assert_eq(rename(path, keep), 0);
     cr_assert_eq(wu_open(dir, &o, &c), PKV_ECORRUPT);
     cr_assert_eq(rename(keep, path), 0);
+    /* The full checkpoint renamed: its header covers another LSN than its name. */
+    snprintf(keep, sizeof keep, "%s/ckpt-%016llx", dir, (unsigned long long)base - 1);
+    cr_assert_eq(rename(path, keep), 0);
+    wu_dirsnap_take(&snap, dir);
+    cr_assert_eq(wu_open(dir, &o, &c), PKV_ECORRUPT);
+    cr_assert(strstr(pkv_last_error(), "not the one its name says"), "error: %s",
+              pkv_last_error());
+    wu_dirsnap_same(&snap, dir, "after the failed open (renamed full checkpoint)");
+    wu_dirsnap_free(&snap);
+    cr_assert_eq(rename(keep, path), 0);
     /* Whole again: opens. */
     c = wu_open_ok(dir, &o);
     cr_assert_eq(recovery(c).checkpoint_deltas, 2);

@@ -2048,6 +2048,37 @@ static void forge_delta(const char *path, uint64_t lsn, uint64_t secret, uint64_
     wr_file(path, f, 64 + bl);
 }
 
+/* A full checkpoint whose header covers another LSN than its name was renamed by
+ * hand: recovery refuses the directory, and verify says why. */
+Test(kvdump, a_renamed_full_checkpoint_is_a_problem)
+{
+    char dir[512], d2[512], p[600], q[600], want[200];
+    uint64_t lsn[3];
+    build_chain("chain-base", dir, sizeof dir, lsn);
+    pt_path(d2, sizeof d2, "renamed-base");
+    copy_dir(dir, d2);
+    snprintf(p, sizeof p, "%s/ckpt-%016llx", d2, (unsigned long long)lsn[0]);
+    snprintf(q, sizeof q, "%s/ckpt-%016llx", d2, (unsigned long long)lsn[0] - 1);
+    cr_assert(rename(p, q) == 0);
+    snprintf(want, sizeof want, "ckpt-%016llx: covers LSN %llu, not the one its name says",
+             (unsigned long long)lsn[0] - 1, (unsigned long long)lsn[0]);
+    jv *v = KDJ(1, "verify", d2);
+    cr_assert(!jb(v, "ok"));
+    char kinds[4096];
+    vkinds(v, "problems", kinds, sizeof kinds);
+    bool found = false;
+    for (size_t i = 0; i < jcount(v, "problems"); i++) {
+        char k[48];
+        snprintf(k, sizeof k, "problems.%zu.kind", i);
+        bool ck = !strcmp(js(v, k), "checkpoint");
+        snprintf(k, sizeof k, "problems.%zu.message", i);
+        found |= ck && strstr(js(v, k), want);
+    }
+    cr_assert(found, "no checkpoint problem with '%s' in:\n%s", want, kinds);
+    jfree(v);
+    cr_assert(pt_rmrf(d2) == 0);
+}
+
 /* Replaced, renamed, damaged and base-less deltas: each breaks the chain. */
 Test(kvdump, delta_chain_replaced_renamed_damaged_or_without_base)
 {

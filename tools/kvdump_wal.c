@@ -143,7 +143,12 @@ static void read_ckpt_header(const char *dir, kd_log *L, bool *vanished) {
                  (unsigned long long)L->ckpt_lsn, pkv_get_u32(h + 8));
         return;
     }
-    L->ckpt_lsn = pkv_get_u64(h + 16); /* the LSN inside wins over the name */
+    if (pkv_get_u64(h + 16) != L->ckpt_lsn) { /* as recovery: load_chain() */
+        snprintf(L->ckpt_err, sizeof L->ckpt_err,
+                 "ckpt-%016llx: covers LSN %llu, not the one its name says",
+                 (unsigned long long)L->ckpt_lsn, (unsigned long long)pkv_get_u64(h + 16));
+        return;
+    }
     L->ckpt_secret = pkv_get_u64(h + 24);
     L->ckpt_raw = pkv_get_u64(h + 32);
     L->ckpt_body = pkv_get_u64(h + 40);

@@ -928,7 +928,10 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         int rc = pkv_ckpt_read(c->wal.io, path, is_base ? CKPT_MAGIC : DELTA_MAGIC, &secret,
                                &lsn, &end, &raw, &len, &sum);
         pkv_ckpt_meta m;
-        if (!rc && !is_base && lsn != no)
+        /* A file whose header disagrees with its name was renamed or copied by
+         * hand: which checkpoint is newest, and which deltas follow it, are
+         * decided by names, so the directory cannot be trusted. */
+        if (!rc && lsn != no)
             rc = pkv_err(PKV_ECORRUPT, "%s: covers LSN %llu, not the one its name says",
                          path, (unsigned long long)lsn);
         if (!rc && !is_base && secret != c->arena.secret)
