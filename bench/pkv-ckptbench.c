@@ -2,19 +2,22 @@
  * pkv-ckptbench.c — what a checkpoint costs on a large cache, delta or full.
  *
  *   pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] [--full] [--dir DIR] [--keep]
- *   pkv-ckptbench --reopen CACHE_DIR
+ *   pkv-ckptbench [--tokens T] --reopen CACHE_DIR
  *
  * Opens a fresh cache (geometry of pkv-bench: 1 layer, 1 KV head, head_dim 8, f16,
  * 16-token blocks; N blocks, default 1048576; automatic checkpoints off), fills it
  * with cached blocks (prefilled sequences, closed), takes a checkpoint (always full:
- * the first of an open), then R rounds (default 8) of: decode T tokens (default
+ * the first of a new cache), then R rounds (default 8) of: decode T tokens (default
  * 160000, i.e. 10,000 new blocks, each by eviction) on a new sequence, close it,
  * pkv_sync, and time pkv_checkpoint: wall time, the process's CPU time during the
  * call (all threads), the file's size and kind. Then closes and times the reopen
- * (loading the chain). --full opens with PKV_OPEN_FULL_CHECKPOINTS, so every
+ * (loading the chain), decodes T more tokens and times the first checkpoint of
+ * that open (a delta since the open continues the chain; full with --full or
+ * before 2026-12-01). --full opens with PKV_OPEN_FULL_CHECKPOINTS, so every
  * checkpoint is full: run both to compare. The cache directory is created under
  * DIR (default /tmp) and removed at exit (--keep: kept, and its path printed).
- * --reopen times a fresh process's pkv_open of such a kept directory (a restart).
+ * --reopen times a fresh process's pkv_open of such a kept directory (a restart),
+ * then decodes T tokens and times that open's first checkpoint.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -131,7 +134,33 @@ static void print_reopen(pkv_cache *c, double ms) {
            (unsigned long long)rec.records_replayed);
 }
 
-static int reopen(const char *dir) {
+/* Decode `tokens` new tokens on a new sequence, close it, sync, then time one
+ * checkpoint; returns its wall ms, and prints it. */
+static double decode_and_checkpoint(pkv_cache *c, const char *dir, uint64_t id, uint64_t tokens,
+                                    uint32_t *next, const char *what) {
+    size_t hit;
+    OK(pkv_seq_open(c, id, 0, next, 1, &hit));
+    feed(c, id, tokens, 1, next);
+    OK(pkv_seq_close(c, id));
+    OK(pkv_sync(c));
+    pkv_stats_t s0, s1;
+    OK(pkv_stats(c, &s0));
+    double w0 = now_ms(), c0 = cpu_ms();
+    OK(pkv_checkpoint(c));
+    double w = now_ms() - w0, cu = cpu_ms() - c0;
+    OK(pkv_stats(c, &s1));
+    bool delta = s1.checkpoint_deltas > s0.checkpoint_deltas;
+    if (dir != g_dir) snprintf(g_dir, sizeof g_dir, "%s", dir);
+    uint64_t sz = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn);
+    printf("%s checkpoint %-5s: %8.1f ms wall, %8.1f ms CPU (process), file %8.2f MB\n", what,
+           delta ? "delta" : "full", w, cu, sz / 1e6);
+    fflush(stdout);
+    return w;
+}
+
+/* A restart: open a kept directory in a fresh process, then (with tokens > 0)
+ * decode that many tokens and time the first checkpoint of the open. */
+static int reopen(const char *dir, uint64_t tokens) {
     pkv_options o;
     options(&o, 0, false);
     o.capacity = 0; /* the arena's */
@@ -139,6 +168,8 @@ static int reopen(const char *dir) {
     double t0 = now_ms();
     OK(pkv_open(dir, &o, &c));
     print_reopen(c, now_ms() - t0);
+    uint32_t next = 3000000000u; /* tokens no cached block holds */
+    if (tokens) decode_and_checkpoint(c, dir, 1ull << 62, tokens, &next, "after the reopen,");
     pkv_close(c);
     return 0;
 }
@@ -155,11 +186,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc) base = argv[++i];
         else if (!strcmp(argv[i], "--full")) full = true;
         else if (!strcmp(argv[i], "--keep")) g_keep = true;
-        else if (!strcmp(argv[i], "--reopen") && i + 1 == argc - 1) return reopen(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reopen") && i + 1 == argc - 1)
+            return reopen(argv[i + 1], tokens);
         else {
             fprintf(stderr, "usage: pkv-ckptbench [--capacity N] [--rounds R] [--tokens T] "
                             "[--full] [--dir DIR] [--keep]\n"
-                            "       pkv-ckptbench --reopen CACHE_DIR\n");
+                            "       pkv-ckptbench [--tokens T] --reopen CACHE_DIR\n");
             return 2;
         }
     }
@@ -231,6 +263,7 @@ int main(int argc, char **argv) {
     double o0 = now_ms();
     OK(pkv_open(g_dir, &o, &c));
     print_reopen(c, now_ms() - o0);
+    decode_and_checkpoint(c, g_dir, id, tokens, &next, "after the reopen,");
     pkv_close(c);
     if (g_keep) printf("kept: %s\n", g_dir);
     free(wall);

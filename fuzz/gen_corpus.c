@@ -222,7 +222,7 @@ static void gen_geo(unsigned geo) {
             workload(c, fz_geo_bs[geo], 25, false);
             if (variant == 2) pkv_checkpoint(c); /* a delta: the second since the open */
         } else if (variant >= 3) {
-            /* The first checkpoint after an open is full, the later ones deltas;
+            /* The first checkpoint of a new cache is full, the later ones deltas;
              * a checkpoint with nothing logged since the last writes no file, so
              * the workload between them goes on until something was logged. */
             pkv_checkpoint(c);

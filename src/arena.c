@@ -36,6 +36,7 @@
 #if __has_include(<xxh_x86dispatch.h>)
 #include <xxh_x86dispatch.h>
 #define PKV_XXH3_WIDE XXH3_64bits_dispatch
+#define PKV_XXH3_DISPATCHED 1
 #endif
 #endif
 #ifndef PKV_XXH3_WIDE
@@ -482,7 +483,7 @@ void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint3
  * ~270 cycles instead of ~80, about 7 ns per decoded token. So clear them after
  * each sum, where the CPU and the OS support AVX (vzeroupper is an AVX
  * instruction; without AVX the dispatcher never used those paths). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(PKV_XXH3_DISPATCHED) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 static bool g_clear_upper; /* set once, before any thread of the caller runs */
 

@@ -72,6 +72,10 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     if (!opt) return pkv_err(PKV_EINVAL, "options are NULL");
     int rc0 = check_options(dir, opt);
     if (rc0) return rc0;
+    /* Register for membarrier now, outside the lock: the first grant of the lock's
+     * bias would otherwise do it with the lock held, and in a process with more
+     * than one thread registration waits for an RCU grace period (ms). */
+    (void)pkv_mutex_bias_available();
     /* 64-byte aligned: the lock has a cache line of its own (internal.h) */
     pkv_cache *c = aligned_alloc(_Alignof(pkv_cache), sizeof *c);
     if (!c) return pkv_err(PKV_ENOMEM, "cache handle");

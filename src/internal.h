@@ -88,6 +88,13 @@ static inline bool pkv_sum_ok(uint64_t stored, uint64_t computed) {
 
 /* ---- Errors (error.c) ---------------------------------------------------- */
 
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t pkv_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* Record a detailed message for pkv_last_error() and return `code`. */
 int pkv_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void pkv_err_clear(void);
@@ -98,13 +105,6 @@ void pkv_err_clear(void);
  * always merged by the compiler, and log records are encoded on the per-token
  * path). */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-/* CLOCK_MONOTONIC in nanoseconds. */
-static inline uint64_t pkv_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 static inline void pkv_put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void pkv_put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline uint32_t pkv_get_u32(const uint8_t *p) {

@@ -35,8 +35,10 @@
  * nanoseconds) doubles the streak the next grant needs, up to 2^20; one that paid
  * for itself halves it again, and 50 ms without a revocation reset it. So a
  * decoding thread holds the bias between the log flusher's visits (one
- * revocation per group commit), and threads that take turns pay for at most one
- * membarrier per 50 ms. Without membarrier (kernels before 4.14,
+ * revocation per group commit), and threads that take turns pay for a few
+ * unpaid membarriers per 50 ms (after each reset the back-off builds up again:
+ * about log2(burst / 256) + 1 of them, at most ~5, for bursts of up to ~4,350
+ * acquisitions; longer bursts pay for themselves). Without membarrier (kernels before 4.14,
  * seccomp filters, valgrind) nothing is ever biased: the plain futex mutex.
  *
  * Memory order: the fast path's acquire load of bias and release store of busy,
@@ -176,7 +178,8 @@ static void grant(pkv_mutex *m) {
  * them (the checkpoint thread's slices, say) could leave the streak a decoding
  * thread needs longer than the gaps between the flusher's visits, and it would
  * never get the bias back. Threads that take turns revoke far more often than
- * that, so they still pay for at most one membarrier per BIAS_FORGET_NS. */
+ * that, so the back-off builds up again at once: a few (at most ~5) unpaid
+ * membarriers per BIAS_FORGET_NS. */
 void pkv_mutex_streak(pkv_mutex *m) {
     if (m->grant_shift > 0) {
         uint64_t forget = m->forget_ns ? m->forget_ns : BIAS_FORGET_NS;

@@ -385,18 +385,63 @@ Test(checkpoint, a_full_checkpoint_ends_the_chain)
     for (uint32_t i = 0; i < 300; i++) prompt_cached(c, 4000 + i, 4000 + i, 2, 16);
     cr_assert(!checkpoint(c), "a delta larger than the full checkpoint was written");
     cr_assert_eq(wu_count(dir, "delta-"), 0);
-    /* After a reopen. */
-    prompt_cached(c, 5000, 5000, 1, 16);
-    cr_assert(checkpoint(c));
+    pt_close(c);
+}
+
+/* An open continues the chain it recovered: the blocks the log's replay changed
+ * are dirty, the others clean, and the first checkpoint is a delta holding them.
+ * A crash image right after it recovers from the chain alone, to the same state
+ * as a full checkpoint of that state gives. */
+Test(checkpoint, the_chain_continues_across_an_open)
+{
+    char dir[512], img[600];
+    pkv_options o;
+    uint64_t lsn[3];
+    pkv_cache *c = open_with_chain(dir, sizeof dir, "across", &o, 2, lsn);
+    /* Changes the log alone holds: new prompts, enough to evict some of the
+     * chain's blocks (512 blocks in all). */
+    for (uint32_t k = 0; k < 9; k++) prompt_cached(c, 100 + k, 100 + k, 63, 16);
+    cr_assert(stats(c).evictions > 0, "nothing evicted: the test lost its point");
     sealed_set want = sealed_take(c);
+    PT_OK(pkv_sync(c));
+    snprintf(img, sizeof img, "%s-crash", dir);
+    wu_copy_dir(dir, img); /* a crash: the open below replays the log */
     pt_close(c);
-    c = wu_open_ok(dir, &o);
-    sealed_same(&want, c, "reopened");
-    prompt_cached(c, 6000, 6000, 1, 16);
-    cr_assert(!checkpoint(c), "the first checkpoint after an open was a delta");
-    cr_assert_eq(wu_count(dir, "delta-"), 0);
+    c = wu_open_ok(img, &o);
+    pkv_recovery_t r = recovery(c);
+    cr_assert_eq(r.checkpoint_deltas, 2);
+    cr_assert(r.records_replayed > 0);
+    clean_recovery(c, "crash image");
+    sealed_same(&want, c, "crash image");
+    cr_assert(checkpoint(c), "the first checkpoint after the open was full");
+    cr_assert_eq(wu_count(img, "delta-"), 3);
+    /* The new delta holds what the replay changed: the chain alone gives it back. */
+    sealed_set chain_state = sealed_take(c);
+    pkv_cache *ci = open_image(c, img, "chain", &o);
+    cr_assert_eq(recovery(ci).checkpoint_deltas, 3);
+    clean_recovery(ci, "chain image");
+    sealed_same_as(&chain_state, ci, false, "chain image");
+    sealed_set from_chain = sealed_take(ci);
+    pt_close(ci);
+    /* The same state from a full checkpoint, release LSNs included. */
+    pkv_lock(c);
+    c->wal.chain_ok = false;
+    pkv_unlock(c);
+    cr_assert(!checkpoint(c));
+    ci = open_image(c, img, "full", &o);
+    cr_assert_eq(recovery(ci).checkpoint_deltas, 0);
+    sealed_same_as(&from_chain, ci, true, "full checkpoint against the continued chain");
+    pt_close(ci);
+    /* With nothing replayed, an open has nothing to add: no file. */
+    pt_close(c);
+    c = wu_open_ok(img, &o);
+    cr_assert_eq(recovery(c).records_replayed, 0);
+    PT_OK(pkv_checkpoint(c));
+    cr_assert_eq(stats(c).checkpoints, 0, "a checkpoint of nothing new after an open");
+    pt_close(c);
+    free(from_chain.b);
+    free(chain_state.b);
     free(want.b);
-    pt_close(c);
 }
 
 /* The log before the newest file may be recycled, so a chain with a file missing
@@ -458,6 +503,9 @@ Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
     pt_close(c);
     c = wu_open_ok(dir, &o);
     prompt_cached(c, 3, 3, 4, 16);
+    pkv_lock(c);
+    c->wal.chain_ok = false; /* a full checkpoint (the chain would continue) */
+    pkv_unlock(c);
     cr_assert(!checkpoint(c)); /* full: deletes delta-<d1> */
     cr_assert_eq(wu_count(dir, "delta-"), 0);
     sealed_set want = sealed_take(c);

@@ -218,10 +218,13 @@ Test(lock, a_revoker_waits_for_the_bias_holder_to_leave) {
     revoker_arg a = {.m = &m, .word = &word};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, take_once, &a), 0);
-    struct timespec d = {0, 50 * 1000 * 1000};
+    /* Wait (up to 10 s on a slow machine) until it has revoked the bias, then 50
+     * ms more: it is past its spins, asleep on busy. */
+    struct timespec tick = {0, 1000 * 1000}, d = {0, 50 * 1000 * 1000};
+    for (int i = 0; i < 10000 && atomic_load(&m.bias) != 0; i++) nanosleep(&tick, NULL);
+    cr_assert_eq(atomic_load(&m.bias), 0u, "the bias was not revoked");
     nanosleep(&d, NULL);
     cr_assert_eq(atomic_load(&a.entered), 0, "the other thread got in past the bias holder");
-    cr_assert_eq(atomic_load(&m.bias), 0u, "the bias was not revoked");
     atomic_store_explicit(&word, 42, memory_order_relaxed); /* ordered by the lock */
     pkv_mutex_unlock(&m);
     pthread_join(t, NULL);
@@ -265,12 +268,6 @@ Test(lock, early_revocations_make_the_bias_harder_to_get) {
     cr_assert_eq(m.grant_shift, 3u);
 }
 
-static uint64_t mono_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 static void revoke_from_another_thread(pkv_mutex *m) {
     static _Atomic uint64_t word;
     revoker_arg a = {.m = m, .word = &word};
@@ -292,10 +289,10 @@ Test(lock, the_back_off_is_forgotten_when_revocations_stop) {
     }
     cr_assert(m.grant_shift >= 1, "early revocations built no back-off");
     /* Right after them, a plain streak is not enough (unless this build is so slow
-     * that 20 ms passed already: then the reset below is what is checked). */
-    uint64_t t0 = mono_ns();
+     * that forget_ns passed since the latest revocation: then only the reset below
+     * is checked). */
     lock_unlock_n(&m, STREAK);
-    if (mono_ns() - t0 < 10 * 1000 * 1000)
+    if (pkv_now_ns() - m.revoked_ns < m.forget_ns)
         cr_assert_eq(atomic_load(&m.bias), 0u, "biased after a plain streak despite back-off");
     struct timespec d = {0, 30 * 1000 * 1000};
     nanosleep(&d, NULL);

@@ -138,17 +138,19 @@ static void put_block(wbuf *b, const pkv_pool *p, uint32_t i) {
     for (uint32_t j = 0; j < p->block_size; j++) wb_u32(b, t[j]);
 }
 
-#if PKV_INTERNAL_CHECKS
-/* What a checkpoint records of block k, as a digest: 0 if it is not sealed. */
-static uint64_t ck_digest(const pkv_pool *p, uint32_t k) {
+/* What recovery restores of block k from a checkpoint entry, as a digest: 0 if it
+ * is not sealed. Of the flags only BAD counts: the loader keeps no other, and
+ * every recovered sealed block is marked UNVERIFIED whatever the entry says. */
+uint64_t pkv_ckpt_digest(const pkv_pool *p, uint32_t k) {
     const pkv_block *x = &p->b[k];
     if (x->state != BLK_SEALED) return 0;
     uint64_t f[7] = {x->parent, x->salt, x->hash.lo, x->hash.hi, x->payload_sum,
-                     x->rel_lsn, x->flags};
+                     x->rel_lsn, x->flags & BLKF_BAD};
     return XXH3_64bits_withSeed(pkv_pool_tokens(p, k), 4ull * p->block_size,
                                 XXH3_64bits(f, sizeof f)) | 1;
 }
 
+#if PKV_INTERNAL_CHECKS
 /* Blocks [i, end) are being copied: a delta's clean blocks must be as the chain
  * holds them; then every copied block's digest becomes the chain's. A full
  * checkpoint digests every block; a delta its dirty ones and, of the clean ones,
@@ -161,10 +163,10 @@ static void ck_shadow(pkv_pool *p, bool delta, uint32_t i, uint32_t end, uint64_
         bool dirty = p->ckdirty[k >> 6] >> (k & 63) & 1;
         if (delta && !dirty) {
             if ((k & (stride - 1)) == (phase & (stride - 1)))
-                pkv_assert(ck_digest(p, k) == p->ckshadow[k]);
+                pkv_assert(pkv_ckpt_digest(p, k) == p->ckshadow[k]);
             continue;
         }
-        p->ckshadow[k] = ck_digest(p, k);
+        p->ckshadow[k] = pkv_ckpt_digest(p, k);
     }
 }
 #endif

@@ -910,8 +910,16 @@ static void verify_seqs(pkv_cache *c) {
  * with a file missing or replaced cannot be recovered and is an error. Deltas
  * with n <= base belong to an older chain (a crash before their deletion) and are
  * ignored. *after / *reach: the newest file's LSN and reach. */
+/* The chain load_chain() loaded, for continuing it (chain_continue). */
+typedef struct chain_info {
+    uint64_t base_raw;  /* raw bytes of the full checkpoint */
+    uint64_t chain_raw; /* of the deltas applied on it */
+    uint64_t last_sum;  /* body checksum of the newest file */
+} chain_info;
+
 static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64_t *deltas,
-                      size_t ndeltas, uint64_t *after, uint64_t *reach, bool *drop_all) {
+                      size_t ndeltas, uint64_t *after, uint64_t *reach, bool *drop_all,
+                      chain_info *ch) {
     pkv_recovery_t *rec = &c->rec;
     size_t first = 0;
     while (first < ndeltas && deltas[first] <= base) first++;
@@ -964,6 +972,9 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         free(raw);
         if (rc) return rc;
         if (!is_base) rec->checkpoint_deltas++;
+        if (is_base) ch->base_raw = len;
+        else ch->chain_raw += len;
+        ch->last_sum = sum;
         prev_lsn = lsn;
         prev_sum = sum;
         *after = lsn;
@@ -971,6 +982,39 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
     }
     rec->checkpoint_lsn = *after;
     return 0;
+}
+
+/* What the chain just loaded holds for each block (pkv_ckpt_digest), or NULL when
+ * this open will not continue the chain (read-only, full checkpoints only, out of
+ * memory: the first checkpoint is then full, as it always was). */
+static uint64_t *chain_digests(pkv_cache *c) {
+    if (c->rdonly || c->wal.full_only) return NULL;
+    const pkv_pool *p = &c->pool;
+    uint64_t *dig = malloc((size_t)p->capacity * sizeof *dig);
+    if (!dig) return NULL;
+    for (uint32_t k = 0; k < p->capacity; k++) dig[k] = pkv_ckpt_digest(p, k);
+    return dig;
+}
+
+/* Let the first checkpoint of this open be a delta on the chain it loaded. Every
+ * block whose recovered state differs from what the chain holds (changed by the
+ * log's replay, or by the rebuild) gets its dirty bit, as if the change had been
+ * made at run time; the others are clean, which is what a delta assumes. Only
+ * after a recovery that repaired nothing: a repair is written as a full
+ * checkpoint at open (cache.c). */
+static void chain_continue(pkv_cache *c, const uint64_t *dig, const chain_info *ch) {
+    pkv_pool *p = &c->pool;
+    for (uint32_t k = 0; k < p->capacity; k++)
+        if (pkv_ckpt_digest(p, k) != dig[k]) pkv_ckpt_touch(p, k);
+    if (PKV_INTERNAL_CHECKS && p->ckshadow) /* the shadow is the chain's state */
+        memcpy(p->ckshadow, dig, (size_t)p->capacity * sizeof *dig);
+    pkv_wal *w = &c->wal;
+    w->chain_ok = true;
+    w->prev_lsn = c->rec.checkpoint_lsn;
+    w->prev_sum = ch->last_sum;
+    w->chain_len = (uint32_t)c->rec.checkpoint_deltas;
+    w->chain_raw = ch->chain_raw;
+    w->base_raw = ch->base_raw;
 }
 
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
@@ -990,9 +1034,12 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     c->wal.stray_spares = pkv_wal_spare_strays(spares) != 0;
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
+    chain_info chain = {0};
+    uint64_t *chain_dig = NULL;
     if (have_ckpt) {
-        rc = load_chain(c, dir, ckpt, deltas, ndeltas, &after, &reach, &drop_all);
+        rc = load_chain(c, dir, ckpt, deltas, ndeltas, &after, &reach, &drop_all, &chain);
         if (rc) goto out;
+        if (!drop_all) chain_dig = chain_digests(c);
     } else if (ndeltas) {
         rc = pkv_err(PKV_ECORRUPT, "%s: delta checkpoint delta-%016llx but no full "
                      "checkpoint to apply it on", dir, (unsigned long long)deltas[0]);
@@ -1070,9 +1117,11 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->repaired = drop_all || rec->torn_bytes || rec->corrupt_lsn ||
                     rec->blocks_dropped || rec->sequences_cut ||
                     c->arena.valid_blocks < c->pool.capacity;
+    if (chain_dig && !drop_all && !rec->repaired) chain_continue(c, chain_dig, &chain);
     *next_lsn = last + 1;
     *next_seg = n ? nos[n - 1] + 1 : 1;
 out:
+    free(chain_dig);
     free(nos);
     free(deltas);
     return rc;

@@ -318,6 +318,9 @@ int pkv_ckpt_serialize(pkv_cache *c, bool delta, uint8_t **out, size_t *len,
  * held, or recovery). */
 uint64_t pkv_ckpt_delta_estimate(const pkv_cache *c);
 uint64_t pkv_ckpt_full_estimate(const pkv_cache *c);
+/* What a checkpoint entry of block k brings back at recovery, as a digest (0: not
+ * sealed). Equal digests: a delta need not carry the block. */
+uint64_t pkv_ckpt_digest(const pkv_pool *p, uint32_t k);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
  * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
  * A full checkpoint then deletes every older checkpoint and delta file. */
