@@ -163,8 +163,10 @@ bool pkv_block_verify(pkv_cache *c, uint32_t b) {
     if (!(x->flags & BLKF_UNVERIFIED)) return true;
     uint64_t sum = pkv_arena_sum(&c->arena, b);
     if (sum == x->payload_sum) {
+        /* No dirty bit: a checkpoint entry's UNVERIFIED flag changes nothing,
+         * since recovery marks every sealed block unverified anyway
+         * (pkv_ckpt_digest leaves it out). */
         x->flags &= (uint8_t)~BLKF_UNVERIFIED;
-        pkv_ckpt_touch(&c->pool, b);
         return true;
     }
     x->flags = BLKF_BAD;

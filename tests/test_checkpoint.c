@@ -353,9 +353,8 @@ Test(checkpoint, a_checkpoint_with_nothing_new_writes_no_file)
     pt_close(c);
 }
 
-/* A full checkpoint ends the chain: after DELTA_CHAIN_MAX deltas, when the deltas
- * would outgrow the full checkpoint, and as the first checkpoint after an open.
- * It deletes the chain's deltas. */
+/* A full checkpoint ends the chain: after DELTA_CHAIN_MAX deltas and when the
+ * deltas would outgrow the full checkpoint. It deletes the chain's deltas. */
 Test(checkpoint, a_full_checkpoint_ends_the_chain)
 {
     char dir[512];
@@ -389,18 +388,30 @@ Test(checkpoint, a_full_checkpoint_ends_the_chain)
 }
 
 /* An open continues the chain it recovered: the blocks the log's replay changed
- * are dirty, the others clean, and the first checkpoint is a delta holding them.
- * A crash image right after it recovers from the chain alone, to the same state
- * as a full checkpoint of that state gives. */
+ * are dirty, the others clean (those a recovered sequence holds too, although
+ * recovery verifies them), and the first checkpoint is a delta holding them. A
+ * crash image right after it recovers from the chain alone, to the same state,
+ * release LSNs included, as a full checkpoint of that state gives. */
 Test(checkpoint, the_chain_continues_across_an_open)
 {
     char dir[512], img[600];
     pkv_options o;
     uint64_t lsn[3];
     pkv_cache *c = open_with_chain(dir, sizeof dir, "across", &o, 2, lsn);
-    /* Changes the log alone holds: new prompts, enough to evict some of the
-     * chain's blocks (512 blocks in all). */
-    for (uint32_t k = 0; k < 9; k++) prompt_cached(c, 100 + k, 100 + k, 63, 16);
+    /* Into the chain: the cache filled to 465 of its 512 blocks. */
+    for (uint32_t k = 0; k < 7; k++) prompt_cached(c, 100 + k, 100 + k, 63, 16);
+    cr_assert(checkpoint(c));
+    /* Changes the log alone holds: a sequence holding 63 of the chain's blocks
+     * (a prefix hit, kept open), a chain prompt hit again and closed (new release
+     * LSNs), and 80 new blocks, 33 of them by eviction. */
+    uint32_t held_t[63 * 16 + 1];
+    for (uint32_t k = 0; k < 63 * 16 + 1; k++) held_t[k] = 100 * 7919u + k * 31u + 1;
+    size_t hit = 0;
+    PT_OK(pkv_seq_open(c, 900, 0, held_t, 63 * 16 + 1, &hit));
+    cr_assert_eq(hit, 63 * 16, "the held prompt was not a full hit");
+    prompt_cached(c, 901, 1, 4, 16);
+    prompt_cached(c, 902, 500, 40, 16);
+    prompt_cached(c, 903, 501, 40, 16);
     cr_assert(stats(c).evictions > 0, "nothing evicted: the test lost its point");
     sealed_set want = sealed_take(c);
     PT_OK(pkv_sync(c));
@@ -409,16 +420,25 @@ Test(checkpoint, the_chain_continues_across_an_open)
     pt_close(c);
     c = wu_open_ok(img, &o);
     pkv_recovery_t r = recovery(c);
-    cr_assert_eq(r.checkpoint_deltas, 2);
+    cr_assert_eq(r.checkpoint_deltas, 3);
     cr_assert(r.records_replayed > 0);
     clean_recovery(c, "crash image");
     sealed_same(&want, c, "crash image");
+    uint32_t held[64];
+    size_t nheld = 0;
+    PT_OK(pkv_seq_blocks(c, 900, held, 64, &nheld));
+    cr_assert_eq(nheld, 63);
+    pkv_lock(c);
+    for (size_t i = 0; i < nheld; i++)
+        cr_assert(!(c->pool.ckdirty[held[i] >> 6] >> (held[i] & 63) & 1),
+                  "block %u of the recovered sequence is dirty, unchanged", held[i]);
+    pkv_unlock(c);
     cr_assert(checkpoint(c), "the first checkpoint after the open was full");
-    cr_assert_eq(wu_count(img, "delta-"), 3);
+    cr_assert_eq(wu_count(img, "delta-"), 4);
     /* The new delta holds what the replay changed: the chain alone gives it back. */
     sealed_set chain_state = sealed_take(c);
     pkv_cache *ci = open_image(c, img, "chain", &o);
-    cr_assert_eq(recovery(ci).checkpoint_deltas, 3);
+    cr_assert_eq(recovery(ci).checkpoint_deltas, 4);
     clean_recovery(ci, "chain image");
     sealed_same_as(&chain_state, ci, false, "chain image");
     sealed_set from_chain = sealed_take(ci);
@@ -488,7 +508,8 @@ Test(checkpoint, a_broken_chain_fails_the_open_and_changes_nothing)
 }
 
 /* A delta left over from an older chain (a crash between a full checkpoint's
- * rename and its deletion of the old chain) is ignored. */
+ * rename and its deletion of the old chain) is ignored, and deleted by the next
+ * writable open. */
 Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
 {
     char dir[512];
@@ -518,6 +539,8 @@ Test(checkpoint, a_delta_of_an_older_chain_is_ignored)
     free(b);
     c = wu_open_ok(dir, &o);
     cr_assert_eq(recovery(c).checkpoint_deltas, 0);
+    /* and the open deletes it (the full checkpoint's clean-up it missed) */
+    cr_assert_eq(wu_count(dir, "delta-"), 0, "the stale delta outlived a writable open");
     sealed_same(&want, c, "with a stale delta beside the chain");
     clean_recovery(c, "with a stale delta beside the chain");
     free(want.b);

@@ -1514,8 +1514,8 @@ static void verify_chain(const char *dir, const kd_log *L, vlist *prob, vlist *n
         else if (d->state == KD_DELTA_STALE)
             vadd(notes, "stale_delta", UINT64_MAX, UINT64_MAX, "delta-%016llx: LSN %llu is not "
                  "after the full checkpoint ckpt-%016llx: left from an older chain (a crash "
-                 "before that checkpoint deleted it); recovery ignores it and the next full "
-                 "checkpoint deletes it", (unsigned long long)d->no, (unsigned long long)d->no,
+                 "before that checkpoint deleted it); recovery ignores it and the next "
+                 "writable open or full checkpoint deletes it", (unsigned long long)d->no, (unsigned long long)d->no,
                  (unsigned long long)L->ckpt_no);
     }
     if (vanished)

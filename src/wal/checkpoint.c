@@ -26,7 +26,9 @@
  * pool's dirty bits), and all sequences and counters. Recovery loads ckpt-<lsn>,
  * then each later delta in LSN order, each naming the file before it. The chain
  * ends (the next checkpoint is full) after DELTA_CHAIN_MAX deltas, when the
- * deltas would outgrow the full checkpoint, after recovery, and after a
+ * deltas would outgrow the full checkpoint, after a recovery that repaired
+ * something (an open that repaired nothing continues the chain: recovery sets
+ * the dirty bits of what it changed, wal/replay.c chain_continue), and after a
  * checkpoint that failed once it had begun clearing dirty bits.
  *
  * Atomicity: write ckpt.tmp, fdatasync it, rename to ckpt-<lsn>, fsync the
@@ -309,7 +311,9 @@ static int io_err(int neg, const char *what, const char *path) {
 
 /* Delete every ckpt-* file other than `keep`, and every delta-* file: after a new
  * full checkpoint no chain needs them. */
-static void remove_old(pkv_wal *w, uint64_t keep) {
+/* Delete every checkpoint file but ckpt-<keep>; with keep_chain, also keep the
+ * deltas after it (the chain on top of it). */
+static void remove_old(pkv_wal *w, uint64_t keep, bool keep_chain) {
     DIR *d = opendir(w->dir);
     if (!d) return;
     struct dirent *e;
@@ -318,13 +322,16 @@ static void remove_old(pkv_wal *w, uint64_t keep) {
         const char *pre = pkv_wal_name_no(e->d_name, "ckpt-", &n)    ? "ckpt-"
                           : pkv_wal_name_no(e->d_name, "delta-", &n) ? "delta-"
                                                                      : NULL;
-        if (!pre || (n == keep && pre[0] == 'c')) continue;
+        if (!pre || (n == keep && pre[0] == 'c') || (keep_chain && pre[0] == 'd' && n > keep))
+            continue;
         char path[4200];
         pkv_wal_path(w, path, sizeof path, pre, n);
         w->io->unlink(w->io->ctx, path);
     }
     closedir(d);
 }
+
+void pkv_ckpt_remove_stale(pkv_wal *w, uint64_t base) { remove_old(w, base, true); }
 
 int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
                    const uint8_t *raw, size_t len, uint64_t *body_sum) {
@@ -390,7 +397,7 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
     }
     if ((rc = io->rename(io->ctx, tmp, path)) < 0) return io_err(rc, "rename", path);
     if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_err(rc, "fsync", w->dir);
-    if (!delta) remove_old(w, lsn);
+    if (!delta) remove_old(w, lsn, false);
     return 0;
 }
 

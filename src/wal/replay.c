@@ -904,19 +904,20 @@ static void verify_seqs(pkv_cache *c) {
     }
 }
 
+/* The chain load_chain() loaded, for continuing it (chain_continue). */
+typedef struct chain_info {
+    uint64_t base_no;   /* the full checkpoint's LSN (its name) */
+    uint64_t base_raw;  /* raw bytes of the full checkpoint */
+    uint64_t chain_raw; /* of the deltas applied on it */
+    uint64_t last_sum;  /* body checksum of the newest file */
+} chain_info;
+
 /* Load the checkpoint chain: the full checkpoint ckpt-<base>, then every
  * delta-<n> with n > base in order, each of which must name the file before it
  * (LSN and body checksum): the log before the newest may be recycled, so a chain
  * with a file missing or replaced cannot be recovered and is an error. Deltas
  * with n <= base belong to an older chain (a crash before their deletion) and are
  * ignored. *after / *reach: the newest file's LSN and reach. */
-/* The chain load_chain() loaded, for continuing it (chain_continue). */
-typedef struct chain_info {
-    uint64_t base_raw;  /* raw bytes of the full checkpoint */
-    uint64_t chain_raw; /* of the deltas applied on it */
-    uint64_t last_sum;  /* body checksum of the newest file */
-} chain_info;
-
 static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64_t *deltas,
                       size_t ndeltas, uint64_t *after, uint64_t *reach, bool *drop_all,
                       chain_info *ch) {
@@ -972,7 +973,7 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         free(raw);
         if (rc) return rc;
         if (!is_base) rec->checkpoint_deltas++;
-        if (is_base) ch->base_raw = len;
+        if (is_base) ch->base_no = no, ch->base_raw = len;
         else ch->chain_raw += len;
         ch->last_sum = sum;
         prev_lsn = lsn;
@@ -1004,6 +1005,9 @@ static uint64_t *chain_digests(pkv_cache *c) {
  * checkpoint at open (cache.c). */
 static void chain_continue(pkv_cache *c, const uint64_t *dig, const chain_info *ch) {
     pkv_pool *p = &c->pool;
+    /* Bits recovery set on its way (verification of the recovered sequences'
+     * blocks) are redone by the comparison, which covers all an entry restores. */
+    memset(p->ckdirty, 0, ((size_t)p->capacity + 63) / 64 * sizeof *p->ckdirty);
     for (uint32_t k = 0; k < p->capacity; k++)
         if (pkv_ckpt_digest(p, k) != dig[k]) pkv_ckpt_touch(p, k);
     if (PKV_INTERNAL_CHECKS && p->ckshadow) /* the shadow is the chain's state */
@@ -1015,6 +1019,9 @@ static void chain_continue(pkv_cache *c, const uint64_t *dig, const chain_info *
     w->chain_len = (uint32_t)c->rec.checkpoint_deltas;
     w->chain_raw = ch->chain_raw;
     w->base_raw = ch->base_raw;
+    /* The full checkpoint that would have come next used to delete leftovers of
+     * an interrupted clean-up (older ckpt- files, stale deltas); do it now. */
+    pkv_ckpt_remove_stale(w, ch->base_no);
 }
 
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,

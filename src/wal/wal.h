@@ -100,8 +100,9 @@ typedef struct pkv_wal {
     /* The checkpoint chain on disk: the newest full checkpoint and the deltas
      * after it. chain_ok: the pool's dirty bits (pkv_pool.ckdirty) hold every
      * change since the newest file of the chain, so the next checkpoint may be a
-     * delta; false after recovery and after a checkpoint that failed once it had
-     * begun clearing bits. prev_lsn / prev_sum: that newest file's LSN and the
+     * delta; false after a recovery that found no chain or repaired something
+     * (one that repaired nothing continues the chain: replay.c chain_continue),
+     * and after a checkpoint that failed once it had begun clearing bits. prev_lsn / prev_sum: that newest file's LSN and the
      * XXH3-64 of its body, which a delta names to chain onto it. */
     bool chain_ok;
     uint32_t chain_len;   /* deltas after the full checkpoint */
@@ -321,6 +322,10 @@ uint64_t pkv_ckpt_full_estimate(const pkv_cache *c);
 /* What a checkpoint entry of block k brings back at recovery, as a digest (0: not
  * sealed). Equal digests: a delta need not carry the block. */
 uint64_t pkv_ckpt_digest(const pkv_pool *p, uint32_t k);
+/* Delete the checkpoint files the chain on ckpt-<base> does not use: older full
+ * checkpoints and deltas at or below base (what a crash during a full
+ * checkpoint's clean-up leaves behind). */
+void pkv_ckpt_remove_stale(pkv_wal *w, uint64_t base);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
  * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
  * A full checkpoint then deletes every older checkpoint and delta file. */
