@@ -134,28 +134,31 @@ static void print_reopen(pkv_cache *c, double ms) {
            (unsigned long long)rec.records_replayed);
 }
 
-/* Decode `tokens` new tokens on a new sequence, close it, sync, then time one
- * checkpoint; returns its wall ms, and prints it. */
-static double decode_and_checkpoint(pkv_cache *c, const char *dir, uint64_t id, uint64_t tokens,
-                                    uint32_t *next, const char *what) {
+/* Decode `tokens` new tokens on a new sequence `id`, close it, sync. */
+static void decode_round(pkv_cache *c, uint64_t id, uint64_t tokens, uint32_t *next) {
     size_t hit;
     OK(pkv_seq_open(c, id, 0, next, 1, &hit));
     feed(c, id, tokens, 1, next);
     OK(pkv_seq_close(c, id));
     OK(pkv_sync(c));
+}
+
+/* Time one pkv_checkpoint of the cache in g_dir and print it, labelled `what`:
+ * wall and process CPU ms, file MB. */
+static void timed_checkpoint(pkv_cache *c, const char *what, double *wall, double *cpu,
+                             double *mb) {
     pkv_stats_t s0, s1;
     OK(pkv_stats(c, &s0));
     double w0 = now_ms(), c0 = cpu_ms();
     OK(pkv_checkpoint(c));
-    double w = now_ms() - w0, cu = cpu_ms() - c0;
+    *wall = now_ms() - w0;
+    *cpu = cpu_ms() - c0;
     OK(pkv_stats(c, &s1));
     bool delta = s1.checkpoint_deltas > s0.checkpoint_deltas;
-    if (dir != g_dir) snprintf(g_dir, sizeof g_dir, "%s", dir);
-    uint64_t sz = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn);
+    *mb = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn) / 1e6;
     printf("%s checkpoint %-5s: %8.1f ms wall, %8.1f ms CPU (process), file %8.2f MB\n", what,
-           delta ? "delta" : "full", w, cu, sz / 1e6);
+           delta ? "delta" : "full", *wall, *cpu, *mb);
     fflush(stdout);
-    return w;
 }
 
 /* A restart: open a kept directory in a fresh process, then (with tokens > 0)
@@ -169,7 +172,10 @@ static int reopen(const char *dir, uint64_t tokens) {
     OK(pkv_open(dir, &o, &c));
     print_reopen(c, now_ms() - t0);
     uint32_t next = 3000000000u; /* tokens no cached block holds */
-    if (tokens) decode_and_checkpoint(c, dir, 1ull << 62, tokens, &next, "after the reopen,");
+    snprintf(g_dir, sizeof g_dir, "%s", dir); /* for file_size; not removed at exit */
+    double w, cu, mb;
+    decode_round(c, 1ull << 62, tokens, &next);
+    timed_checkpoint(c, "after the reopen,", &w, &cu, &mb);
     pkv_close(c);
     return 0;
 }
@@ -231,31 +237,11 @@ int main(int argc, char **argv) {
     double *wall = calloc((size_t)rounds, sizeof *wall), *cpu = calloc((size_t)rounds, sizeof *cpu);
     double *mb = calloc((size_t)rounds, sizeof *mb);
     if (!wall || !cpu || !mb) return 1;
-    for (int r = -1; r < rounds; r++) {
-        if (r >= 0) {
-            size_t hit;
-            OK(pkv_seq_open(c, id, 0, &next, 1, &hit));
-            feed(c, id, tokens, 1, &next);
-            OK(pkv_seq_close(c, id));
-            id++;
-            OK(pkv_sync(c));
-        }
-        pkv_stats_t s0, s1;
-        OK(pkv_stats(c, &s0));
-        double w0 = now_ms(), c0 = cpu_ms();
-        OK(pkv_checkpoint(c));
-        double w = now_ms() - w0, cu = cpu_ms() - c0;
-        OK(pkv_stats(c, &s1));
-        bool delta = s1.checkpoint_deltas > s0.checkpoint_deltas;
-        uint64_t sz = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn);
-        printf("%s checkpoint %-5s: %8.1f ms wall, %8.1f ms CPU (process), file %8.2f MB\n",
-               r < 0 ? "first" : "round", delta ? "delta" : "full", w, cu, sz / 1e6);
-        fflush(stdout);
-        if (r >= 0) {
-            wall[r] = w;
-            cpu[r] = cu;
-            mb[r] = sz / 1e6;
-        }
+    double w, cu, sz;
+    timed_checkpoint(c, "first", &w, &cu, &sz);
+    for (int r = 0; r < rounds; r++) {
+        decode_round(c, id++, tokens, &next);
+        timed_checkpoint(c, "round", &wall[r], &cpu[r], &mb[r]);
     }
     printf("median of %d rounds: %.1f ms wall, %.1f ms CPU, %.2f MB per checkpoint\n", rounds,
            median(wall, rounds), median(cpu, rounds), median(mb, rounds));
@@ -263,7 +249,8 @@ int main(int argc, char **argv) {
     double o0 = now_ms();
     OK(pkv_open(g_dir, &o, &c));
     print_reopen(c, now_ms() - o0);
-    decode_and_checkpoint(c, g_dir, id, tokens, &next, "after the reopen,");
+    decode_round(c, id, tokens, &next);
+    timed_checkpoint(c, "after the reopen,", &w, &cu, &sz);
     pkv_close(c);
     if (g_keep) printf("kept: %s\n", g_dir);
     free(wall);

@@ -35,8 +35,9 @@ static uint64_t rng(uint64_t *s) {
     return *s;
 }
 
-static void check_geometry(uint32_t layers, uint32_t heads, uint32_t dim, pkv_dtype dt,
-                           uint32_t bs) {
+/* A new 8-block cache of this geometry. */
+static pkv_cache *open_geometry(uint32_t layers, uint32_t heads, uint32_t dim, pkv_dtype dt,
+                                uint32_t bs) {
     char dir[512];
     pt_path(dir, sizeof dir, "cache");
     pt_rmrf(dir);
@@ -51,6 +52,12 @@ static void check_geometry(uint32_t layers, uint32_t heads, uint32_t dim, pkv_dt
     o.model_id = "arena-sum-test";
     pkv_cache *c = NULL;
     PT_OK(pkv_open(dir, &o, &c));
+    return c;
+}
+
+static void check_geometry(uint32_t layers, uint32_t heads, uint32_t dim, pkv_dtype dt,
+                           uint32_t bs) {
+    pkv_cache *c = open_geometry(layers, heads, dim, dt, bs);
     const pkv_arena *a = &c->arena;
     uint64_t seed = 0x9E3779B97F4A7C15ull ^ a->geo.block_bytes;
     for (uint32_t b = 0; b < 8; b++) {
@@ -109,19 +116,7 @@ Test(arena_sum, leaves_the_upper_vector_state_clean) {
         cr_skip_test("XINUSE %#x right after a vzeroupper: this CPU or hypervisor does "
                      "not report the upper state's return to its initial configuration",
                      xinuse());
-    char dir[512];
-    pt_path(dir, sizeof dir, "cache");
-    pkv_options o;
-    pkv_options_init(&o);
-    o.num_layers = 1;
-    o.num_kv_heads = 1;
-    o.head_dim = 8;
-    o.dtype = PKV_F16;
-    o.block_size = 16; /* 512 bytes: the long-input (vector) path */
-    o.capacity = 4;
-    o.model_id = "arena-sum-test";
-    pkv_cache *c = NULL;
-    PT_OK(pkv_open(dir, &o, &c));
+    pkv_cache *c = open_geometry(1, 1, 8, PKV_F16, 16); /* 512 bytes: the vector path */
     const pkv_arena *a = &c->arena;
     memset(pkv_arena_block(a, 1), 0x5A, a->geo.block_bytes);
     /* What the dispatched XXH3 itself leaves: dirty where it used AVX2/AVX-512

@@ -1945,9 +1945,8 @@ Test(kvdump, delta_chain_summary_wal_and_verify)
     cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
 }
 
-/* verify on a chain broken in dir (a copy): exit 1 and a checkpoint_chain problem
- * whose message holds `what`; the reading commands exit 2 (recovery fails). */
-static void expect_broken(const char *dir, const char *what)
+/* verify on dir exits 1 with a problem of this kind whose message holds `what`. */
+static void expect_problem(const char *dir, const char *kind, const char *what)
 {
     jv *v = KDJ(1, "verify", dir);
     cr_assert(!jb(v, "ok"));
@@ -1957,12 +1956,19 @@ static void expect_broken(const char *dir, const char *what)
     for (size_t i = 0; i < jcount(v, "problems"); i++) {
         char k[48];
         snprintf(k, sizeof k, "problems.%zu.kind", i);
-        bool chain = !strcmp(js(v, k), "checkpoint_chain");
+        bool same = !strcmp(js(v, k), kind);
         snprintf(k, sizeof k, "problems.%zu.message", i);
-        found |= chain && strstr(js(v, k), what);
+        found |= same && strstr(js(v, k), what);
     }
-    cr_assert(found, "no checkpoint_chain problem with '%s' in:\n%s", what, kinds);
+    cr_assert(found, "no %s problem with '%s' in:\n%s", kind, what, kinds);
     jfree(v);
+}
+
+/* verify on a chain broken in dir (a copy): exit 1 and a checkpoint_chain problem
+ * whose message holds `what`; the reading commands exit 2 (recovery fails). */
+static void expect_broken(const char *dir, const char *what)
+{
+    expect_problem(dir, "checkpoint_chain", what);
     kres r = KD("verify", dir);
     KD_EXPECT(r, 1);
     cr_assert(strstr(r.out, "problem: checkpoint_chain: "), "%s", r.out);
@@ -1970,7 +1976,7 @@ static void expect_broken(const char *dir, const char *what)
     r = KD("summary", dir);
     KD_EXPECT(r, 2);
     kres_free(&r);
-    v = KDJ(0, "wal", dir);
+    jv *v = KDJ(0, "wal", dir);
     cr_assert(!jb(v, "checkpoint.chain_ok"));
     cr_assert(strstr(js(v, "checkpoint.chain_error"), what), "%s", js(v, "checkpoint.chain_error"));
     jfree(v);
@@ -2062,20 +2068,7 @@ Test(kvdump, a_renamed_full_checkpoint_is_a_problem)
     cr_assert(rename(p, q) == 0);
     snprintf(want, sizeof want, "ckpt-%016llx: covers LSN %llu, not the one its name says",
              (unsigned long long)lsn[0] - 1, (unsigned long long)lsn[0]);
-    jv *v = KDJ(1, "verify", d2);
-    cr_assert(!jb(v, "ok"));
-    char kinds[4096];
-    vkinds(v, "problems", kinds, sizeof kinds);
-    bool found = false;
-    for (size_t i = 0; i < jcount(v, "problems"); i++) {
-        char k[48];
-        snprintf(k, sizeof k, "problems.%zu.kind", i);
-        bool ck = !strcmp(js(v, k), "checkpoint");
-        snprintf(k, sizeof k, "problems.%zu.message", i);
-        found |= ck && strstr(js(v, k), want);
-    }
-    cr_assert(found, "no checkpoint problem with '%s' in:\n%s", want, kinds);
-    jfree(v);
+    expect_problem(d2, "checkpoint", want);
     cr_assert(pt_rmrf(d2) == 0);
 }
 
