@@ -161,8 +161,8 @@ static void timed_checkpoint(pkv_cache *c, const char *what, double *wall, doubl
     fflush(stdout);
 }
 
-/* A restart: open a kept directory in a fresh process, then (with tokens > 0)
- * decode that many tokens and time the first checkpoint of the open. */
+/* A restart: open a kept directory in a fresh process, then decode `tokens`
+ * tokens and time the first checkpoint of the open. */
 static int reopen(const char *dir, uint64_t tokens) {
     pkv_options o;
     options(&o, 0, false);

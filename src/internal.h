@@ -459,6 +459,11 @@ static inline void pkv_mutex_lock(pkv_mutex *m) {
     else
         pkv_mutex_took_v(m, me);
 }
+/* Release v, waking a sleeper if it was marked waited on. */
+static inline void pkv_mutex_unlock_v(pkv_mutex *m) {
+    if (pkv_unlikely(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2))
+        pkv_mutex_wake(m);
+}
 static inline void pkv_mutex_unlock(pkv_mutex *m) {
     if (pkv_likely(m->fast)) {
         m->fast = 0;
@@ -467,8 +472,7 @@ static inline void pkv_mutex_unlock(pkv_mutex *m) {
     }
     /* every 256 acquisitions of a streak: is it long enough for the bias? (lock.c) */
     if (pkv_unlikely((m->streak & 255u) == 0 && m->streak != 0)) pkv_mutex_streak(m);
-    if (pkv_unlikely(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2))
-        pkv_mutex_wake(m);
+    pkv_mutex_unlock_v(m);
 }
 /* Unlock m, sleep until signalled (or, with abs, until that CLOCK_REALTIME
  * deadline: ETIMEDOUT), lock m again. Returns 0 or ETIMEDOUT. */

@@ -89,8 +89,7 @@ static inline void cpu_relax(void) {
                                                  the latest revocation */
 #define REVOKE_SPINS    200       /* polls of busy before sleeping on it */
 
-static int membarrier_ok; /* 1: registered and working; set once (pthread_once) */
-static _Atomic int bias_state; /* 0 not asked yet, 1 available, -1 not */
+static bool membarrier_ok; /* registered and working; set once (pthread_once) */
 static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
 
 static long sys_membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
@@ -101,14 +100,12 @@ static void membarrier_init(void) {
     if (q < 0 || !(q & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return;
     if (sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) return;
     if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) return;
-    membarrier_ok = 1;
+    membarrier_ok = true;
 }
 
+/* Called at pkv_open and at a grant (rare): pthread_once orders the read. */
 bool pkv_mutex_bias_available(void) {
-    int st = atomic_load_explicit(&bias_state, memory_order_acquire);
-    if (pkv_likely(st != 0)) return st > 0;
     pthread_once(&membarrier_once, membarrier_init);
-    atomic_store_explicit(&bias_state, membarrier_ok ? 1 : -1, memory_order_release);
     return membarrier_ok;
 }
 
@@ -188,11 +185,6 @@ void pkv_mutex_streak(pkv_mutex *m) {
     if (m->streak >= (BIAS_STREAK << m->grant_shift)) grant(m);
 }
 
-static void unlock_v(pkv_mutex *m) {
-    if (atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2)
-        futex(&m->v, FUTEX_WAKE_PRIVATE, 1, NULL, 0);
-}
-
 void pkv_mutex_wake(pkv_mutex *m) { futex(&m->v, FUTEX_WAKE_PRIVATE, 1, NULL, 0); }
 
 /* ---- The futex mutex ------------------------------------------------------ */
@@ -229,7 +221,7 @@ int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs) {
         m->fast = 0;
         pkv_mutex_fast_exit(m);
     } else {
-        unlock_v(m);
+        pkv_mutex_unlock_v(m);
     }
     long r;
     if (abs)

@@ -141,14 +141,30 @@ static void opts(pkv_options *o, uint64_t cap) {
     wu_opts(o, 16, cap, PKV_DURABLE_GROUP);
 }
 
+/* A new cache of `cap` blocks (opts) in pt_path(sub). */
+static pkv_cache *open_new(char *dir, size_t dcap, const char *sub, pkv_options *o,
+                           uint64_t cap) {
+    pt_path(dir, dcap, sub);
+    opts(o, cap);
+    return wu_open_ok(dir, o);
+}
+
+/* open_new, then n cached prompts of 2 blocks each and the first checkpoint (full;
+ * its sync also empties limbo). */
+static pkv_cache *open_filled(char *dir, size_t dcap, const char *sub, pkv_options *o,
+                              uint64_t cap, uint32_t n) {
+    pkv_cache *c = open_new(dir, dcap, sub, o, cap);
+    for (uint32_t i = 0; i < n; i++) prompt_cached(c, i + 1, i, 2, 16);
+    cr_assert(!checkpoint(c), "the first checkpoint of a new cache must be full");
+    return c;
+}
+
 /* A 512-block cache in pt_path(sub) with a chain: a full checkpoint, then ndeltas
  * deltas, each after a new 4-block prompt. lsn[0] receives the full checkpoint's
  * LSN, lsn[k] the k-th delta's (lsn may be NULL). Returns the open cache. */
 static pkv_cache *open_with_chain(char *dir, size_t dcap, const char *sub, pkv_options *o,
                                   unsigned ndeltas, uint64_t *lsn) {
-    pt_path(dir, dcap, sub);
-    opts(o, 512);
-    pkv_cache *c = wu_open_ok(dir, o);
+    pkv_cache *c = open_new(dir, dcap, sub, o, 512);
     for (unsigned k = 0; k <= ndeltas; k++) {
         prompt_cached(c, 1 + k, 1 + k, 4, 16);
         cr_assert_eq(checkpoint(c), k > 0, "checkpoint %u of the chain", k);
@@ -162,12 +178,8 @@ static pkv_cache *open_with_chain(char *dir, size_t dcap, const char *sub, pkv_o
 Test(checkpoint, a_delta_holds_only_the_changed_blocks)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "small");
     pkv_options o;
-    opts(&o, 3040);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    for (uint32_t i = 0; i < 1500; i++) prompt_cached(c, i + 1, i, 2, 16); /* 3000 blocks */
-    cr_assert(!checkpoint(c), "the first checkpoint after an open must be full");
+    pkv_cache *c = open_filled(dir, sizeof dir, "small", &o, 3040, 1500); /* 3000 blocks */
     uint64_t base = stats(c).checkpoint_lsn, full = file_size(dir, "ckpt-", base);
     /* 40 new prompts: 80 new blocks, 40 of them by eviction. */
     uint64_t ev0 = stats(c).evictions;
@@ -197,12 +209,8 @@ Test(checkpoint, a_delta_holds_only_the_changed_blocks)
 Test(checkpoint, an_evicted_block_stays_evicted)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "evicted");
     pkv_options o;
-    opts(&o, 96);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    for (uint32_t i = 0; i < 60; i++) prompt_cached(c, i + 1, i, 2, 16);
-    cr_assert(!checkpoint(c)); /* (its sync also empties limbo) */
+    pkv_cache *c = open_filled(dir, sizeof dir, "evicted", &o, 96, 60);
     uint64_t ev0 = stats(c).evictions, sealed0 = stats(c).blocks_sealed;
     uint64_t nfree = stats(c).blocks_free;
     cr_assert(ev0 > 0 && nfree < 4, "the fill left %llu blocks free",
@@ -295,10 +303,8 @@ Test(checkpoint, the_chain_alone_recovers_the_workload)
 Test(checkpoint, sequences_come_from_the_newest_file)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "seqs");
     pkv_options o;
-    opts(&o, 256);
-    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_cache *c = open_new(dir, sizeof dir, "seqs", &o, 256);
     uint32_t t[40];
     for (uint32_t k = 0; k < 40; k++) t[k] = 500 + k;
     pkv_slot slots[40];
@@ -331,10 +337,8 @@ Test(checkpoint, sequences_come_from_the_newest_file)
 Test(checkpoint, a_checkpoint_with_nothing_new_writes_no_file)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "idle");
     pkv_options o;
-    opts(&o, 256);
-    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_cache *c = open_new(dir, sizeof dir, "idle", &o, 256);
     prompt_cached(c, 1, 1, 3, 16);
     cr_assert(!checkpoint(c));
     prompt_cached(c, 2, 2, 3, 16);
@@ -358,12 +362,8 @@ Test(checkpoint, a_checkpoint_with_nothing_new_writes_no_file)
 Test(checkpoint, a_full_checkpoint_ends_the_chain)
 {
     char dir[512];
-    pt_path(dir, sizeof dir, "ends");
     pkv_options o;
-    opts(&o, 4096);
-    pkv_cache *c = wu_open_ok(dir, &o);
-    for (uint32_t i = 0; i < 200; i++) prompt_cached(c, i + 1, i, 2, 16);
-    cr_assert(!checkpoint(c));
+    pkv_cache *c = open_filled(dir, sizeof dir, "ends", &o, 4096, 200);
     /* By count. */
     for (unsigned k = 0; k < DELTA_CHAIN_MAX; k++) {
         prompt_cached(c, 1000 + k, 1000 + k, 1, 16);

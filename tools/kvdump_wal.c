@@ -437,6 +437,24 @@ static void load_seg_header(const char *dir, const kd_hdr *h, kd_seg *s) {
     s->valid = true;
 }
 
+/* A new zeroed element at the end of the array *arrp (of `size`-byte elements,
+ * *n in use, *cap allocated), growing it; NULL when out of memory. */
+static void *push_zeroed(void *arrp, size_t *n, size_t *cap, size_t size) {
+    uint8_t *a;
+    memcpy(&a, arrp, sizeof a);
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        uint8_t *na = realloc(a, nc * size);
+        if (!na) return NULL;
+        a = na;
+        memcpy(arrp, &a, sizeof a);
+        *cap = nc;
+    }
+    uint8_t *e = a + (*n)++ * size;
+    memset(e, 0, size);
+    return e;
+}
+
 static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
     DIR *d = opendir(dir);
     if (!d) {
@@ -450,36 +468,24 @@ static int list_dir(const char *dir, kd_log *L, char *why, size_t wl) {
         uint64_t n;
         /* The same name rules as list_dir() in replay.c. */
         if (pkv_wal_name_no(e->d_name, "wal-", &n)) {
-            if (L->nsegs == cap) {
-                cap = cap ? cap * 2 : 16;
-                kd_seg *ns = realloc(L->segs, cap * sizeof *ns);
-                if (!ns) {
-                    snprintf(why, wl, "out of memory listing %s", dir);
-                    rc = PKV_ENOMEM;
-                    break;
-                }
-                L->segs = ns;
+            kd_seg *s = push_zeroed(&L->segs, &L->nsegs, &cap, sizeof *s);
+            if (!s) {
+                snprintf(why, wl, "out of memory listing %s", dir);
+                rc = PKV_ENOMEM;
+                break;
             }
-            kd_seg *s = &L->segs[L->nsegs++];
-            memset(s, 0, sizeof *s);
             s->no = n;
         } else if (pkv_wal_name_no(e->d_name, "ckpt-", &n)) {
             if (!L->have_ckpt || n > L->ckpt_lsn) L->ckpt_lsn = n;
             L->have_ckpt = true;
             L->nckpt_files++;
         } else if (pkv_wal_name_no(e->d_name, "delta-", &n)) {
-            if (L->ndeltas == dcap) {
-                dcap = dcap ? dcap * 2 : 16;
-                kd_delta *nd = realloc(L->deltas, dcap * sizeof *nd);
-                if (!nd) {
-                    snprintf(why, wl, "out of memory listing %s", dir);
-                    rc = PKV_ENOMEM;
-                    break;
-                }
-                L->deltas = nd;
+            kd_delta *x = push_zeroed(&L->deltas, &L->ndeltas, &dcap, sizeof *x);
+            if (!x) {
+                snprintf(why, wl, "out of memory listing %s", dir);
+                rc = PKV_ENOMEM;
+                break;
             }
-            kd_delta *x = &L->deltas[L->ndeltas++];
-            memset(x, 0, sizeof *x);
             x->no = n;
         } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
             if (n < 64) L->spare_mask |= 1ull << n;

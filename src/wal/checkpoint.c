@@ -309,10 +309,9 @@ static int io_err(int neg, const char *what, const char *path) {
                    path, strerror(e));
 }
 
-/* Delete every ckpt-* file other than `keep`, and every delta-* file: after a new
- * full checkpoint no chain needs them. */
-/* Delete every checkpoint file but ckpt-<keep>; with keep_chain, also keep the
- * deltas after it (the chain on top of it). */
+/* Delete every checkpoint file but ckpt-<keep>: after a new full checkpoint no
+ * chain needs them. With keep_chain, also keep the deltas after it (the chain on
+ * top of it). */
 static void remove_old(pkv_wal *w, uint64_t keep, bool keep_chain) {
     DIR *d = opendir(w->dir);
     if (!d) return;

@@ -906,7 +906,6 @@ static void verify_seqs(pkv_cache *c) {
 
 /* The chain load_chain() loaded, for continuing it (chain_continue). */
 typedef struct chain_info {
-    uint64_t base_no;   /* the full checkpoint's LSN (its name) */
     uint64_t base_raw;  /* raw bytes of the full checkpoint */
     uint64_t chain_raw; /* of the deltas applied on it */
     uint64_t last_sum;  /* body checksum of the newest file */
@@ -973,7 +972,7 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         free(raw);
         if (rc) return rc;
         if (!is_base) rec->checkpoint_deltas++;
-        if (is_base) ch->base_no = no, ch->base_raw = len;
+        if (is_base) ch->base_raw = len;
         else ch->chain_raw += len;
         ch->last_sum = sum;
         prev_lsn = lsn;
@@ -997,13 +996,15 @@ static uint64_t *chain_digests(pkv_cache *c) {
     return dig;
 }
 
-/* Let the first checkpoint of this open be a delta on the chain it loaded. Every
+/* Let the first checkpoint of this open be a delta on the chain it loaded (on
+ * ckpt-<base>). Every
  * block whose recovered state differs from what the chain holds (changed by the
  * log's replay, or by the rebuild) gets its dirty bit, as if the change had been
  * made at run time; the others are clean, which is what a delta assumes. Only
  * after a recovery that repaired nothing: a repair is written as a full
  * checkpoint at open (cache.c). */
-static void chain_continue(pkv_cache *c, const uint64_t *dig, const chain_info *ch) {
+static void chain_continue(pkv_cache *c, uint64_t base, const uint64_t *dig,
+                           const chain_info *ch) {
     pkv_pool *p = &c->pool;
     /* Bits recovery set on its way (verification of the recovered sequences'
      * blocks) are redone by the comparison, which covers all an entry restores. */
@@ -1021,7 +1022,7 @@ static void chain_continue(pkv_cache *c, const uint64_t *dig, const chain_info *
     w->base_raw = ch->base_raw;
     /* The full checkpoint that would have come next used to delete leftovers of
      * an interrupted clean-up (older ckpt- files, stale deltas); do it now. */
-    pkv_ckpt_remove_stale(w, ch->base_no);
+    pkv_ckpt_remove_stale(w, base);
 }
 
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
@@ -1124,7 +1125,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->repaired = drop_all || rec->torn_bytes || rec->corrupt_lsn ||
                     rec->blocks_dropped || rec->sequences_cut ||
                     c->arena.valid_blocks < c->pool.capacity;
-    if (chain_dig && !drop_all && !rec->repaired) chain_continue(c, chain_dig, &chain);
+    if (chain_dig && !drop_all && !rec->repaired) chain_continue(c, ckpt, chain_dig, &chain);
     *next_lsn = last + 1;
     *next_seg = n ? nos[n - 1] + 1 : 1;
 out:

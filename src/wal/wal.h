@@ -102,8 +102,9 @@ typedef struct pkv_wal {
      * change since the newest file of the chain, so the next checkpoint may be a
      * delta; false after a recovery that found no chain or repaired something
      * (one that repaired nothing continues the chain: replay.c chain_continue),
-     * and after a checkpoint that failed once it had begun clearing bits. prev_lsn / prev_sum: that newest file's LSN and the
-     * XXH3-64 of its body, which a delta names to chain onto it. */
+     * and after a checkpoint that failed once it had begun clearing bits.
+     * prev_lsn / prev_sum: that newest file's LSN and the XXH3-64 of its body,
+     * which a delta names to chain onto it. */
     bool chain_ok;
     uint32_t chain_len;   /* deltas after the full checkpoint */
     uint64_t chain_raw;   /* their raw bytes */
