@@ -714,6 +714,46 @@ static void drop_broken_chains(pkv_cache *c, uint32_t *d, uint32_t *stack) {
         if (p->b[b].state == BLK_SEALED && d[b] == UINT32_MAX) drop_block(c, b);
 }
 
+/* Cut each sequence's table at its first entry that is out of place: a block
+ * beyond the arena file, a full block that is not sealed in this chain and
+ * salt, a pending one that is sealed, or a block the table already names. For
+ * the last test each block holds the ordinal of the table that named it last
+ * (stamp: capacity entries of scratch), one look-up per entry: a scan of the
+ * table so far made recovery quadratic in a sequence's length. */
+static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    pkv_assert(valid_blocks <= p->capacity);
+    memset(stamp, 0, (size_t)p->capacity * sizeof *stamp);
+    uint32_t q = 0;
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        pkv_seq *s = c->seqs.slots[i];
+        if (!s) continue;
+        if (++q == 0) { /* 2^32 tables: start the stamps again */
+            memset(stamp, 0, (size_t)p->capacity * sizeof *stamp);
+            q = 1;
+        }
+        uint64_t full = s->committed / bs;
+        for (uint32_t j = 0; j < s->nblocks; j++) {
+            uint32_t b = s->blocks[j];
+            bool ok = b < valid_blocks && stamp[b] != q;
+            if (ok) {
+                const pkv_block *x = &p->b[b];
+                if (j < full)
+                    ok = x->state == BLK_SEALED && x->salt == s->salt &&
+                         x->parent == (j ? s->blocks[j - 1] : PKV_NONE);
+                else
+                    ok = x->state != BLK_SEALED;
+            }
+            if (!ok) {
+                seq_cut(c, s, j);
+                break;
+            }
+            stamp[b] = q;
+        }
+    }
+}
+
 static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
@@ -773,29 +813,11 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         pkv_index_free(&dup);
         if (any) drop_broken_chains(c, d, stack);
     }
-    /* Sequences: cut each table at its first entry that is out of place. */
-    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
-        pkv_seq *s = c->seqs.slots[i];
-        if (!s) continue;
-        if (drop_all) {
-            s->nblocks = 0;
-            continue;
-        }
-        uint64_t full = s->committed / bs;
-        for (uint32_t j = 0; j < s->nblocks; j++) {
-            uint32_t b = s->blocks[j];
-            const pkv_block *x = &p->b[b];
-            bool ok = b < valid_blocks;
-            if (ok && j < full)
-                ok = x->state == BLK_SEALED && x->parent == (j ? s->blocks[j - 1] : PKV_NONE) &&
-                     x->salt == s->salt;
-            if (ok && j >= full) ok = x->state != BLK_SEALED;
-            for (uint32_t k = 0; ok && k < j; k++) ok = s->blocks[k] != b;
-            if (!ok) {
-                seq_cut(c, s, j);
-                break;
-            }
-        }
+    if (!drop_all) {
+        cut_tables(c, valid_blocks, d);
+    } else {
+        for (uint64_t i = 0; i <= c->seqs.mask; i++)
+            if (c->seqs.slots[i]) c->seqs.slots[i]->nblocks = 0;
     }
     if (drop_all) {
         c->rec.sequences_dropped = c->seqs.count;
