@@ -1388,7 +1388,7 @@ static void vadd(vlist *l, const char *kind, uint64_t block, uint64_t seq, const
 
 typedef struct vcount {
     uint64_t sealed, payloads, hashes, sequences, passes, seq_bad;
-    bool opened, invariants;
+    bool opened, invariants, oom;
 } vcount;
 
 /* A sealed block whose payload does not match its checksum in a snapshot. */
@@ -1397,6 +1397,57 @@ typedef struct suspect {
     uint64_t sum, actual;
     bool bad_flag;
 } suspect;
+
+/* The sequences that hold a suspect block: the first HOLDERS_SHOWN ids in table
+ * order, and how many entries in all. */
+#define HOLDERS_SHOWN 4
+typedef struct holders {
+    uint64_t id[HOLDERS_SHOWN];
+    uint64_t n;
+} holders;
+
+/* The holders of every suspect, in one pass over the block tables: a block-indexed
+ * map from slot to suspect, so the cost is capacity + table entries, not suspects x
+ * entries (a damaged arena of a large cache makes every sealed block a suspect).
+ * NULL if out of memory. */
+static holders *find_holders(const pkv_cache *c, const suspect *sus, size_t nsus) {
+    const uint32_t cap = c->pool.capacity;
+    uint32_t *at = malloc((cap ? cap : 1) * sizeof *at);
+    holders *h = calloc(nsus ? nsus : 1, sizeof *h);
+    if (!at || !h) {
+        free(at);
+        free(h);
+        return NULL;
+    }
+    memset(at, 0xff, (size_t)cap * sizeof *at); /* UINT32_MAX: not a suspect */
+    for (size_t i = 0; i < nsus; i++)
+        if (sus[i].block < cap) at[sus[i].block] = (uint32_t)i;
+    for (uint64_t q = 0; q <= c->seqs.mask; q++) {
+        const pkv_seq *s = c->seqs.slots[q];
+        for (uint32_t e = 0; s && e < s->nblocks; e++) {
+            uint32_t b = s->blocks[e];
+            if (b >= cap || at[b] == UINT32_MAX) continue;
+            holders *x = &h[at[b]];
+            if (x->n < HOLDERS_SHOWN) x->id[x->n] = s->id;
+            x->n++;
+        }
+    }
+    free(at);
+    return h;
+}
+
+/* "; held by sequence 3, 9 and 2 more" into out ("" when no sequence holds it). */
+static void format_holders(const holders *x, char *out, size_t len) {
+    size_t o = 0;
+    out[0] = 0;
+    for (uint64_t i = 0; i < x->n && i < HOLDERS_SHOWN && o < len; i++) {
+        int w = snprintf(out + o, len - o, "%s%llu", i ? ", " : "; held by sequence ",
+                         (unsigned long long)x->id[i]);
+        if (w > 0) o += (size_t)w;
+    }
+    if (x->n > HOLDERS_SHOWN && o < len)
+        snprintf(out + o, len - o, " and %llu more", (unsigned long long)(x->n - HOLDERS_SHOWN));
+}
 
 static uint64_t snap_lsn(pkv_cache *c) {
     pkv_recovery_t r;
@@ -1473,7 +1524,10 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
             if (*nsus == cap) {
                 cap = cap ? cap * 2 : 16;
                 suspect *ns = realloc(*sus, cap * sizeof *ns);
-                if (!ns) break;
+                if (!ns) {
+                    k->oom = true; /* cmd_verify fails rather than report a partial list */
+                    return;
+                }
                 *sus = ns;
             }
             (*sus)[(*nsus)++] = (suspect){b, bk->payload_sum, sum, (bk->flags & BLKF_BAD) != 0};
@@ -1534,6 +1588,17 @@ static void verify_chain(const char *dir, const kd_log *L, vlist *prob, vlist *n
 static void vlist_free(vlist *l) {
     free(l->v);
     memset(l, 0, sizeof *l);
+}
+
+/* Out of memory halfway: verify fails (KD_FAILED) rather than report part of it. */
+static int verify_oom(kd_ctx *x, suspect *sus, vlist *prob, vlist *notes, kd_log *L,
+                      const char *what) {
+    free(sus);
+    kd_close(x);
+    vlist_free(prob);
+    vlist_free(notes);
+    kd_log_free(L);
+    return kd_fail(x, KD_FAILED, "out of memory while %s", what);
 }
 
 static int cmd_verify(kd_ctx *x, int argc, char **argv) {
@@ -1638,6 +1703,7 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
     size_t nsus = 0, unconfirmed = 0;
     bool moved = false;
     verify_pass(x, flags, &prob, &notes, &k0, &sus, &nsus);
+    if (k0.oom) return verify_oom(x, sus, &prob, &notes, &L, "checking payloads");
     k = k0;
     k.passes = 1;
     if (x->c) {
@@ -1671,23 +1737,14 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
             lsn = l2;
             pkv_close(y.c);
         }
-        const pkv_cache *c = x->c;
+        holders *hs = find_holders(x->c, sus, nsus);
+        if (!hs) return verify_oom(x, sus, &prob, &notes, &L, "listing payload mismatches");
         bool held_bad = false;
         for (size_t i = 0; i < nsus; i++) {
             uint32_t b = sus[i].block;
-            char held[160] = "";
-            size_t hl = 0;
-            for (uint64_t q = 0; q <= c->seqs.mask; q++) {
-                const pkv_seq *s = c->seqs.slots[q];
-                for (uint32_t e = 0; s && e < s->nblocks; e++) {
-                    if (s->blocks[e] != b) continue;
-                    held_bad = true;
-                    if (hl + 48 >= sizeof held) continue; /* the list is long enough */
-                    int w = snprintf(held + hl, sizeof held - hl, "%s%llu",
-                                     hl ? ", " : "; held by sequence ", (unsigned long long)s->id);
-                    if (w > 0) hl += (size_t)w < sizeof held - hl ? (size_t)w : sizeof held - hl - 1;
-                }
-            }
+            char held[160];
+            format_holders(&hs[i], held, sizeof held);
+            if (hs[i].n) held_bad = true;
             if (sus[i].bad_flag) held_bad = true; /* recovery flagged it: a sequence held it */
             vadd(&prob, "payload_checksum", b, UINT64_MAX, "block %u: payload checksum %016llx "
                  "does not match the one sealed with it (%016llx)%s%s", b,
@@ -1695,6 +1752,7 @@ static int cmd_verify(kd_ctx *x, int argc, char **argv) {
                  sus[i].bad_flag ? "; flagged bad, never served" : "; a prefix lookup would reject it",
                  held);
         }
+        free(hs);
         if (k0.seq_bad && (!moved || held_bad))
             vadd(&prob, "sequence_cut_payload", UINT64_MAX, UINT64_MAX, "recovery cuts %llu "
                  "sequence%s before a block whose payload fails its checksum",
