@@ -13,8 +13,9 @@
 #   --keep          keep the scratch directory (default: removed unless a crash)
 #   target          record checkpoint recover bundle api kvdump (default: all)
 # Prints executions, exec/s, coverage and corpus size per target. Exits 1 if any
-# target crashed (a sanitizer report, a failed harness check, a leak, a timeout or
-# an out-of-memory), after printing the path of each crash file; copy it into
+# target crashed (a sanitizer report, a failed harness check, a leak, a timeout,
+# an out-of-memory or a unit that ran 10 s or more), after printing the path of each
+# crash file and, up to 64 KiB, its gzip+base64 text (a CI log keeps it); copy it into
 # fuzz/regressions/<t>/ once the bug is fixed. docs/testing-fuzz.md has the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,7 +77,7 @@ run_one() { # target
   set +e
   "$root/$build/fuzz/fuzz-$t" "$d/corpus" "${regr[@]}" "${dict[@]}" -max_total_time="$time_s" \
     -artifact_prefix="$d/artifacts/" -print_final_stats=1 -close_fd_mask=3 \
-    -timeout=30 -rss_limit_mb=2048 -max_len=65536 >"$d/log" 2>&1
+    -timeout=30 -report_slow_units=10 -rss_limit_mb=2048 -max_len=65536 >"$d/log" 2>&1
   echo $? >"$d/rc"
   set -e
 }
@@ -104,9 +105,17 @@ for t in "${targets[@]}"; do
   if [ "$rc" != 0 ] || [ "$crashes" -gt 0 ]; then result="CRASH (rc $rc)"; status=1; fi
   printf '%-11s %12s %9s %8s %9s %s\n' "$t" "${execs:-?}" "${eps:-?}" "${cov:-?}" "$ncorp" "$result"
   if [ "$result" != ok ]; then
-    for f in "$d"/artifacts/*; do [ -e "$f" ] && echo "  crash file: $f"; done
+    for f in "$d"/artifacts/*; do
+      [ -e "$f" ] || continue
+      echo "  crash file: $f ($(stat -c %s "$f") bytes)"
+      # A CI log is all that survives a CI machine: carry the input in it, so
+      # it can be replayed here (base64 -d | gunzip > FILE).
+      z=$(gzip -9c "$f" | base64 -w 0)
+      if [ ${#z} -le 65536 ]; then echo "  gzip+base64: $z"
+      else echo "  (${#z} bytes of gzip+base64: too large to print)"; fi
+    done
     echo "  log: $d/log"
-    grep -m3 -E 'ERROR: |SUMMARY: |fuzz harness check failed' "$d/log" | sed 's/^/  /' || true
+    grep -m3 -E 'ERROR: |SUMMARY: |fuzz harness check failed|Slowest unit' "$d/log" | sed 's/^/  /' || true
   fi
 done
 
