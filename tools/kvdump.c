@@ -62,10 +62,12 @@ static const char main_usage[] =
 /* ---- Shared scans of the opened cache ---------------------------------------- */
 
 /* Depth (1 = chain root) of every sealed block; 0 for other blocks or a broken
- * chain. */
+ * chain. Blocks on the current walk are marked, so a cycle ends the walk when it
+ * comes round (each block is walked once). */
 static uint32_t *depths(const pkv_cache *c) {
     const pkv_pool *p = &c->pool;
-    const uint32_t cap = p->capacity, UNK = UINT32_MAX, BROKEN = UINT32_MAX - 1;
+    const uint32_t cap = p->capacity, UNK = UINT32_MAX, BROKEN = UINT32_MAX - 1,
+                   WALK = UINT32_MAX - 2;
     uint32_t *d = calloc(cap ? cap : 1, sizeof *d), *stack = malloc(((size_t)cap + 1) * sizeof *stack);
     if (!d || !stack) {
         free(d);
@@ -77,14 +79,15 @@ static uint32_t *depths(const pkv_cache *c) {
         if (d[b] != UNK) continue;
         uint32_t n = 0, x = b, base;
         for (;;) {
+            if (d[x] == WALK) { /* a cycle */
+                base = BROKEN;
+                break;
+            }
             if (d[x] != UNK) { /* known: 0 means not sealed or broken */
                 base = d[x] ? d[x] : BROKEN;
                 break;
             }
-            if (n > cap) { /* a cycle */
-                base = BROKEN;
-                break;
-            }
+            d[x] = WALK;
             stack[n++] = x;
             uint32_t par = p->b[x].parent;
             if (par == PKV_NONE) {

@@ -667,16 +667,21 @@ static int sort_lru(lru_ent *a, size_t n) {
 }
 
 /* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is
- * broken (a parent not sealed) or cyclic. */
+ * broken (a parent not sealed) or cyclic. Each block is walked once: the blocks
+ * of the current walk are marked, so reaching one is a cycle (a walk that ran on
+ * until it had taken capacity steps cost O(capacity) per cycle, O(capacity²) for
+ * a forged checkpoint of self-parented blocks). */
 static void depths(const pkv_pool *p, uint32_t *d, uint32_t *stack) {
-    const uint32_t UNK = UINT32_MAX - 1, BAD = UINT32_MAX;
+    const uint32_t UNK = UINT32_MAX - 1, BAD = UINT32_MAX, WALK = UINT32_MAX - 3;
     for (uint32_t b = 0; b < p->capacity; b++) d[b] = UNK;
     for (uint32_t b = 0; b < p->capacity; b++) {
         if (p->b[b].state != BLK_SEALED || d[b] != UNK) continue;
         uint32_t n = 0, x = b, base;
         for (;;) {
+            if (d[x] == WALK) { base = BAD; break; } /* cycle */
             if (d[x] != UNK) { base = d[x]; break; }
-            if (n > p->capacity) { base = BAD; break; } /* cycle */
+            pkv_assert(n <= p->capacity);
+            d[x] = WALK;
             stack[n++] = x;
             uint32_t par = p->b[x].parent;
             if (par == PKV_NONE) { base = UINT32_MAX - 2; break; } /* root: depth -1 + 1 */
