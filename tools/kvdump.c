@@ -1409,15 +1409,18 @@ typedef struct holders {
     uint64_t n;
 } holders;
 
-/* The holders of every suspect, in one pass over the block tables: a block-indexed
- * map from slot to suspect, so the cost is capacity + table entries, not suspects x
- * entries (a damaged arena of a large cache makes every sealed block a suspect).
- * NULL if out of memory. */
-static holders *find_holders(const pkv_cache *c, const suspect *sus, size_t nsus) {
+/* The holders of every suspect, in one pass over the block tables (in id order):
+ * a block-indexed map from slot to suspect, so the cost is capacity + table
+ * entries, not suspects x entries (a damaged arena of a large cache makes every
+ * sealed block a suspect). NULL if out of memory. */
+static holders *find_holders(pkv_cache *c, const suspect *sus, size_t nsus) {
     const uint32_t cap = c->pool.capacity;
+    size_t nids;
+    uint64_t *ids = seq_ids(c, &nids);
     uint32_t *at = malloc((cap ? cap : 1) * sizeof *at);
     holders *h = calloc(nsus ? nsus : 1, sizeof *h);
-    if (!at || !h) {
+    if (!ids || !at || !h) {
+        free(ids);
         free(at);
         free(h);
         return NULL;
@@ -1425,8 +1428,8 @@ static holders *find_holders(const pkv_cache *c, const suspect *sus, size_t nsus
     memset(at, 0xff, (size_t)cap * sizeof *at); /* UINT32_MAX: not a suspect */
     for (size_t i = 0; i < nsus; i++)
         if (sus[i].block < cap) at[sus[i].block] = (uint32_t)i;
-    for (uint64_t q = 0; q <= c->seqs.mask; q++) {
-        const pkv_seq *s = c->seqs.slots[q];
+    for (size_t q = 0; q < nids; q++) {
+        const pkv_seq *s = seq_get(c, ids[q]);
         for (uint32_t e = 0; s && e < s->nblocks; e++) {
             uint32_t b = s->blocks[e];
             if (b >= cap || at[b] == UINT32_MAX) continue;
@@ -1435,6 +1438,7 @@ static holders *find_holders(const pkv_cache *c, const suspect *sus, size_t nsus
             x->n++;
         }
     }
+    free(ids);
     free(at);
     return h;
 }
