@@ -62,7 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (!rc) {
         uint64_t lsn;
-        (void)pkv_replay_later_valid(img, size, epoch, off, expect, &lsn);
+        size_t at;
+        (void)pkv_replay_scan(img, size, epoch, off, expect, false, &lsn, &at);
         rc = pkv_replay_rebuild(c);
         FZ_ASSERT(rc == 0 || rc == PKV_ENOMEM, "rebuild: %d", rc);
         if (!rc) fz_exercise(c, "replaying a fuzzed segment");

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 TestSuite(corrupt, .init = pt_setup, .fini = pt_teardown);
 
@@ -935,4 +936,73 @@ Test(corrupt, stray_lookalike_names_are_ignored)
     pkv_close(c);
     wu_wl_free(&w);
     wu_prompts_free(&ps);
+}
+
+/* ---- (h) a segment of overlapping frame candidates -------------------------------------- */
+
+/* After the valid log, recovery scans for a valid frame to tell a torn tail from
+ * corruption, and checksums each candidate (frame magic and epoch at an aligned
+ * offset) over its claimed length. A segment of repeated [magic][epoch] words,
+ * the epoch read as each candidate's length, makes every offset one: O(len²)
+ * to rule them all out (a 1 MiB segment took 1.6 s, a 32 MiB one half an hour),
+ * and then the open cut it silently as a torn tail. The scan stops at a budget
+ * no real log reaches; the open refuses (PKV_ECORRUPT: whether valid records
+ * follow is unknown) and point-in-time recovers everything before it. */
+Test(corrupt, overlapping_frame_candidates_are_bounded)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "overlap");
+    pkv_options o;
+    opts(&o, CAP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 91, NULL);
+    for (int i = 0; i < 60; i++) wu_step(&w);
+    wu_model_drop_pending(&w.m);
+    WU_OK(pkv_sync(c));
+    uint64_t last = stats(c).last_lsn;
+    pkv_close(c);
+
+    /* The next segment, continuing the log at last + 1 with a valid header. */
+    char newest[600], path[700];
+    cr_assert(wu_newest_seg(dir, newest, sizeof newest));
+    size_t hlen = 0;
+    uint8_t *h = wu_read_file(newest, &hlen);
+    cr_assert(h && hlen >= 64);
+    uint64_t no = strtoull(strrchr(newest, '-') + 1, NULL, 16) + 1;
+    const size_t len = 1u << 20;
+    const uint32_t epoch = (uint32_t)(len / 2) & ~7u;
+    uint8_t *s = calloc(1, len);
+    cr_assert(s);
+    memcpy(s, h, 64); /* magic, version, secret, reserved */
+    free(h);
+    memcpy(s + 12, &epoch, 4);
+    memcpy(s + 16, &no, 8);
+    uint64_t start = last + 1, size = len;
+    memcpy(s + 24, &start, 8);
+    memcpy(s + 40, &size, 8);
+    uint64_t sum = XXH3_64bits(s, 56);
+    memcpy(s + 56, &sum, 8);
+    const uint32_t magic = 0x46564b50u; /* "PKVF" */
+    for (size_t off = 64; off + 8 <= len; off += 8) {
+        memcpy(s + off, &magic, 4);
+        memcpy(s + off + 4, &epoch, 4);
+    }
+    snprintf(path, sizeof path, "%s/wal-%016llx", dir, (unsigned long long)no);
+    wu_write_file(path, s, len);
+    free(s);
+
+    c = NULL;
+    int rc = wu_open(dir, &o, &c);
+    cr_assert_eq(rc, PKV_ECORRUPT, "open -> %d (%s)", rc, rc ? pkv_last_error() : "opened");
+    cr_assert(strstr(pkv_last_error(), "overlapping frame candidates"), "%s", pkv_last_error());
+    o.flags |= PKV_OPEN_POINT_IN_TIME;
+    c = wu_open_ok(dir, &o);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert_eq(rec.corrupt_lsn, last + 1);
+    cr_assert_eq(rec.last_lsn, last);
+    wu_wl_reattach(&w, c);
+    wu_verify_model(c, &w.m, "point-in-time before the candidates");
+    pkv_close(c);
+    wu_wl_free(&w);
 }

@@ -246,7 +246,7 @@ typedef struct kd_log {
     uint64_t replay_records, replay_bytes; /* after the checkpoint chain */
     uint64_t torn_bytes;
     uint64_t skipped_bytes; /* damaged frames the checkpoint chain covers, skipped */
-    uint64_t corrupt_lsn, corrupt_next_lsn; /* corruption: LSN missing, next valid */
+    uint64_t corrupt_lsn, corrupt_next_lsn; /* corruption: LSN missing, next valid (0: unknown) */
     int end_reason;
     uint64_t end_seg, end_off;
     char end_detail[256];

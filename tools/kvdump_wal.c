@@ -81,35 +81,17 @@ static bool frame_ok(const segdata *s, size_t off, uint64_t *first, uint32_t *nr
     return *nrec > 0;
 }
 
-/* Same test as later_valid() in replay.c. */
-static bool later_valid(const segdata *s, size_t from, uint64_t want, uint64_t *lsn,
-                        size_t *at) {
-    for (size_t o = (from + 8) & ~(size_t)7; o <= s->len && s->len - o >= FRAME_HDR; o += 8) {
-        uint64_t f;
-        uint32_t n, b;
-        if (pkv_get_u32(s->d + o) != FRAME_MAGIC) continue;
-        if (frame_ok(s, o, &f, &n, &b) && f + n - 1 >= want) {
-            *lsn = f;
-            *at = o;
-            return true;
-        }
-    }
-    return false;
+/* Recovery's own scan (replay.c, pkv_replay_scan) for a valid frame after
+ * `from`: with an LSN >= want (later_valid), or holding lsn (frame_holding). */
+static pkv_scan_res later_valid(const segdata *s, size_t from, uint64_t want, uint64_t *lsn,
+                                size_t *at) {
+    return pkv_replay_scan(s->d, s->len, s->epoch, from, want, false, lsn, at);
 }
 
-/* Same test as frame_holding() in replay.c: a valid frame after `from` whose
- * LSNs include lsn. */
 static bool frame_holding(const segdata *s, size_t from, uint64_t lsn, size_t *at) {
-    for (size_t o = (from + 8) & ~(size_t)7; o <= s->len && s->len - o >= FRAME_HDR; o += 8) {
-        uint64_t f;
-        uint32_t n, b;
-        if (pkv_get_u32(s->d + o) != FRAME_MAGIC) continue;
-        if (frame_ok(s, o, &f, &n, &b) && f <= lsn && lsn <= f + n - 1) {
-            *at = o;
-            return true;
-        }
-    }
-    return false;
+    uint64_t first;
+    return pkv_replay_scan(s->d, s->len, s->epoch, from, lsn, true, &first, at) ==
+           PKV_SCAN_FOUND;
 }
 
 /* *vanished: the file was listed but is gone (a live writer's newer checkpoint
@@ -636,9 +618,12 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
             return false;
         }
     }
-    uint64_t f;
-    size_t at;
-    if (off <= sd->len && sd->len - off >= FRAME_HDR && later_valid(sd, off, expect, &f, &at)) {
+    uint64_t f = 0;
+    size_t at = 0;
+    pkv_scan_res later = off <= sd->len && sd->len - off >= FRAME_HDR
+                             ? later_valid(sd, off, expect, &f, &at)
+                             : PKV_SCAN_NONE;
+    if (later == PKV_SCAN_FOUND) {
         L->corrupt_lsn = expect;
         L->corrupt_next_lsn = f;
         set_end(L, s, KD_END_CORRUPT, off,
@@ -646,6 +631,16 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
                 "recovery fails unless opened point-in-time (--point-in-time), which stops "
                 "before LSN %llu", (unsigned long long)expect, (unsigned long long)f, at,
                 (unsigned long long)expect);
+        return true;
+    }
+    if (later == PKV_SCAN_TOO_MUCH) {
+        L->corrupt_lsn = expect;
+        L->corrupt_next_lsn = 0; /* unknown */
+        set_end(L, s, KD_END_CORRUPT, off,
+                "damaged at LSN %llu, followed by more overlapping frame candidates than "
+                "recovery checks (a forged or damaged segment): recovery fails unless opened "
+                "point-in-time (--point-in-time), which stops before LSN %llu",
+                (unsigned long long)expect, (unsigned long long)expect);
         return true;
     }
     if (off > sd->len || sd->len - off < FRAME_HDR) {
@@ -776,7 +771,7 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
         if (s->start > expect) { /* a gap */
             uint64_t f;
             size_t at;
-            if (!later_valid(&sd, SEG_HDR - 8, 0, &f, &at)) {
+            if (later_valid(&sd, SEG_HDR - 8, 0, &f, &at) == PKV_SCAN_NONE) {
                 snprintf(s->end_detail, sizeof s->end_detail, "skipped: starts at LSN %llu "
                          "after a hole (expected %llu) and holds no valid frame",
                          (unsigned long long)s->start, (unsigned long long)expect);

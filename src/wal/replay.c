@@ -363,14 +363,25 @@ static int frame_apply(pkv_cache *c, seg *s, uint64_t off, uint64_t first,
 
 /* Scan the 8-byte aligned offsets after `from` for a valid frame: with holding
  * false, one with an LSN >= lsn (*found: its first LSN); with holding true, one
- * whose LSNs include lsn (*found: its offset). */
-static bool scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
-                        uint64_t *found) {
+ * whose LSNs include lsn (*found: its offset). *at: the frame's offset.
+ *
+ * Every candidate (magic and epoch at an aligned offset, a length that fits)
+ * costs a checksum over its claimed length, and candidates can overlap: a
+ * segment of repeated [magic][epoch] words makes every offset one, O(len²) in
+ * all (a forged 32 MiB segment: half an hour). A writer's frames of one epoch
+ * never overlap, so a real log checksums each byte at most about twice (a torn
+ * frame, then the frames after it). The scan therefore stops with
+ * PKV_SCAN_TOO_MUCH once its checksums would pass PKV_SCAN_BUDGET(bytes after
+ * from): it cannot tell whether a valid frame follows, and the callers treat
+ * that like one that does (recovery refuses, or stops point-in-time). */
+static pkv_scan_res scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
+                                uint64_t *found, uint64_t *at) {
     uint64_t o = (from + 8) & ~(uint64_t)7;
+    uint64_t budget = PKV_SCAN_BUDGET(s->len > from ? s->len - from : 0);
     while (o + FRAME_HDR <= s->len) {
         size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
         const uint8_t *w = seg_at(s, o, n);
-        if (!w) return false;
+        if (!w) return PKV_SCAN_NONE;
         /* Candidates start with the magic's first byte at an 8-aligned offset;
          * memchr skips zeros and other bytes fast. */
         size_t k = 0;
@@ -386,26 +397,36 @@ static bool scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
         }
         o += k;
         if (k + FRAME_HDR > n) continue; /* nothing in this window */
+        if (pkv_get_u32(w + k + 4) == s->epoch) {
+            uint64_t nb = pkv_get_u32(w + k + 20);
+            if (nb <= s->len - o - FRAME_HDR && !(nb & 7)) { /* frame_ok will hash it */
+                if (24 + nb > budget) return PKV_SCAN_TOO_MUCH;
+                budget -= 24 + nb;
+            }
+        }
         uint64_t f;
         uint32_t nr, b;
         if (frame_ok(s, o, &f, &nr, &b) &&
             (holding ? f <= lsn && lsn <= f + nr - 1 : f + nr - 1 >= lsn)) {
             *found = holding ? o : f;
-            return true;
+            *at = o;
+            return PKV_SCAN_FOUND;
         }
         o += 8;
     }
-    return false;
+    return PKV_SCAN_NONE;
 }
 
 /* Look for a valid frame with LSN >= want anywhere after `from` in s. */
-static bool later_valid(seg *s, uint64_t from, uint64_t want, uint64_t *lsn) {
-    return scan_frames(s, from, want, false, lsn);
+static pkv_scan_res later_valid(seg *s, uint64_t from, uint64_t want, uint64_t *lsn,
+                                uint64_t *at) {
+    return scan_frames(s, from, want, false, lsn, at);
 }
 
 /* Find a valid frame after `from` whose LSNs include `lsn`. */
 static bool frame_holding(seg *s, uint64_t from, uint64_t lsn, uint64_t *at) {
-    return scan_frames(s, from, lsn, true, at);
+    uint64_t o;
+    return scan_frames(s, from, lsn, true, at, &o) == PKV_SCAN_FOUND;
 }
 
 /* Are all bytes from `off` (8-aligned) to the end zero? A last partial word counts
@@ -530,17 +551,26 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
     *expect_io = expect;
     if (s->err) return s->err;
     /* The log ends at `off` in this segment, unless the next segment continues. */
-    uint64_t f;
+    uint64_t f, at;
     const uint8_t *h;
-    if (off + FRAME_HDR <= s->len && later_valid(s, off, expect, &f)) {
+    pkv_scan_res later = off + FRAME_HDR <= s->len ? later_valid(s, off, expect, &f, &at)
+                                                   : PKV_SCAN_NONE;
+    if (later != PKV_SCAN_NONE) {
         rec->corrupt_lsn = expect;
-        if (!(flags & PKV_OPEN_POINT_IN_TIME))
+        if (!(flags & PKV_OPEN_POINT_IN_TIME) && later == PKV_SCAN_FOUND)
             return pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
                            "offset %llu) and followed by valid records from LSN %llu; "
                            "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
                            (unsigned long long)expect, (unsigned long long)s->no,
                            (unsigned long long)off, (unsigned long long)f,
                            (unsigned long long)(expect - 1));
+        if (!(flags & PKV_OPEN_POINT_IN_TIME))
+            return pkv_err(PKV_ECORRUPT, "log ends at LSN %llu (segment %llu offset %llu) "
+                           "before more overlapping frame candidates than recovery checks "
+                           "(a forged or damaged segment); whether valid records follow is "
+                           "unknown: open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
+                           (unsigned long long)expect, (unsigned long long)s->no,
+                           (unsigned long long)off, (unsigned long long)(expect - 1));
         *stop = true;
     } else if (!s->err && (reached || s->start >= expect) &&
                (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
@@ -582,8 +612,8 @@ static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t
             continue; /* a segment whose header never became durable: nothing in it */
         }
         if (s.start > expect) { /* a gap: records between are missing */
-            uint64_t f;
-            bool any = later_valid(&s, SEG_HDR - 8, 0, &f);
+            uint64_t f, at; /* too many candidates to check counts as a valid frame */
+            bool any = later_valid(&s, SEG_HDR - 8, 0, &f, &at) != PKV_SCAN_NONE;
             seg_close(&s);
             if (s.err) {
                 rc = s.err;
@@ -1182,11 +1212,18 @@ int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32
     return frame_apply(c, &s, off, first, nrec, bytes, after, applied);
 }
 
-bool pkv_replay_later_valid(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
-                            uint64_t want, uint64_t *lsn) {
+pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
+                             uint64_t lsn, bool holding, uint64_t *first, size_t *at) {
     rdbuf rb = {(uint8_t *)data, len};
     seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
-    return later_valid(&s, from, want, lsn);
+    uint64_t found, o = 0;
+    pkv_scan_res r = scan_frames(&s, from, lsn, holding, &found, &o);
+    if (r == PKV_SCAN_FOUND) {
+        uint32_t nr, b;
+        (void)frame_ok(&s, o, first, &nr, &b); /* its first LSN in either mode */
+        *at = (size_t)o;
+    }
+    return r;
 }
 
 int pkv_replay_rebuild(pkv_cache *c) {

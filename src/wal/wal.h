@@ -362,8 +362,16 @@ bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t
 int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
                            size_t off, uint64_t first, uint32_t nrec, uint32_t bytes,
                            uint64_t after, uint64_t *applied);
-bool pkv_replay_later_valid(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
-                            uint64_t want, uint64_t *lsn);
+/* Recovery's scan for a valid frame after a damaged or missing one (replay.c,
+ * scan_frames), on a segment image in memory; kvdump's log reader uses it too.
+ * holding false: a frame with an LSN >= lsn; true: one whose LSNs include lsn.
+ * FOUND sets *first (its first LSN) and *at (its offset). TOO_MUCH: candidates
+ * would cost more checksumming than PKV_SCAN_BUDGET(len - from) bytes, so whether
+ * one is valid is unknown (recovery treats it like FOUND). */
+typedef enum pkv_scan_res { PKV_SCAN_NONE, PKV_SCAN_FOUND, PKV_SCAN_TOO_MUCH } pkv_scan_res;
+#define PKV_SCAN_BUDGET(bytes) (4 * (uint64_t)(bytes) + (1u << 20))
+pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
+                             uint64_t lsn, bool holding, uint64_t *first, size_t *at);
 int pkv_replay_rebuild(pkv_cache *c);
 
 #endif /* PKV_WAL_H */
