@@ -1071,11 +1071,26 @@ static int cmp_sib(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void print_seg_line(const ptree *t, uint32_t head, const char *indent, const char *branch) {
+/* The tree's ruler for a line at `level` (indent holds 4 characters per level):
+ * past RULER_LEVELS, "[level L] " and the ruler of the deepest RULER_LEVELS
+ * levels only, so a deep tree prints O(lines), not O(lines x depth) (a spine of
+ * 8192 blocks with a leaf at each printed 270 MB). */
+#define RULER_LEVELS 32u
+static void put_ruler(const char *indent, uint32_t level) {
+    if (level <= RULER_LEVELS) {
+        fputs(indent, stdout);
+        return;
+    }
+    printf("[level %u] %s", level, indent + (size_t)(level - RULER_LEVELS) * 4);
+}
+
+static void print_seg_line(const ptree *t, uint32_t head, const char *indent, uint32_t level,
+                           const char *branch) {
     const pkv_pool *p = &t->c->pool;
     uint32_t end = t->seg_end[head];
     uint32_t n = t->depth[end] - t->depth[head] + 1;
-    printf("%s%s", indent, branch);
+    put_ruler(indent, level);
+    fputs(branch, stdout);
     if (n == 1) printf("b%u", head);
     else printf("b%u..b%u", head, end);
     printf("  %u block%s, depth %u", n, n == 1 ? "" : "s", t->depth[end]);
@@ -1294,7 +1309,7 @@ static int cmd_prefixes(kd_ctx *x, int argc, char **argv) {
                     depth_cap = nc;
                 }
                 indent[(size_t)L * 4] = '\0';
-                print_seg_line(&t, h, indent, isl ? "`-- " : "|-- ");
+                print_seg_line(&t, h, indent, L, isl ? "`-- " : "|-- ");
                 memcpy(indent + (size_t)L * 4, isl ? "    " : "|   ", 4);
                 indent[(size_t)L * 4 + 4] = '\0';
                 uint32_t e = t.seg_end[h];
@@ -1308,9 +1323,11 @@ static int cmd_prefixes(kd_ctx *x, int argc, char **argv) {
                     }
                 }
                 qsort(tmp, nk, sizeof *tmp, cmp_sib);
-                if (hidden)
-                    printf("%s%s... %zu more branch%s (%zu block%s)\n", indent, nk ? "|-- " : "`-- ",
+                if (hidden) {
+                    put_ruler(indent, L + 1);
+                    printf("%s... %zu more branch%s (%zu block%s)\n", nk ? "|-- " : "`-- ",
                            hidden, hidden == 1 ? "" : "es", hidden_blocks, hidden_blocks == 1 ? "" : "s");
+                }
                 /* Push in reverse so the first sibling is drawn first. */
                 for (size_t k = nk; k-- > 0;) {
                     stk[sp] = tmp[k];
