@@ -1129,8 +1129,9 @@ static int cmd_prefixes(kd_ctx *x, int argc, char **argv) {
     uint32_t *roots = malloc(((size_t)p->n_sealed + 1) * sizeof *roots);
     uint32_t *stk = malloc(((size_t)p->n_sealed + 1) * sizeof *stk);
     uint32_t *heads = malloc(((size_t)p->n_sealed + 1) * sizeof *heads);
+    uint32_t *rootof = malloc(((size_t)cap + 1) * sizeof *rootof);
     if (!t.kid_off || !t.kids || !t.depth || !t.subtree || !t.seg_end || !t.visible || !order ||
-        !ends || !roots || !stk || !heads) {
+        !ends || !roots || !stk || !heads || !rootof) {
         rc = kd_fail(x, KD_FAILED, "out of memory");
         goto out;
     }
@@ -1176,10 +1177,13 @@ static int cmd_prefixes(kd_ctx *x, int argc, char **argv) {
     qsort(ends, nends, sizeof *ends, cmp_rank);
     size_t ntop = nends < top ? nends : (size_t)top;
     /* Heads of every segment on the path to a top prefix (or all). */
-    if (limited) {
+    if (limited) { /* a visible head's ancestors are marked already: stop there */
         for (size_t i = 0; i < ntop; i++)
-            for (uint32_t b = ends[i]; b != PKV_NONE; b = p->b[b].parent)
-                if (t.seg_end[b] != PKV_NONE) t.visible[b] = 1;
+            for (uint32_t b = ends[i]; b != PKV_NONE; b = p->b[b].parent) {
+                if (t.seg_end[b] == PKV_NONE) continue;
+                if (t.visible[b]) break;
+                t.visible[b] = 1;
+            }
     } else {
         for (uint32_t b = 0; b < cap; b++) t.visible[b] = t.seg_end[b] != PKV_NONE;
     }
@@ -1249,9 +1253,14 @@ static int cmd_prefixes(kd_ctx *x, int argc, char **argv) {
     printf("\nmost shared prefixes:\n");
     printf("  %4s %6s %6s %8s %7s %8s %10s %8s  %s\n", "rank", "users", "depth", "tokens",
            "fan-out", "subtree", "last block", "salt", "first tokens");
+    /* The root of every block, parents first (order is breadth-first from the
+     * roots), instead of a walk to the root per listed prefix. */
+    for (size_t i = 0; i < norder; i++) {
+        uint32_t b = order[i], par = p->b[b].parent;
+        rootof[b] = par == PKV_NONE ? b : rootof[par];
+    }
     for (size_t i = 0; i < ntop; i++) {
-        uint32_t e = ends[i], r = e;
-        while (p->b[r].parent != PKV_NONE) r = p->b[r].parent;
+        uint32_t e = ends[i], r = rootof[e];
         const uint32_t *tk = pkv_pool_tokens(p, r);
         printf("  %4zu %6u %6u %8llu %7u %8u %10u %8llu  [", i + 1, pt_users(&t, e), t.depth[e],
                (unsigned long long)((uint64_t)t.depth[e] * p->block_size),
@@ -1354,6 +1363,7 @@ out:
     free(roots);
     free(stk);
     free(heads);
+    free(rootof);
     kd_close(x);
     return rc ? rc : out_status(x, KD_OK);
 }
