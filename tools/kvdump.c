@@ -1586,7 +1586,7 @@ static bool delta_stays(const char *dir, uint64_t no, bool *slept) {
     char path[4200];
     snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)no);
     struct stat st;
-    return stat(path, &st) == 0 || errno != ENOENT;
+    return lstat(path, &st) == 0 || errno != ENOENT; /* a dangling link stays */
 }
 
 /* The checkpoint chain (kd_log_scan): a break is a problem (recovery fails), a

@@ -94,6 +94,14 @@ static bool frame_holding(const segdata *s, size_t from, uint64_t lsn, size_t *a
            PKV_SCAN_FOUND;
 }
 
+/* Did the name go away (ENOENT, and the name itself is gone)? A dangling symbolic
+ * link also fails with ENOENT but stays: it is unreadable, not vanished, or the
+ * scan would list and re-read the directory 50 times for nothing. */
+static bool gone(const char *path) {
+    struct stat st;
+    return errno == ENOENT && lstat(path, &st) && errno == ENOENT;
+}
+
 /* *vanished: the file was listed but is gone (a live writer's newer checkpoint
  * removed it): the caller lists the directory again. */
 static void read_ckpt_header(const char *dir, kd_log *L, bool *vanished) {
@@ -101,7 +109,9 @@ static void read_ckpt_header(const char *dir, kd_log *L, bool *vanished) {
     snprintf(path, sizeof path, "%s/ckpt-%016llx", dir, (unsigned long long)L->ckpt_lsn);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ENOENT) *vanished = true;
+        int e = errno;
+        if (gone(path)) *vanished = true;
+        errno = e;
         snprintf(L->ckpt_err, sizeof L->ckpt_err, "cannot open ckpt-%016llx: %s",
                  (unsigned long long)L->ckpt_lsn, strerror(errno));
         return;
@@ -254,7 +264,9 @@ static void read_delta(const char *dir, const kd_hdr *h, kd_delta *d, bool *vani
     snprintf(path, sizeof path, "%s/delta-%016llx", dir, (unsigned long long)d->no);
     struct stat st;
     if (stat(path, &st)) {
-        if (errno == ENOENT) *vanished = true;
+        int e = errno;
+        if (gone(path)) *vanished = true;
+        errno = e;
         delta_fail(d, DF_READ, "cannot open: %s", strerror(errno));
         return;
     }
@@ -265,7 +277,7 @@ static void read_delta(const char *dir, const kd_hdr *h, kd_delta *d, bool *vani
     uint64_t end = 0;
     if (pkv_ckpt_read(pkv_io_default(), path, DELTA_MAGIC, &d->secret, &d->lsn, &end, &raw,
                       &len, &d->body_sum)) {
-        if (stat(path, &st) && errno == ENOENT) *vanished = true;
+        if (stat(path, &st) && gone(path)) *vanished = true;
         delta_fail(d, DF_READ, "%s", strip_dir(pkv_last_error(), dir));
         return;
     }
