@@ -319,6 +319,9 @@ static inline void pkv_index_prefetch(const pkv_index *ix, uint64_t key) {
  * PKV_NONE. The match is exact: hash equality alone never suffices. */
 uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
                         uint32_t parent, uint64_t salt, const uint32_t *tokens);
+/* Another block in the index identical to sealed block b (hash, parent, salt,
+ * tokens) with the same BAD flag, or PKV_NONE (recovery's duplicate test). */
+uint32_t pkv_index_find_twin(const pkv_index *ix, const pkv_pool *p, uint32_t b);
 void pkv_index_insert(pkv_index *ix, uint64_t key, uint32_t block);
 void pkv_index_remove(pkv_index *ix, uint64_t key, uint32_t block);
 

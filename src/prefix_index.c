@@ -18,6 +18,7 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int pkv_index_init(pkv_index *ix, uint32_t capacity) {
     uint64_t n = 16;
@@ -51,6 +52,21 @@ uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
         if (x->hash.hi == h.hi && x->parent == parent && x->salt == salt &&
             !(x->flags & BLKF_BAD) &&
             memcmp(pkv_pool_tokens(p, s->block), tokens, tbytes) == 0)
+            return s->block;
+    }
+}
+
+uint32_t pkv_index_find_twin(const pkv_index *ix, const pkv_pool *p, uint32_t b) {
+    const pkv_block *y = &p->b[b];
+    size_t tbytes = (size_t)p->block_size * sizeof(uint32_t);
+    for (uint64_t i = pkv_index_home(ix, y->hash.lo);; i = (i + 1) & ix->mask) {
+        const pkv_index_slot *s = &ix->slots[i];
+        if (s->block == PKV_NONE) return PKV_NONE;
+        if (s->key != y->hash.lo || s->block == b) continue;
+        const pkv_block *x = &p->b[s->block];
+        if (x->hash.hi == y->hash.hi && x->parent == y->parent && x->salt == y->salt &&
+            (x->flags & BLKF_BAD) == (y->flags & BLKF_BAD) &&
+            memcmp(pkv_pool_tokens(p, s->block), pkv_pool_tokens(p, b), tbytes) == 0)
             return s->block;
     }
 }

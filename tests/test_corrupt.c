@@ -783,6 +783,54 @@ Test(corrupt, recomputed_bad_block_survives_reopen)
     wu_wl_free(&w);
 }
 
+/* The same content goes bad twice: a block fails verification, its recomputed
+ * copy fails too, and a third copy is sealed. The log then names two identical
+ * BAD blocks. Recovery keeps one BAD copy beside the good one and drops the
+ * other, with the blocks chained below it. k identical BAD blocks kept would
+ * share one prefix-index run, and so would their children, so both the rebuild
+ * and pkv_check would cost O(k²). */
+Test(corrupt, a_second_bad_copy_is_dropped_at_recovery)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "smash4");
+    pkv_options o;
+    opts(&o, 64);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 10, NULL);
+    uint32_t a[33];
+    for (int i = 0; i < 33; i++) a[i] = 9500 + i;
+    uint64_t id = 0;
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    for (int round = 0; round < 2; round++) {
+        WU_OK(wu_do_open(&w, 0, a, 33, 0, &id)); /* round 1: hits 5 blocks, recomputes */
+        uint32_t tab[16];
+        size_t nb = 0;
+        WU_OK(pkv_seq_blocks(c, id, tab, 16, &nb));
+        cr_assert_eq(nb, 9);
+        WU_OK(wu_do_close(&w, id));
+        pkv_close(c);
+        smash_block(dir, tab[5], &inf);
+        c = wu_open_ok(dir, &o);
+        wu_wl_reattach(&w, c);
+    }
+    WU_OK(wu_do_open(&w, 0, a, 33, 0, &id)); /* finds the second copy bad, seals a third */
+    cr_assert_eq(stats(c).verify_failures, 1);
+    WU_OK(wu_do_close(&w, id));
+    uint64_t sealed = stats(c).blocks_sealed;
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    pkv_recovery_t rec = recovery(c);
+    /* One of the two BAD copies, and its two full children. */
+    cr_assert_eq(rec.blocks_dropped, 3, "dropped %llu", (unsigned long long)rec.blocks_dropped);
+    cr_assert_eq(stats(c).blocks_sealed, sealed - 3);
+    WU_CHECK(c, "one BAD copy kept");
+    cr_assert_eq(wu_probe(c, 0, a, 33, "third copy"), 32);
+    pkv_close(c);
+    wu_wl_free(&w);
+}
+
 /* ---- (g) recycled segments with stale frames ------------------------------------------- */
 
 static uint64_t newest_seg_no(const char *dir)

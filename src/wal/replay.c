@@ -833,12 +833,14 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
             free(stack);
             return pkv_err(PKV_ENOMEM, "recovery scratch");
         }
+        /* At most one copy of each content, and one BAD copy beside it (a block
+         * found bad and then recomputed): k identical BAD blocks kept would share
+         * one index run, and so would their children (O(k²) to build and check). */
         any = false;
         for (uint32_t b = 0; b < cap; b++) {
             pkv_block *x = &p->b[b];
-            if (x->state != BLK_SEALED || (x->flags & BLKF_BAD)) continue;
-            if (pkv_index_find(&dup, p, x->hash, x->parent, x->salt, pkv_pool_tokens(p, b)) !=
-                PKV_NONE) {
+            if (x->state != BLK_SEALED) continue;
+            if (pkv_index_find_twin(&dup, p, b) != PKV_NONE) {
                 drop_block(c, b);
                 any = true;
             } else {
