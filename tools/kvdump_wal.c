@@ -11,8 +11,10 @@
  * recovery it applies nothing: it reads the full checkpoint's header only, reads
  * and decodes each delta to check its link and count what it changes, hands
  * every record to a callback, and records where and why the chain breaks and the
- * valid log ends. Every length and offset read from disk is checked against the
- * bytes actually read before it is used.
+ * valid log ends. The frame test and the scan for a valid frame after the end
+ * are recovery's own (pkv_replay_frame_ok, pkv_replay_scan). Every length and
+ * offset read from disk is checked against the bytes actually read before it is
+ * used.
  */
 #include "kvdump.h"
 
@@ -57,28 +59,10 @@ typedef struct segdata {
     uint32_t epoch;
 } segdata;
 
-/* Same test as frame_ok() in replay.c. */
+/* Recovery's own frame test (replay.c, frame_ok): header, length, checksum. */
 static bool frame_ok(const segdata *s, size_t off, uint64_t *first, uint32_t *nrec,
                      uint32_t *bytes) {
-    if (off > s->len || s->len - off < FRAME_HDR) return false;
-    const uint8_t *f = s->d + off;
-    if (pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
-    uint32_t nb = pkv_get_u32(f + 20);
-    if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
-    /* A stack state must be cleared before a seeded reset: libxxhash derives the
-     * seeded secret only when the seed differs from the one already in the state,
-     * so leftover stack bytes could leave a stale secret (XXH3_INITSTATE). */
-    XXH3_state_t st;
-    memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
-    memset(&st, 0, sizeof st);
-    XXH3_64bits_reset_withSeed(&st, s->epoch);
-    XXH3_64bits_update(&st, f, 24);
-    XXH3_64bits_update(&st, f + FRAME_HDR, nb);
-    if (!pkv_sum_ok(pkv_get_u64(f + 24), XXH3_64bits_digest(&st))) return false;
-    *first = pkv_get_u64(f + 8);
-    *nrec = pkv_get_u32(f + 16);
-    *bytes = nb;
-    return *nrec > 0;
+    return pkv_replay_frame_ok(s->d, s->len, s->epoch, off, first, nrec, bytes);
 }
 
 /* Recovery's own scan (replay.c, pkv_replay_scan) for a valid frame after
