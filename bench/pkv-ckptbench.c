@@ -23,7 +23,8 @@
 #define _GNU_SOURCE
 #endif
 
-#include "pagedkv.h"
+#define BENCH_NAME "pkv-ckptbench"
+#include "bench_util.h"
 
 #include <dirent.h>
 #include <stdbool.h>
@@ -37,12 +38,6 @@
 
 #define BS 16u
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static double cpu_ms(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
@@ -50,35 +45,14 @@ static double cpu_ms(void) {
            (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
 }
 
-static void die(const char *what, int rc) {
-    fprintf(stderr, "pkv-ckptbench: %s: %s (%s)\n", what, pkv_strerror(rc), pkv_last_error());
-    exit(1);
-}
-#define OK(call)                                                                      \
-    do {                                                                              \
-        int rc_ = (call);                                                             \
-        if (rc_) die(#call, rc_);                                                     \
-    } while (0)
-
 static char g_dir[4096];
 static bool g_keep;
 
 static void cleanup(void) {
     if (!g_dir[0] || g_keep) return;
-    DIR *d = opendir(g_dir);
-    if (d) {
-        struct dirent *e;
-        char p[4400];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(g_dir);
+    remove_cache_dir(g_dir);
     char *slash = strrchr(g_dir, '/');
-    if (slash) {
+    if (slash) { /* the mkdtemp directory above it */
         *slash = '\0';
         rmdir(g_dir);
     }
@@ -89,28 +63,6 @@ static uint64_t file_size(const char *pre, uint64_t lsn) {
     struct stat st;
     snprintf(p, sizeof p, "%s/%s%016llx", g_dir, pre, (unsigned long long)lsn);
     return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
-}
-
-/* Append and commit n tokens (ids from *next) to sequence id, `chunk` at a time. */
-static void feed(pkv_cache *c, uint64_t id, uint64_t n, uint32_t chunk, uint32_t *next) {
-    static uint32_t t[4096];
-    static pkv_slot s[4096];
-    for (uint64_t done = 0; done < n;) {
-        uint32_t k = n - done < chunk ? (uint32_t)(n - done) : chunk;
-        for (uint32_t i = 0; i < k; i++) t[i] = (*next)++;
-        OK(pkv_seq_append(c, id, t, k, s));
-        OK(pkv_seq_commit(c, id, k));
-        done += k;
-    }
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void options(pkv_options *o, uint64_t cap, bool full) {

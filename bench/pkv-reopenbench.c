@@ -22,63 +22,25 @@
 #define _GNU_SOURCE
 #endif
 
-#include "pagedkv.h"
+#define BENCH_NAME "pkv-reopenbench"
+#include "bench_util.h"
 
-#include <dirent.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define BS 16u
 #define CHUNK 4096u /* tokens per append + commit while building */
 #define MAX_RUNS 100
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void die(const char *what, int rc) {
-    fprintf(stderr, "pkv-reopenbench: %s: %s (%s)\n", what, pkv_strerror(rc), pkv_last_error());
-    exit(1);
-}
-#define OK(call)                                                                      \
-    do {                                                                              \
-        int rc_ = (call);                                                             \
-        if (rc_) die(#call, rc_);                                                     \
-    } while (0)
-
 static char g_dir[4096];
 static bool g_keep;
 
 static void cleanup(void) {
-    if (!g_dir[0] || g_keep) return;
-    DIR *d = opendir(g_dir);
-    if (d) {
-        struct dirent *e;
-        char p[4400];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(g_dir);
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    if (g_dir[0] && !g_keep) remove_cache_dir(g_dir);
 }
 
 static void options(pkv_options *o, uint64_t cap) {
@@ -91,19 +53,6 @@ static void options(pkv_options *o, uint64_t cap) {
     o->capacity = cap;
     o->model_id = "pkv-reopenbench";
     o->checkpoint_bytes = 1ull << 40; /* no automatic checkpoint while building */
-}
-
-/* Append and commit n tokens (ids from *next) to sequence id, CHUNK at a time. */
-static void feed(pkv_cache *c, uint64_t id, uint64_t n, uint32_t *next) {
-    static uint32_t t[CHUNK];
-    static pkv_slot s[CHUNK];
-    for (uint64_t done = 0; done < n;) {
-        uint32_t k = n - done < CHUNK ? (uint32_t)(n - done) : CHUNK;
-        for (uint32_t i = 0; i < k; i++) t[i] = (*next)++;
-        OK(pkv_seq_append(c, id, t, k, s));
-        OK(pkv_seq_commit(c, id, k));
-        done += k;
-    }
 }
 
 static bool parse_u64(const char *s, uint64_t *out) {
@@ -180,7 +129,7 @@ int main(int argc, char **argv) {
             OK(pkv_seq_fork(c, 1, id));
         } else {
             OK(pkv_seq_open(c, id, 0, NULL, 0, NULL));
-            feed(c, id, blocks * BS, &next);
+            feed(c, id, blocks * BS, CHUNK, &next);
         }
         if ((s + 1) % (seqs >= 4 ? seqs / 4 : 1) == 0)
             fprintf(stderr, "pkv-reopenbench: built %" PRIu64 " / %" PRIu64 " sequences (%.1f s)\n",
