@@ -2,7 +2,7 @@
  * bench_util.h — small helpers shared by the single-file benchmarks
  * (pkv-ckptbench, pkv-reopenbench): a monotonic clock in ms, dying on a pagedkv
  * error with the program's name (BENCH_NAME, defined before the include), the
- * removal of a flat cache directory, appending a sequence's tokens in chunks, and
+ * benchmarks' cache geometry, the removal of a flat cache directory, appending a sequence's tokens in chunks, and
  * the median of a few runs.
  */
 #ifndef PKV_BENCH_UTIL_H
@@ -35,6 +35,21 @@ static inline void die(const char *what, int rc) {
         int rc_ = (call);                                                             \
         if (rc_) die(#call, rc_);                                                     \
     } while (0)
+
+/* pkv-bench's geometry (1 layer, 1 KV head, head_dim 8, f16, 16-token blocks),
+ * `cap` blocks (0: as stored), model id BENCH_NAME, and no automatic
+ * checkpoint: only those the program asks for. */
+static inline void bench_options(pkv_options *o, uint64_t cap) {
+    pkv_options_init(o);
+    o->num_layers = 1;
+    o->num_kv_heads = 1;
+    o->head_dim = 8;
+    o->block_size = 16;
+    o->dtype = PKV_F16;
+    o->capacity = cap;
+    o->model_id = BENCH_NAME;
+    o->checkpoint_bytes = 1ull << 40;
+}
 
 /* Remove the files of a cache directory (it holds no subdirectory), then it. */
 static inline void remove_cache_dir(const char *dir) {

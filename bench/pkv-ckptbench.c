@@ -66,15 +66,7 @@ static uint64_t file_size(const char *pre, uint64_t lsn) {
 }
 
 static void options(pkv_options *o, uint64_t cap, bool full) {
-    memset(o, 0, sizeof *o);
-    o->num_layers = 1;
-    o->num_kv_heads = 1;
-    o->head_dim = 8;
-    o->block_size = BS;
-    o->dtype = PKV_F16;
-    o->capacity = cap;
-    o->model_id = "pkv-ckptbench";
-    o->checkpoint_bytes = 1ull << 40; /* only the checkpoints this program asks for */
+    bench_options(o, cap);
     o->flags = full ? PKV_OPEN_FULL_CHECKPOINTS : 0;
 }
 

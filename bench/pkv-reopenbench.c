@@ -43,18 +43,6 @@ static void cleanup(void) {
     if (g_dir[0] && !g_keep) remove_cache_dir(g_dir);
 }
 
-static void options(pkv_options *o, uint64_t cap) {
-    pkv_options_init(o);
-    o->num_layers = 1;
-    o->num_kv_heads = 1;
-    o->head_dim = 8;
-    o->block_size = BS;
-    o->dtype = PKV_F16;
-    o->capacity = cap;
-    o->model_id = "pkv-reopenbench";
-    o->checkpoint_bytes = 1ull << 40; /* no automatic checkpoint while building */
-}
-
 static bool parse_u64(const char *s, uint64_t *out) {
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
@@ -117,7 +105,7 @@ int main(int argc, char **argv) {
     }
     atexit(cleanup);
     pkv_options o;
-    options(&o, cap);
+    bench_options(&o, cap);
     pkv_cache *c;
     OK(pkv_open(g_dir, &o, &c));
 
