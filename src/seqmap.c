@@ -8,7 +8,8 @@
  * a home slot make every look-up walk one cluster (65,536 such sequences took an
  * open 8.5 s). Iteration order is therefore not stable between processes
  * (pkv_seq_list promises none). Fuzzing builds use a fixed seed, so that an
- * input replays the same way.
+ * input replays the same way. Where getrandom fails the seed is derived from the
+ * clock, the pid and the map's address instead.
  *
  * Growth happens only in pkv_seqmap_reserve(), which callers invoke before they
  * mutate anything, so an out-of-memory failure leaves the cache unchanged.
@@ -17,10 +18,9 @@
  */
 #include "internal.h"
 
-#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 static inline uint64_t mix(uint64_t seed, uint64_t id) { /* splitmix64 finalizer */
     uint64_t x = id ^ seed;
@@ -35,8 +35,11 @@ int pkv_seqmap_init(pkv_seqmap *m) {
 #ifdef PKV_FUZZING
     m->seed = 0x9e3779b97f4a7c15ull;
 #else
-    if (getrandom(&m->seed, sizeof m->seed, 0) != (ssize_t)sizeof m->seed)
-        return pkv_err(PKV_EIO, "getrandom for the sequence map: %s", strerror(errno));
+    /* Without getrandom (a seccomp filter, ENOSYS) the seed comes from the clock,
+     * the process and the map's address: harder to predict than none, and an open
+     * that works is worth more than the resistance (log.c's epochs do the same). */
+    if (getrandom(&m->seed, sizeof m->seed, GRND_NONBLOCK) != (ssize_t)sizeof m->seed)
+        m->seed = mix((uint64_t)(uintptr_t)m ^ (uint64_t)getpid() << 32, pkv_now_ns());
 #endif
     m->slots = calloc(64, sizeof *m->slots);
     if (!m->slots) return pkv_err(PKV_ENOMEM, "sequence map");

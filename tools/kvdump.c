@@ -1428,8 +1428,8 @@ typedef struct suspect {
     bool bad_flag;
 } suspect;
 
-/* The sequences that hold a suspect block: the first HOLDERS_SHOWN ids in table
- * order, and how many entries in all. */
+/* The sequences that hold a suspect block: the HOLDERS_SHOWN smallest ids, and
+ * how many table entries in all. */
 #define HOLDERS_SHOWN 4
 typedef struct holders {
     uint64_t id[HOLDERS_SHOWN];
@@ -1517,7 +1517,7 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
     k->seq_bad = rec.seq_blocks_bad;
     if (rec.sequences_cut > rec.seq_blocks_bad)
         vadd(prob, "sequence_cut", UINT64_MAX, UINT64_MAX, "recovery cuts %llu sequence%s at a "
-             "block-table entry that is out of place (lost, unsealed or out of chain)",
+             "block-table entry that is out of place (lost or dropped, unsealed, or out of chain)",
              (unsigned long long)(rec.sequences_cut - rec.seq_blocks_bad),
              rec.sequences_cut - rec.seq_blocks_bad == 1 ? "" : "s");
     size_t cap = 0;

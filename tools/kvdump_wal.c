@@ -767,7 +767,8 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
         if (s->start > expect) { /* a gap */
             uint64_t f;
             size_t at;
-            if (later_valid(&sd, SEG_HDR - 8, 0, &f, &at) == PKV_SCAN_NONE) {
+            pkv_scan_res gap_scan = later_valid(&sd, SEG_HDR - 8, 0, &f, &at);
+            if (gap_scan == PKV_SCAN_NONE) {
                 snprintf(s->end_detail, sizeof s->end_detail, "skipped: starts at LSN %llu "
                          "after a hole (expected %llu) and holds no valid frame",
                          (unsigned long long)s->start, (unsigned long long)expect);
@@ -777,9 +778,12 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
             L->corrupt_lsn = expect;
             L->corrupt_next_lsn = s->start;
             set_end(L, s, KD_END_GAP, SEG_HDR, "records from LSN %llu are missing: segment "
-                    "%llu starts at LSN %llu and holds valid frames; recovery fails unless "
+                    "%llu starts at LSN %llu and holds %s; recovery fails unless "
                     "opened point-in-time (--point-in-time)", (unsigned long long)expect,
-                    (unsigned long long)s->no, (unsigned long long)s->start);
+                    (unsigned long long)s->no, (unsigned long long)s->start,
+                    gap_scan == PKV_SCAN_FOUND ? "valid frames"
+                                               : "more overlapping frame candidates than "
+                                                 "recovery checks");
             break;
         }
         s->read = true;

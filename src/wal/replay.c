@@ -565,7 +565,7 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
                            (unsigned long long)off, (unsigned long long)f,
                            (unsigned long long)(expect - 1));
         if (!(flags & PKV_OPEN_POINT_IN_TIME))
-            return pkv_err(PKV_ECORRUPT, "log ends at LSN %llu (segment %llu offset %llu) "
+            return pkv_err(PKV_ECORRUPT, "log ends before LSN %llu (segment %llu offset %llu) "
                            "before more overlapping frame candidates than recovery checks "
                            "(a forged or damaged segment); whether valid records follow is "
                            "unknown: open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",

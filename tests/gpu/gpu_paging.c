@@ -33,6 +33,28 @@ int main(void) {
 #define NQ (KVH * 4u)
 #define MODEL "pagedkv-gpu-test"
 
+
+static int cmp_id(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The `max` smallest sequence ids of c into ids (pkv_seq_list's order varies
+ * between processes); how many. */
+static size_t first_ids(pkv_cache *c, uint64_t *ids, size_t max) {
+    size_t n = 0;
+    if (pkv_seq_list(c, NULL, 0, &n) != PKV_ERANGE && n == 0) return 0;
+    uint64_t *all = malloc((n ? n : 1) * sizeof *all);
+    if (!all || pkv_seq_list(c, all, n, &n)) {
+        free(all);
+        return 0;
+    }
+    qsort(all, n, sizeof *all, cmp_id);
+    if (n > max) n = max;
+    memcpy(ids, all, n * sizeof *ids);
+    free(all);
+    return n;
+}
 static uint64_t mix(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -424,8 +446,7 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
                        st.mode_note);
                 GU_CHECK(st.mode != PKV_CUDA_MODE_REGISTERED, "a read-only cache cannot be registered read-write");
                 uint64_t ids[8];
-                size_t n = 0;
-                pkv_seq_list(y.c, ids, 8, &n);
+                size_t n = first_ids(y.c, ids, 8);
                 if (n) {
                     cudaStreamCreate(&y.st);
                     cudaMalloc((void **)&y.d_q, 8 * NQ * HD * 4);
