@@ -19,7 +19,8 @@
  * The options are those of the header (so an open gets past the geometry check),
  * except with flag 8, which gives a fixed geometry. Geometries larger than 4096
  * blocks, 1 MiB slots or a 16 MiB arena are refused, so that one input cannot
- * ask for gigabytes.
+ * ask for gigabytes: the header's own as well as flag 8's, since kvdump opens
+ * with the geometry the header states.
  */
 #ifndef PKV_FUZZ_DIR_H
 #define PKV_FUZZ_DIR_H
