@@ -357,7 +357,6 @@ typedef struct pkv_seqmap {
     uint64_t mask;
     uint64_t count;
     pkv_seq *last;   /* the most recently found sequence (decode loops repeat it) */
-    uint64_t seed;   /* keys the slot of an id (random per map, seqmap.c) */
 } pkv_seqmap;
 
 int pkv_seqmap_init(pkv_seqmap *m);

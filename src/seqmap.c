@@ -4,17 +4,15 @@
  *
  * Ids come from callers (an engine may pass request ids from its clients) and
  * from the log and checkpoint (which a forger writes), so the slot of an id is
- * keyed with a random seed drawn per map: with a fixed hash, ids chosen to share
- * a home slot make every look-up walk one cluster (65,536 such sequences took an
- * open 8.5 s). Iteration order is therefore not stable between processes
- * (pkv_seq_list promises none). Fuzzing builds use a fixed seed, so that an
- * input replays the same way. Where getrandom fails the seed is derived from the
- * clock, the pid and the map's address instead.
- *
- * Growth happens only in pkv_seqmap_reserve(), which callers invoke before they
- * mutate anything, so an out-of-memory failure leaves the cache unchanged.
- * A one-entry cache of the last sequence found serves decode loops, which call
- * append and commit on the same id; removal clears it.
+ * keyed with a random seed drawn once per process: with a fixed hash, ids chosen
+ * to share a home slot make every look-up walk one cluster (65,536 such
+ * sequences took an open 8.7 s). Iteration order is therefore not stable
+ * between processes (pkv_seq_list promises none). Fuzzing builds use a fixed
+ * seed, so that an input replays the same way. Where getrandom fails the seed is
+ * derived from the clock and the pid instead. The seed is a process global, not
+ * a field of the map: 8 more bytes in struct pkv_cache moved its hot fields
+ * across cache lines and cost the decode loop ~4 ns/token (pkv-decodeloop,
+ * docs/benchmarks.md).
  */
 #include "internal.h"
 
@@ -22,8 +20,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-static inline uint64_t mix(uint64_t seed, uint64_t id) { /* splitmix64 finalizer */
-    uint64_t x = id ^ seed;
+static inline uint64_t mix(uint64_t key, uint64_t id) { /* splitmix64 finalizer */
+    uint64_t x = id ^ key;
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 27;
@@ -31,16 +29,20 @@ static inline uint64_t mix(uint64_t seed, uint64_t id) { /* splitmix64 finalizer
     return x ^ (x >> 31);
 }
 
-int pkv_seqmap_init(pkv_seqmap *m) {
+static uint64_t g_seed; /* set once (seed_init), then only read */
+static pthread_once_t seed_once = PTHREAD_ONCE_INIT;
+
+static void seed_init(void) {
 #ifdef PKV_FUZZING
-    m->seed = 0x9e3779b97f4a7c15ull;
+    g_seed = 0x9e3779b97f4a7c15ull;
 #else
-    /* Without getrandom (a seccomp filter, ENOSYS) the seed comes from the clock,
-     * the process and the map's address: harder to predict than none, and an open
-     * that works is worth more than the resistance (log.c's epochs do the same). */
-    if (getrandom(&m->seed, sizeof m->seed, GRND_NONBLOCK) != (ssize_t)sizeof m->seed)
-        m->seed = mix((uint64_t)(uintptr_t)m ^ (uint64_t)getpid() << 32, pkv_now_ns());
+    if (getrandom(&g_seed, sizeof g_seed, GRND_NONBLOCK) != (ssize_t)sizeof g_seed)
+        g_seed = mix((uint64_t)getpid() << 32, pkv_now_ns());
 #endif
+}
+
+int pkv_seqmap_init(pkv_seqmap *m) {
+    pthread_once(&seed_once, seed_init);
     m->slots = calloc(64, sizeof *m->slots);
     if (!m->slots) return pkv_err(PKV_ENOMEM, "sequence map");
     m->mask = 63;
@@ -63,7 +65,7 @@ void pkv_seqmap_free(pkv_seqmap *m) {
 
 /* The slow path of pkv_seqmap_get (internal.h), which tries `last` first. */
 pkv_seq *pkv_seqmap_find(pkv_seqmap *m, uint64_t id) {
-    for (uint64_t i = mix(m->seed, id) & m->mask;; i = (i + 1) & m->mask) {
+    for (uint64_t i = mix(g_seed, id) & m->mask;; i = (i + 1) & m->mask) {
         pkv_seq *s = m->slots[i];
         if (!s || s->id == id) {
             if (s) m->last = s;
@@ -72,8 +74,8 @@ pkv_seq *pkv_seqmap_find(pkv_seqmap *m, uint64_t id) {
     }
 }
 
-static void place(pkv_seq **slots, uint64_t mask, uint64_t seed, pkv_seq *s) {
-    uint64_t i = mix(seed, s->id) & mask;
+static void place(pkv_seq **slots, uint64_t mask, pkv_seq *s) {
+    uint64_t i = mix(g_seed, s->id) & mask;
     while (slots[i]) i = (i + 1) & mask;
     slots[i] = s;
 }
@@ -85,7 +87,7 @@ int pkv_seqmap_reserve(pkv_seqmap *m) {
     if (!ns) return pkv_err(PKV_ENOMEM, "sequence map of %llu slots",
                             (unsigned long long)n);
     for (uint64_t i = 0; i <= m->mask; i++)
-        if (m->slots[i]) place(ns, n - 1, m->seed, m->slots[i]);
+        if (m->slots[i]) place(ns, n - 1, m->slots[i]);
     free(m->slots);
     m->slots = ns;
     m->mask = n - 1;
@@ -94,17 +96,17 @@ int pkv_seqmap_reserve(pkv_seqmap *m) {
 
 void pkv_seqmap_insert(pkv_seqmap *m, pkv_seq *s) {
     pkv_assert((m->count + 1) * 2 <= m->mask + 1);
-    place(m->slots, m->mask, m->seed, s);
+    place(m->slots, m->mask, s);
     m->count++;
 }
 
 void pkv_seqmap_remove(pkv_seqmap *m, uint64_t id) {
-    uint64_t i = mix(m->seed, id) & m->mask;
+    uint64_t i = mix(g_seed, id) & m->mask;
     while (m->slots[i]->id != id) i = (i + 1) & m->mask;
     for (uint64_t j = i;;) {
         j = (j + 1) & m->mask;
         if (!m->slots[j]) break;
-        uint64_t k = mix(m->seed, m->slots[j]->id) & m->mask;
+        uint64_t k = mix(g_seed, m->slots[j]->id) & m->mask;
         bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
         if (stays) continue;
         m->slots[i] = m->slots[j];
