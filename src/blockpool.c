@@ -15,7 +15,8 @@
  * Only blocks some record named (BLKF_NAMED, set by wal/record.c) need that; one
  * that only ever held pending tokens goes straight to the free list.
  * Lists are doubly linked through pkv_block.prev/next (block indices), so every
- * operation is O(1) and allocation-free.
+ * operation is O(1) and allocation-free. Also the depth of every sealed block in
+ * its chain (pkv_pool_depths), for recovery and kvdump.
  */
 #include "internal.h"
 
@@ -176,4 +177,36 @@ bool pkv_block_verify(pkv_cache *c, uint32_t b) {
      * (callers that can verify while the log runs reserve room for this). */
     if (c->wal.running) pkv_log_bad(c, b);
     return false;
+}
+
+/* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is
+ * broken (a parent not sealed or of another salt) or cyclic. Recovery drops broken
+ * chains with it (wal/replay.c); kvdump draws depths with it. Each block is walked
+ * once: the blocks of the current walk are marked, so reaching one is a cycle (a
+ * walk that ran on until it had taken capacity steps cost O(capacity) per cycle,
+ * O(capacity²) for a forged checkpoint of self-parented blocks). */
+void pkv_pool_depths(const pkv_pool *p, uint32_t *d, uint32_t *stack) {
+    const uint32_t UNK = UINT32_MAX - 1, BAD = UINT32_MAX, WALK = UINT32_MAX - 3;
+    for (uint32_t b = 0; b < p->capacity; b++) d[b] = UNK;
+    for (uint32_t b = 0; b < p->capacity; b++) {
+        if (p->b[b].state != BLK_SEALED || d[b] != UNK) continue;
+        uint32_t n = 0, x = b, base;
+        for (;;) {
+            if (d[x] == WALK) { base = BAD; break; } /* cycle */
+            if (d[x] != UNK) { base = d[x]; break; }
+            pkv_assert(n <= p->capacity);
+            d[x] = WALK;
+            stack[n++] = x;
+            uint32_t par = p->b[x].parent;
+            if (par == PKV_NONE) { base = UINT32_MAX - 2; break; } /* root: depth -1 + 1 */
+            if (par >= p->capacity || p->b[par].state != BLK_SEALED ||
+                p->b[par].salt != p->b[x].salt) { base = BAD; break; }
+            x = par;
+        }
+        while (n--) {
+            uint32_t y = stack[n];
+            if (base == BAD) d[y] = BAD;
+            else d[y] = base = (base == UINT32_MAX - 2 ? 0 : base + 1);
+        }
+    }
 }

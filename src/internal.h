@@ -287,6 +287,10 @@ static inline uint32_t *pkv_pool_tokens(const pkv_pool *p, uint32_t b) {
     return p->tokens + (uint64_t)b * p->block_size;
 }
 
+/* Depth of every sealed block into d[0, capacity) (0 = a root; UINT32_MAX: a
+ * broken or cyclic chain; other blocks: UINT32_MAX - 1); stack: capacity + 1
+ * entries of scratch. O(capacity): each block is walked once. */
+void pkv_pool_depths(const pkv_pool *p, uint32_t *d, uint32_t *stack);
 void pkv_list_push_tail(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b);
 void pkv_list_push_head(pkv_pool *p, pkv_list *l, uint8_t which, uint32_t b);
 void pkv_list_remove(pkv_pool *p, pkv_list *l, uint32_t b);

@@ -41,34 +41,33 @@ void pkv_index_free(pkv_index *ix) {
     ix->slots = NULL;
 }
 
-uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
-                        uint32_t parent, uint64_t salt, const uint32_t *tokens) {
+/* The block other than `skip` with this hash, parent, salt and tokens whose BAD
+ * flag is `bad`, or PKV_NONE. */
+static inline uint32_t find_as(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
+                               uint32_t parent, uint64_t salt, const uint32_t *tokens,
+                               uint8_t bad, uint32_t skip) {
     size_t tbytes = (size_t)p->block_size * sizeof(uint32_t);
     for (uint64_t i = pkv_index_home(ix, h.lo);; i = (i + 1) & ix->mask) {
         const pkv_index_slot *s = &ix->slots[i];
         if (s->block == PKV_NONE) return PKV_NONE;
-        if (s->key != h.lo) continue;
+        if (s->key != h.lo || s->block == skip) continue;
         const pkv_block *x = &p->b[s->block];
         if (x->hash.hi == h.hi && x->parent == parent && x->salt == salt &&
-            !(x->flags & BLKF_BAD) &&
+            (x->flags & BLKF_BAD) == bad &&
             memcmp(pkv_pool_tokens(p, s->block), tokens, tbytes) == 0)
             return s->block;
     }
 }
 
+uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
+                        uint32_t parent, uint64_t salt, const uint32_t *tokens) {
+    return find_as(ix, p, h, parent, salt, tokens, 0, PKV_NONE);
+}
+
 uint32_t pkv_index_find_twin(const pkv_index *ix, const pkv_pool *p, uint32_t b) {
     const pkv_block *y = &p->b[b];
-    size_t tbytes = (size_t)p->block_size * sizeof(uint32_t);
-    for (uint64_t i = pkv_index_home(ix, y->hash.lo);; i = (i + 1) & ix->mask) {
-        const pkv_index_slot *s = &ix->slots[i];
-        if (s->block == PKV_NONE) return PKV_NONE;
-        if (s->key != y->hash.lo || s->block == b) continue;
-        const pkv_block *x = &p->b[s->block];
-        if (x->hash.hi == y->hash.hi && x->parent == y->parent && x->salt == y->salt &&
-            (x->flags & BLKF_BAD) == (y->flags & BLKF_BAD) &&
-            memcmp(pkv_pool_tokens(p, s->block), pkv_pool_tokens(p, b), tbytes) == 0)
-            return s->block;
-    }
+    return find_as(ix, p, y->hash, y->parent, y->salt, pkv_pool_tokens(p, b),
+                   y->flags & BLKF_BAD, b);
 }
 
 void pkv_index_insert(pkv_index *ix, uint64_t key, uint32_t block) {

@@ -2,6 +2,11 @@
  * seqmap.c — sequence id -> struct pkv_seq, an open-addressing (linear probing)
  * table of pointers that doubles at load 1/2 and deletes by backward shift.
  *
+ * Growth happens only in pkv_seqmap_reserve(), which callers invoke before they
+ * mutate anything, so an out-of-memory failure leaves the cache unchanged.
+ * A one-entry cache of the last sequence found serves decode loops, which call
+ * append and commit on the same id; removal clears it.
+ *
  * Ids come from callers (an engine may pass request ids from its clients) and
  * from the log and checkpoint (which a forger writes), so the slot of an id is
  * keyed with a random seed drawn once per process: with a fixed hash, ids chosen

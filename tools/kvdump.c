@@ -62,50 +62,18 @@ static const char main_usage[] =
 /* ---- Shared scans of the opened cache ---------------------------------------- */
 
 /* Depth (1 = chain root) of every sealed block; 0 for other blocks or a broken
- * chain. Blocks on the current walk are marked, so a cycle ends the walk when it
- * comes round (each block is walked once). */
+ * chain (the library's pkv_pool_depths, shifted by one). */
 static uint32_t *depths(const pkv_cache *c) {
     const pkv_pool *p = &c->pool;
-    const uint32_t cap = p->capacity, UNK = UINT32_MAX, BROKEN = UINT32_MAX - 1,
-                   WALK = UINT32_MAX - 2;
-    uint32_t *d = calloc(cap ? cap : 1, sizeof *d), *stack = malloc(((size_t)cap + 1) * sizeof *stack);
+    const uint32_t cap = p->capacity;
+    uint32_t *d = malloc((cap ? cap : 1) * sizeof *d), *stack = malloc(((size_t)cap + 1) * sizeof *stack);
     if (!d || !stack) {
         free(d);
         free(stack);
         return NULL;
     }
-    for (uint32_t b = 0; b < cap; b++) d[b] = p->b[b].state == BLK_SEALED ? UNK : 0;
-    for (uint32_t b = 0; b < cap; b++) {
-        if (d[b] != UNK) continue;
-        uint32_t n = 0, x = b, base;
-        for (;;) {
-            if (d[x] == WALK) { /* a cycle */
-                base = BROKEN;
-                break;
-            }
-            if (d[x] != UNK) { /* known: 0 means not sealed or broken */
-                base = d[x] ? d[x] : BROKEN;
-                break;
-            }
-            d[x] = WALK;
-            stack[n++] = x;
-            uint32_t par = p->b[x].parent;
-            if (par == PKV_NONE) {
-                base = 0;
-                break;
-            }
-            if (par >= cap || p->b[par].state != BLK_SEALED) {
-                base = BROKEN;
-                break;
-            }
-            x = par;
-        }
-        while (n--) {
-            uint32_t y = stack[n];
-            if (base == BROKEN) d[y] = 0;
-            else d[y] = ++base;
-        }
-    }
+    pkv_pool_depths(p, d, stack);
+    for (uint32_t b = 0; b < cap; b++) d[b] = d[b] >= UINT32_MAX - 1 ? 0 : d[b] + 1;
     free(stack);
     return d;
 }

@@ -27,7 +27,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 const char *kd_end_name(int r) {

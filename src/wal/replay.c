@@ -362,8 +362,8 @@ static int frame_apply(pkv_cache *c, seg *s, uint64_t off, uint64_t first,
 }
 
 /* Scan the 8-byte aligned offsets after `from` for a valid frame: with holding
- * false, one with an LSN >= lsn (*found: its first LSN); with holding true, one
- * whose LSNs include lsn (*found: its offset). *at: the frame's offset.
+ * false, one with an LSN >= lsn; with holding true, one whose LSNs include lsn.
+ * *first and *at: the frame's first LSN and its offset.
  *
  * Every candidate (magic and epoch at an aligned offset, a length that fits)
  * costs a checksum over its claimed length, and candidates can overlap: a
@@ -375,7 +375,7 @@ static int frame_apply(pkv_cache *c, seg *s, uint64_t off, uint64_t first,
  * from): it cannot tell whether a valid frame follows, and the callers treat
  * that like one that does (recovery refuses, or stops point-in-time). */
 static pkv_scan_res scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
-                                uint64_t *found, uint64_t *at) {
+                                uint64_t *first, uint64_t *at) {
     uint64_t o = (from + 8) & ~(uint64_t)7;
     uint64_t budget = PKV_SCAN_BUDGET(s->len > from ? s->len - from : 0);
     while (o + FRAME_HDR <= s->len) {
@@ -408,7 +408,7 @@ static pkv_scan_res scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holdin
         uint32_t nr, b;
         if (frame_ok(s, o, &f, &nr, &b) &&
             (holding ? f <= lsn && lsn <= f + nr - 1 : f + nr - 1 >= lsn)) {
-            *found = holding ? o : f;
+            *first = f;
             *at = o;
             return PKV_SCAN_FOUND;
         }
@@ -425,8 +425,8 @@ static pkv_scan_res later_valid(seg *s, uint64_t from, uint64_t want, uint64_t *
 
 /* Find a valid frame after `from` whose LSNs include `lsn`. */
 static bool frame_holding(seg *s, uint64_t from, uint64_t lsn, uint64_t *at) {
-    uint64_t o;
-    return scan_frames(s, from, lsn, true, at, &o) == PKV_SCAN_FOUND;
+    uint64_t first;
+    return scan_frames(s, from, lsn, true, &first, at) == PKV_SCAN_FOUND;
 }
 
 /* Are all bytes from `off` (8-aligned) to the end zero? A last partial word counts
@@ -696,37 +696,6 @@ static int sort_lru(lru_ent *a, size_t n) {
     return 0;
 }
 
-/* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is
- * broken (a parent not sealed) or cyclic. Each block is walked once: the blocks
- * of the current walk are marked, so reaching one is a cycle (a walk that ran on
- * until it had taken capacity steps cost O(capacity) per cycle, O(capacity²) for
- * a forged checkpoint of self-parented blocks). */
-static void depths(const pkv_pool *p, uint32_t *d, uint32_t *stack) {
-    const uint32_t UNK = UINT32_MAX - 1, BAD = UINT32_MAX, WALK = UINT32_MAX - 3;
-    for (uint32_t b = 0; b < p->capacity; b++) d[b] = UNK;
-    for (uint32_t b = 0; b < p->capacity; b++) {
-        if (p->b[b].state != BLK_SEALED || d[b] != UNK) continue;
-        uint32_t n = 0, x = b, base;
-        for (;;) {
-            if (d[x] == WALK) { base = BAD; break; } /* cycle */
-            if (d[x] != UNK) { base = d[x]; break; }
-            pkv_assert(n <= p->capacity);
-            d[x] = WALK;
-            stack[n++] = x;
-            uint32_t par = p->b[x].parent;
-            if (par == PKV_NONE) { base = UINT32_MAX - 2; break; } /* root: depth -1 + 1 */
-            if (par >= p->capacity || p->b[par].state != BLK_SEALED ||
-                p->b[par].salt != p->b[x].salt) { base = BAD; break; }
-            x = par;
-        }
-        while (n--) {
-            uint32_t y = stack[n];
-            if (base == BAD) d[y] = BAD;
-            else d[y] = base = (base == UINT32_MAX - 2 ? 0 : base + 1);
-        }
-    }
-}
-
 static void drop_block(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
     if (x->state == BLK_SEALED) c->rec.blocks_dropped++;
@@ -741,10 +710,10 @@ static void seq_cut(pkv_cache *c, pkv_seq *s, uint32_t i) {
 }
 
 /* Drop every sealed block whose chain is broken (parent not sealed, another
- * salt, a cycle); d and stack are scratch for depths(). */
+ * salt, a cycle); d and stack are scratch for pkv_pool_depths(). */
 static void drop_broken_chains(pkv_cache *c, uint32_t *d, uint32_t *stack) {
     pkv_pool *p = &c->pool;
-    depths(p, d, stack);
+    pkv_pool_depths(p, d, stack);
     for (uint32_t b = 0; b < p->capacity; b++)
         if (p->b[b].state == BLK_SEALED && d[b] == UINT32_MAX) drop_block(c, b);
 }
@@ -853,10 +822,6 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
     if (!drop_all) {
         cut_tables(c, valid_blocks, d);
     } else {
-        for (uint64_t i = 0; i <= c->seqs.mask; i++)
-            if (c->seqs.slots[i]) c->seqs.slots[i]->nblocks = 0;
-    }
-    if (drop_all) {
         c->rec.sequences_dropped = c->seqs.count;
         pkv_seqmap_free(&c->seqs);
         int rc = pkv_seqmap_init(&c->seqs);
@@ -877,7 +842,7 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         if (s)
             for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
     }
-    depths(p, d, stack);
+    pkv_pool_depths(p, d, stack);
     size_t nl = 0;
     lru_ent *lru = malloc((size_t)cap * sizeof *lru);
     if (!lru) {
@@ -1218,13 +1183,9 @@ pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, si
                              uint64_t lsn, bool holding, uint64_t *first, size_t *at) {
     rdbuf rb = {(uint8_t *)data, len};
     seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
-    uint64_t found, o = 0;
-    pkv_scan_res r = scan_frames(&s, from, lsn, holding, &found, &o);
-    if (r == PKV_SCAN_FOUND) {
-        uint32_t nr, b;
-        (void)frame_ok(&s, o, first, &nr, &b); /* its first LSN in either mode */
-        *at = (size_t)o;
-    }
+    uint64_t o = 0;
+    pkv_scan_res r = scan_frames(&s, from, lsn, holding, first, &o);
+    if (r == PKV_SCAN_FOUND) *at = (size_t)o;
     return r;
 }
 
