@@ -115,6 +115,8 @@ uint32_t pkv_block_alloc(pkv_cache *c) {
 void pkv_block_acquire(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
     pkv_assert(x->state != BLK_FREE);
+    /* rule S1: only a verified block enters a table (callers verify first) */
+    pkv_assert(!(x->flags & (BLKF_BAD | BLKF_UNVERIFIED)));
     if (x->ref++ == 0) {
         pkv_assert(x->state == BLK_SEALED);
         pkv_evict_on_referenced(c, b);

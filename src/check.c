@@ -22,6 +22,8 @@
  *      sequence's); the others are open; with pending tokens, the entries from
  *      committed/B on are referenced by this sequence only; outside the call
  *      that set it no open block carries BLKF_PRESUM (sealsum.c)
+ *  I11 every sealed block a table names is verified: neither BAD nor UNVERIFIED
+ *      (rule S1 of docs/format.md: verified before it is served, by every path)
  */
 #include "internal.h"
 
@@ -210,6 +212,10 @@ static int check_seq(checker *k, pkv_cache *c, const pkv_seq *s, uint32_t *refs,
             if (x->state != BLK_SEALED || x->parent != want || x->salt != s->salt)
                 return broken(k, "I10: seq %llu block %u (entry %u) not sealed in chain",
                               (unsigned long long)s->id, b, i);
+            if (x->flags & (BLKF_BAD | BLKF_UNVERIFIED))
+                return broken(k, "I11: seq %llu entry %u (block %u) is %s: a table names "
+                              "only verified blocks (rule S1)", (unsigned long long)s->id, i,
+                              b, (x->flags & BLKF_BAD) ? "BAD" : "unverified");
         } else {
             if (x->state != BLK_OPEN)
                 return broken(k, "I10: seq %llu entry %u (block %u) beyond committed "

@@ -55,6 +55,9 @@ uint32_t pkv_evict_one(pkv_cache *c) {
     if (b == PKV_NONE) return PKV_NONE;
     pkv_block *x = &p->b[b];
     pkv_assert(x->state == BLK_SEALED && x->ref == 0 && x->nchild == 0);
+    /* rule D3: the caller waited until its SEAL is safe (seq.c ensure_blocks) */
+    pkv_assert(!c->wal.running || !(x->flags & BLKF_NAMED) ||
+               x->rel_lsn <= pkv_wal_safe_lsn(&c->wal) + 1);
     pkv_list_remove(p, &p->lru, b);
     pkv_index_remove(&c->index, x->hash.lo, b);
     if (x->parent != PKV_NONE) {
@@ -67,7 +70,8 @@ uint32_t pkv_evict_one(pkv_cache *c) {
     pkv_ckpt_touch(p, b);
     p->n_sealed--;
     /* Reused at once: a crash before this record is durable finds the block
-     * still sealed, and its payload checksum turns the stale slot into a miss. */
+     * still sealed (its SEAL is safe, rule D3), and its payload checksum turns the
+     * stale slot into a miss once verified (rule S1). */
     if (c->wal.running) pkv_log_evict(c, b);
     c->ctr.evictions++;
     return b;

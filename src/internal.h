@@ -211,8 +211,10 @@ enum { BLK_FREE = 0, BLK_OPEN = 1, BLK_SEALED = 2 };
 enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3 };
 enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its sum */
        BLKF_BAD = 2,        /* payload failed its checksum: never served again */
-       BLKF_NAMED = 4,      /* open: a record names it (it held committed tokens), so
-                               the durable state may: freed, it waits in limbo */
+       BLKF_NAMED = 4,      /* a record named it while it was open (it held committed
+                               tokens), so the durable state may name it open: freed
+                               open, it waits in limbo (rule D2); sealed, its slot is
+                               not rewritten before its SEAL is safe (rule D3) */
        BLKF_PRESUM = 8 };   /* open, only inside the call that set it: payload_sum
                                holds its checksum, computed ahead (sealsum.c) */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */

@@ -64,20 +64,39 @@ static inline int finish(pkv_cache *c) {
     return pkv_wal_commit_point(c);
 }
 
+/* The LSN that must be safe before the `k` blocks at the LRU head may be evicted
+ * and their slots rewritten (rule D3, docs/format.md): a sealed block that some
+ * record named while it was open (BLKF_NAMED) may still be named open by the
+ * durable state, with no checksum to catch a rewrite, until its SEAL is safe; the
+ * SEAL came before its release, whose LSN (rel_lsn) is the next one then. The
+ * LRU is in release order, so rel_lsn ascends from the head; when the newest
+ * release is safe, all are (the usual case, no walk). 0: nothing to wait for. */
+static uint64_t evict_wait_lsn(const pkv_cache *c, uint64_t k) {
+    const pkv_pool *p = &c->pool;
+    uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
+    /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
+    if (!c->wal.running || p->lru.tail == PKV_NONE || p->b[p->lru.tail].rel_lsn <= safe + 1)
+        return 0;
+    for (uint32_t b = p->lru.head; b != PKV_NONE && k > 0; b = p->b[b].next, k--)
+        if ((p->b[b].flags & BLKF_NAMED) && p->b[b].rel_lsn > target + 1)
+            target = p->b[b].rel_lsn - 1;
+    return target > safe ? target : 0;
+}
+
 /* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
  * freeing record not yet safe) come next, after waiting for the log, since using
- * them is better than evicting cached blocks; eviction last. With
- * PKV_OPEN_NO_LIMBO_WAIT eviction comes before the wait, which is then only for
- * what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
+ * them is better than evicting cached blocks; eviction last, after waiting for the
+ * log where an evicted slot's SEAL is not yet safe (evict_wait_lsn). With
+ * PKV_OPEN_NO_LIMBO_WAIT eviction comes before the limbo wait, which is then only
+ * for what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
  * released) and must retry; PKV_EFULL: never. */
 static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
-    /* obtainable before any wait for limbo */
-    uint64_t ready = c->no_limbo_wait ? pkv_available(c) : c->pool.free.count;
-    if (need <= ready) return 0;
-    if (c->limbo.count > 0) {
+    uint64_t nfree = c->pool.free.count;
+    if (need <= nfree) return 0;
+    if (c->limbo.count > 0 && (!c->no_limbo_wait || need > pkv_available(c))) {
         /* Wait only for the records that freed the limbo blocks this call needs:
-         * limbo is in release order, so their stamps ascend from the head. */
-        uint64_t k = need - ready, target = 0;
+         * limbo is in release order, so their stamps ascend from the head (rule D2). */
+        uint64_t k = need - nfree, target = 0;
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;
@@ -86,9 +105,15 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
         pkv_wal_drain_limbo(c);
         return 1;
     }
-    if (need <= pkv_available(c)) return 0;
-    return pkv_err(PKV_EFULL, "%s needs %llu blocks, %llu obtainable", what,
-                   (unsigned long long)need, (unsigned long long)pkv_available(c));
+    if (need > pkv_available(c))
+        return pkv_err(PKV_EFULL, "%s needs %llu blocks, %llu obtainable", what,
+                       (unsigned long long)need, (unsigned long long)pkv_available(c));
+    uint64_t target = evict_wait_lsn(c, need - nfree);
+    if (target) {
+        int rc = pkv_wal_wait(c, target);
+        return rc ? rc : 1;
+    }
+    return 0;
 }
 
 static inline uint64_t blocks_for(uint64_t tokens, uint32_t bs) {
@@ -350,7 +375,10 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
         sum = pkv_arena_sum(&c->arena, b);
     }
     uint32_t e = pkv_index_find(&c->index, p, h, parent, s->salt, toks);
-    if (e != PKV_NONE) {
+    /* Rule S1 (docs/format.md): a recovered block is verified before it is served,
+     * by every path. A twin that fails is marked BAD (the caller reserved room for
+     * its record) and this block is sealed as the good copy. */
+    if (e != PKV_NONE && pkv_block_verify(c, e)) {
         pkv_block_acquire(c, e);
         s->blocks[i] = e;
         pkv_block_release(c, b);
@@ -361,7 +389,7 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     x->hash = h;
     x->parent = parent;
     x->salt = s->salt;
-    x->flags = 0;
+    x->flags &= BLKF_NAMED; /* rule D3: its slot waits for this SEAL to be safe */
     x->payload_sum = sum;
     pkv_ckpt_touch(p, b);
     pkv_index_insert(&c->index, h.lo, b);
@@ -390,7 +418,9 @@ static int commit_plan_make(pkv_cache *c, const pkv_seq *s, size_t n, commit_pla
     cp->first = pkv_bdiv(p, cp->old);
     cp->full = pkv_bdiv(p, cp->newc);
     uint64_t touched = pkv_bceil(p, cp->newc) - cp->first;
-    cp->log = (cp->full - cp->first) * pkv_log_seal_size(bs) + pkv_log_commit_size(touched, bs);
+    /* each seal logs a SEAL, or a BAD for a dedupe twin that fails verification */
+    cp->log = (cp->full - cp->first) * (pkv_log_seal_size(bs) + pkv_log_bad_size()) +
+              pkv_log_commit_size(touched, bs);
     return 0;
 }
 

@@ -134,7 +134,7 @@ static void put_block(wbuf *b, const pkv_pool *p, uint32_t i) {
     wb_u64(b, x->hash.hi);
     wb_u64(b, x->payload_sum);
     wb_u64(b, x->rel_lsn);
-    wb_u32(b, x->flags);
+    wb_u32(b, x->flags & (BLKF_UNVERIFIED | BLKF_BAD)); /* the rest are run-time only */
     wb_u32(b, 0);
     const uint32_t *t = pkv_pool_tokens(p, i);
     for (uint32_t j = 0; j < p->block_size; j++) wb_u32(b, t[j]);
