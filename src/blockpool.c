@@ -141,7 +141,7 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     x->flags = 0;
     if (c->wal.running && named) {
         /* The durable state may still name this block until the record of the
-         * call that freed it is safe: park it in limbo until then. A block no
+         * call that freed it is safe: park it in limbo until then (rule D2). A block no
          * record ever named (it only held pending tokens: rejected draft tokens
          * that spilled into a new block, a tail never committed) cannot be in any
          * durable state, so it is free at once and nothing waits for the log. */
@@ -160,6 +160,8 @@ void pkv_limbo_stamp(pkv_cache *c) {
         p->b[b].rel_lsn = lsn;
 }
 
+/* Rule S1 (docs/format.md): every path that serves a recovered block calls this
+ * first (attach, dedupe, recovered tables). */
 bool pkv_block_verify(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
     if (x->flags & BLKF_BAD) return false;

@@ -11,7 +11,8 @@
  * It is a multimap: several sealed blocks may share a hash (always in the 8-bit
  * test build; with 128 bits only by a collision). A lookup therefore verifies each
  * candidate exactly — full hash, stored parent, salt and token ids — so a collision
- * can only cost a miss, never serve another prefix's K/V. Content is unique among
+ * can only cost a miss, never serve another prefix's K/V (rule S2 of
+ * docs/format.md). Content is unique among
  * sealed blocks (dedupe on seal, seq.c), so at most one candidate matches.
  * Blocks whose payload failed verification after recovery (BLKF_BAD) never match.
  */

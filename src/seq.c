@@ -154,9 +154,9 @@ static void seq_free(pkv_seq *s) {
 
 /* Find the longest chain of cached blocks matching prompt[0 .. maxb*B). Hashes are
  * computed a window ahead and their index slots prefetched, so the probes of one
- * window overlap their memory latency. A block recovered from disk is verified
- * against its payload checksum before it is first served. Returns the number
- * matched. */
+ * window overlap their memory latency. A hit is exact (rule S2, pkv_index_find),
+ * and a block recovered from disk is verified against its payload checksum
+ * before it is first served (rule S1). Returns the number matched. */
 static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt,
                              uint64_t maxb, uint32_t *out) {
     enum { W = 16 };
@@ -219,7 +219,8 @@ out:
 }
 
 /* Give a sequence whose last block `i` is shared a private copy of its first
- * `fill` tokens (K/V and ids). The caller has checked pkv_available(). */
+ * `fill` tokens (K/V and ids), so appends never write a shared slot (rules D4,
+ * S4). The caller has checked pkv_available(). */
 static void cow_last(pkv_cache *c, pkv_seq *s, uint32_t i, uint32_t fill) {
     uint32_t old = s->blocks[i];
     uint32_t nb = pkv_block_alloc(c);
@@ -252,7 +253,7 @@ static int append_plan_make(pkv_cache *c, pkv_seq *s, size_t n, uint64_t spare,
     uint64_t len = s->len, have = s->nblocks;
     ap->total = pkv_bceil(p, len + n);
     ap->off = pkv_bmod(p, len);
-    /* a partial block is never sealed */
+    /* a partial block is never sealed; a shared one is copied first (rule S4) */
     ap->cow = ap->off && p->b[s->blocks[have - 1]].ref > 1;
     ap->need = ap->total - have + (ap->cow ? 1 : 0);
     /* spare blocks matter only to an append that takes blocks */
@@ -631,7 +632,8 @@ retry:
     uint32_t off = (uint32_t)(new_len % bs);
     uint32_t cut = off ? s->blocks[keep - 1] : PKV_NONE;
     /* Copy a cut block that is shared or sealed, and one whose committed tokens
-     * are cut (the durable state may still name them until TRUNC is safe). */
+     * are cut (the durable state may still name them until TRUNC is safe: rule D4;
+     * the original goes to limbo, rule D2). */
     bool copy = off && (p->b[cut].ref > 1 || p->b[cut].state == BLK_SEALED ||
                         new_len < s->committed);
     if (copy && (rc = ensure_blocks(c, 1, "truncate")) == 1) goto retry;
