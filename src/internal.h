@@ -515,6 +515,7 @@ struct pkv_cache {
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
     uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */
     uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
+    uint32_t presum_calls;    /* calls whose BLKF_PRESUM marks are out (sealsum.c) */
 };
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */

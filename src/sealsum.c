@@ -13,16 +13,20 @@
  * just before it seals (pkv_seal_sums_range); seal() takes the sum computed
  * ahead instead of computing it.
  *
- * Invariants. The cache lock is held throughout; the helpers only read payload.
- * A block computed ahead is BLK_OPEN and carries BLKF_PRESUM with the sum in
- * payload_sum (unused while a block is open). The sum stays right while the flag
- * is set: nothing in the library writes an open block's payload (a copy-on-write
- * writes a new block), the caller must have written a block's K/V before it
- * commits it, freeing a block clears its flags, and pkv_seq_truncate clears the
+ * Invariants. The helpers only read payload, while the calling thread holds the
+ * cache lock. A block computed ahead is BLK_OPEN and carries BLKF_PRESUM with the
+ * sum in payload_sum (unused while a block is open). The sum stays right while
+ * the flag is set, also while a batch step waits for the log with the lock
+ * released (throttle, limbo): nothing in the library writes an open block's
+ * payload (a copy-on-write writes a new block), the caller must have written a
+ * block's K/V before it commits it and no other caller is handed its slots
+ * (rule S4), freeing a block clears its flags, and pkv_seq_truncate clears the
  * flag of the block it cuts into (a later append may rewrite those slots). The
  * batch clears every flag it set before it returns (pkv_seal_sums_done), and a
  * single commit seals every block it marked right away, so no block carries one
- * outside the call that set it (pkv_check I10).
+ * while no call that set one is running: c->presum_calls counts those calls, so
+ * a pkv_check that runs while a batch waits does not take its marks for strays
+ * (I10).
  *
  * The prediction uses each sequence's state before the batch; a sequence that
  * appears twice in a batch may seal other blocks than predicted. That costs only
@@ -145,8 +149,12 @@ size_t pkv_seal_sums_ahead(pkv_cache *c, const pkv_step *steps, size_t n, uint32
             mark_range(c, s, pkv_bdiv(p, s->committed), pkv_bdiv(p, s->committed + nc), &m);
     }
     size_t k = finish_marks(c, &m, 1);
-    if (k) *listp = m.b;
-    else free(m.b);
+    if (k) {
+        *listp = m.b;
+        c->presum_calls++; /* until pkv_seal_sums_done: its steps may wait unlocked */
+    } else {
+        free(m.b);
+    }
     return k;
 }
 
@@ -161,4 +169,6 @@ void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_
 void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k) {
     unmark(c, list, k); /* those not sealed (sealing and freeing clear the flags) */
     free(list);
+    pkv_assert(c->presum_calls > 0);
+    c->presum_calls--;
 }

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 TestSuite(threads, .init = pt_setup, .fini = pt_teardown);
 
@@ -300,6 +301,120 @@ Test(threads, commit_seal_sums_ahead)
     PT_OK(pkv_recovery(c, &rec));
     cr_assert_eq(rec.seq_blocks_bad, 0);
     PT_VERIFY(c, 1, 0, t, N + SA_BS, N + SA_BS);
+    PT_CHECK(c);
+    pt_close(c);
+}
+
+/* ---- A batch that waits with the lock released ------------------------------------- */
+
+/* Syncs that take 20 ms, so a step that waits for the log leaves the lock free long
+ * enough for another thread to come in. */
+static pt_syncio slow_io;
+static pkv_io_ops slow_ops;
+
+static int slow_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    if (sync) usleep(20000);
+    return slow_io.ops.write(ctx, fd, buf, n, off, sync);
+}
+
+static int slow_sync(void *ctx, int fd)
+{
+    usleep(20000);
+    return slow_io.ops.sync(ctx, fd);
+}
+
+typedef struct {
+    pkv_cache *c;
+    atomic_int stop, bad, checks;
+    char why[256];
+} check_loop_arg;
+
+static void *check_loop(void *arg)
+{
+    check_loop_arg *a = arg;
+    while (!atomic_load(&a->stop)) {
+        char why[256] = "";
+        if (pkv_check(a->c, why, sizeof why)) {
+            snprintf(a->why, sizeof a->why, "%s", why);
+            atomic_store(&a->bad, 1);
+            break;
+        }
+        atomic_fetch_add(&a->checks, 1);
+    }
+    return NULL;
+}
+
+/* A pkv_seq_step_batch marks the blocks its commits will seal with checksums
+ * computed ahead (sealsum.c); a later step that needs a block held in limbo waits
+ * for the log with the lock released. A pkv_check on another thread during that
+ * wait must not report the batch's marks as strays (I10), and the blocks sealed
+ * after the wait must verify at reopen (their sums are their payload's). */
+Test(threads, a_check_during_a_batch_wait_sees_no_stray_mark)
+{
+    pt_syncio_init(&slow_io);
+    slow_ops = slow_io.ops;
+    slow_ops.write = slow_write;
+    slow_ops.sync = slow_sync;
+    pkv_options o;
+    pt_opts(&o, 8, 4, 64, SA_BS, PKV_F32, 8); /* 256 KiB a block, 8 blocks */
+    o.seal_threads = 2;
+    o.group_commit_us = 10000000; /* flushed only when someone waits */
+    o.io = &slow_ops;
+    pkv_cache *c = pt_open_sub("wait", &o);
+    uint32_t p[SA_BS + 1], r[SA_BS + 1], f[1];
+    for (uint32_t k = 0; k <= SA_BS; k++) {
+        p[k] = 70000u + k;
+        r[k] = 80000u + k;
+    }
+    /* 1: a full block of pending tokens, which the batch's second step seals */
+    PT_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    PT_APPEND(c, 1, 0, p, 0, SA_BS);
+    /* 2: a sealed block; its next token needs a new block */
+    PT_OK(pkv_seq_open(c, 2, 0, NULL, 0, NULL));
+    PT_APPEND(c, 2, 0, r, 0, SA_BS);
+    PT_OK(pkv_seq_commit(c, 2, SA_BS));
+    PT_OK(pkv_sync(c));
+    /* six open blocks holding a committed token each, freed into limbo: their
+     * SEQ_CLOSE records wait for the next group commit (10 s away) */
+    for (uint64_t id = 10; id < 16; id++) {
+        f[0] = 90000u + (uint32_t)id;
+        PT_OK(pkv_seq_open(c, id, 0, NULL, 0, NULL));
+        PT_APPEND(c, id, 0, f, 0, 1);
+        PT_OK(pkv_seq_commit(c, id, 1));
+        PT_OK(pkv_seq_close(c, id));
+    }
+    pkv_stats_t s0 = pt_stats(c);
+    cr_assert_eq(s0.blocks_used, 2);
+    check_loop_arg a = {.c = c};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, check_loop, &a), 0);
+    while (atomic_load(&a.checks) == 0) usleep(100);
+    /* step 1 (sequence 2) waits for limbo; step 2's block is marked meanwhile */
+    pkv_step st[2] = {{.id = 2, .n_commit = 0, .token = r[SA_BS]},
+                      {.id = 1, .n_commit = SA_BS, .token = p[SA_BS]}};
+    size_t done = 0;
+    PT_OK(pkv_seq_step_batch(c, st, 2, &done));
+    cr_assert_eq(done, 2);
+    atomic_store(&a.stop, 1);
+    pthread_join(th, NULL);
+    cr_assert_eq(atomic_load(&a.bad), 0, "pkv_check during the batch: %s", a.why);
+    pkv_stats_t s1 = pt_stats(c);
+    cr_assert_eq(s1.seal_sums_ahead, 1, "%llu sums computed ahead",
+                 (unsigned long long)s1.seal_sums_ahead);
+    PT_CHECK(c);
+    pkv_cache_info inf = pt_info(c);
+    pt_write_token(c, &inf, st[0].slot.block, st[0].slot.offset, pt_hprefix(0, r, SA_BS + 1));
+    pt_write_token(c, &inf, st[1].slot.block, st[1].slot.offset, pt_hprefix(0, p, SA_BS + 1));
+    PT_OK(pkv_seq_commit(c, 2, 1));
+    PT_OK(pkv_seq_commit(c, 1, 1));
+    pt_close(c);
+    c = pt_open_sub("wait", &o);
+    pkv_recovery_t rec;
+    PT_OK(pkv_recovery(c, &rec));
+    cr_assert_eq(rec.seq_blocks_bad, 0);
+    PT_VERIFY(c, 1, 0, p, SA_BS + 1, SA_BS + 1);
+    PT_VERIFY(c, 2, 0, r, SA_BS + 1, SA_BS + 1);
     PT_CHECK(c);
     pt_close(c);
 }
