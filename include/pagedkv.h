@@ -36,30 +36,44 @@ extern "C" {
 #pragma GCC visibility push(default)
 #endif
 
+/* The version of this header; pkv_version() gives the library's. The major
+ * version is the shared library's soname (libpagedkv.so.MAJOR): it changes when
+ * the ABI does. The on-disk format has a version of its own (docs/format.md). */
 #define PKV_VERSION_MAJOR 0
 #define PKV_VERSION_MINOR 1
+#define PKV_VERSION_PATCH 0
+#define PKV_VERSION_STRING "0.1.0"
+
+/* The library's version as "MAJOR.MINOR.PATCH"; each pointer may be NULL. Never
+ * fails, never blocks. */
+const char *pkv_version(int *major, int *minor, int *patch);
 
 /* ---- Errors ------------------------------------------------------------- */
 
+/* Error codes lie in [PKV_ERR_LAST, PKV_ERR_FIRST], a range of their own: an I/O
+ * backend (pkv_io_ops) returns -errno values in [-4095, -1], and neither range
+ * meets the other, so a code says unambiguously which one it is. */
+#define PKV_ERR_FIRST (-31001)
+#define PKV_ERR_LAST  (-31017)
 enum {
-    PKV_OK        =   0,
-    PKV_EINVAL    =  -1, /* bad argument (NULL, zero or out-of-range value)      */
-    PKV_ENOMEM    =  -2, /* host memory allocation failed                         */
-    PKV_EFULL     =  -3, /* no free block and nothing evictable; cache unchanged  */
-    PKV_ENOSEQ    =  -4, /* unknown sequence id                                    */
-    PKV_EEXIST    =  -5, /* sequence id already in use                             */
-    PKV_ERANGE    =  -6, /* index out of range, or output buffer too small         */
-    PKV_ESTATE    =  -7, /* call not valid in the sequence's current state         */
-    PKV_EIO       =  -8, /* an operating-system I/O call failed                    */
-    PKV_ENOSPC    =  -9, /* no space left on the device                            */
-    PKV_EGEOMETRY = -10, /* on-disk geometry differs from the requested one        */
-    PKV_EMODEL    = -11, /* on-disk model identity differs from the requested one  */
-    PKV_ECORRUPT  = -12, /* a file or an in-memory invariant is corrupted          */
-    PKV_EBUSY     = -13, /* the cache directory is open elsewhere (LOCK is held)    */
-    PKV_EVERSION  = -14, /* on-disk format version not supported                   */
-    PKV_ENOTSUP   = -15, /* feature not supported by this build or this file       */
-    PKV_ERDONLY   = -16, /* mutating call on a cache opened read-only              */
-    PKV_EFAILED   = -17, /* the cache hit an I/O error and refuses changes; reopen */
+    PKV_OK        =      0,
+    PKV_EINVAL    = -31001, /* bad argument (NULL, zero or out-of-range value)      */
+    PKV_ENOMEM    = -31002, /* host memory allocation failed                         */
+    PKV_EFULL     = -31003, /* no free block and nothing evictable; cache unchanged  */
+    PKV_ENOSEQ    = -31004, /* unknown sequence id                                    */
+    PKV_EEXIST    = -31005, /* sequence id already in use                             */
+    PKV_ERANGE    = -31006, /* index out of range, or output buffer too small         */
+    PKV_ESTATE    = -31007, /* call not valid in the sequence's current state         */
+    PKV_EIO       = -31008, /* an operating-system I/O call failed                    */
+    PKV_ENOSPC    = -31009, /* no space left on the device                            */
+    PKV_EGEOMETRY = -31010, /* on-disk geometry differs from the requested one        */
+    PKV_EMODEL    = -31011, /* on-disk model identity differs from the requested one  */
+    PKV_ECORRUPT  = -31012, /* a file or an in-memory invariant is corrupted          */
+    PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held)    */
+    PKV_EVERSION  = -31014, /* on-disk format version not supported                   */
+    PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
+    PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
+    PKV_EFAILED   = -31017, /* the cache hit an I/O error and refuses changes; reopen */
 };
 
 /* Static description of an error code ("unknown error" for unknown codes). */

@@ -1,6 +1,6 @@
 /*
- * error.c — error codes, their descriptions, and the thread-local detailed message
- * behind pkv_last_error().
+ * error.c — error codes, their descriptions, the thread-local detailed message
+ * behind pkv_last_error(), and the library's version.
  *
  * Every failing path calls pkv_err(code, fmt, ...) once, at the place that knows
  * why, and returns its result. Internal assertion failures (bugs, never user
@@ -38,6 +38,13 @@ const char *pkv_strerror(int err) {
 }
 
 const char *pkv_last_error(void) { return last_error; }
+
+const char *pkv_version(int *major, int *minor, int *patch) {
+    if (major) *major = PKV_VERSION_MAJOR;
+    if (minor) *minor = PKV_VERSION_MINOR;
+    if (patch) *patch = PKV_VERSION_PATCH;
+    return PKV_VERSION_STRING;
+}
 
 void pkv_err_clear(void) { last_error[0] = '\0'; }
 

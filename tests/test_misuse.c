@@ -190,16 +190,23 @@ static void *last_error_in_thread(void *arg)
 
 Test(misuse, strerror_and_last_error)
 {
-    const char *seen[18];
-    for (int code = 0; code >= -17; code--) {
+    /* PKV_OK, then every code of the documented range, each with its own text */
+    enum { N = PKV_ERR_FIRST - PKV_ERR_LAST + 2 };
+    const char *seen[N];
+    for (int i = 0; i < N; i++) {
+        int code = i == 0 ? PKV_OK : PKV_ERR_FIRST - (i - 1);
         const char *s = pkv_strerror(code);
         cr_assert(s && s[0], "pkv_strerror(%d) is NULL or empty", code);
         cr_assert(strcmp(s, "unknown error") != 0, "pkv_strerror(%d) unknown", code);
-        for (int k = 0; k < -code; k++)
-            cr_assert(strcmp(seen[k], s) != 0, "codes %d and %d share '%s'", -k, code, s);
-        seen[-code] = s;
+        for (int k = 0; k < i; k++)
+            cr_assert(strcmp(seen[k], s) != 0, "two codes share '%s' (%d)", s, code);
+        seen[i] = s;
     }
-    const int unknown[] = {1, 2, -18, -100, INT_MIN, INT_MAX};
+    cr_assert_eq(PKV_EINVAL, PKV_ERR_FIRST);
+    cr_assert_eq(PKV_EFAILED, PKV_ERR_LAST);
+    /* below the range: -errno values of an I/O backend are not pkv codes */
+    const int unknown[] = {1, 2, -1, -5, -17, -28, -4095, PKV_ERR_FIRST + 1,
+                           PKV_ERR_LAST - 1, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++)
         cr_assert_str_eq(pkv_strerror(unknown[i]), "unknown error");
     /* Fresh thread: "" (not NULL). A successful call leaves the message alone. */
