@@ -1,19 +1,34 @@
 /*
- * blockpool.c — per-block metadata, token ids, the intrusive lists, and the
- * refcount transitions of a block's life:
+ * blockpool.c — the block life cycle: per-block metadata, token ids, the intrusive
+ * lists, and every transition of a block's state, each performed by one function
+ * here (the eviction policy, evict.c, only chooses and orders; the layers above
+ * decide when and log what they did: this file writes no log record; it reads
+ * the log's LSN clock, next_lsn and the safe LSN, to stamp releases).
  *
- *     FREE --alloc--> OPEN (ref 1) --seal (seq.c)--> SEALED
- *     OPEN, ref -> 0:   back to FREE (free list)
- *     SEALED, ref -> 0: cached (eviction policy, evict.c) --evict--> FREE
+ *     FREE    --pkv_block_alloc------------------> OPEN, ref 1
+ *     CACHED  --pkv_block_alloc (evicts the policy's victim; *evicted = true,
+ *               the caller logs EVICT; rule D3 holds: ensure_blocks waited)--> OPEN, ref 1
+ *     OPEN    --pkv_block_acquire (fork)----------> OPEN, ref + 1
+ *     OPEN    --pkv_block_seal (ref 1; the caller logs SEAL)--> USED (sealed, ref 1)
+ *     CACHED  --pkv_block_acquire------------------> USED (leaves the LRU)
+ *     USED    --pkv_block_release (ref -> 0)-------> CACHED (policy's LRU)
+ *     OPEN    --pkv_block_release (ref -> 0)-------> FREE, or LIMBO if a record named
+ *               it (BLKF_NAMED, rule D2)
+ *     LIMBO   --pkv_limbo_stamp, then pkv_limbo_drain (its freeing record safe)--> FREE
+ *     SEALED, UNVERIFIED --pkv_block_verify--> SEALED verified, or BAD (the caller
+ *               logs BAD; PKV_VERIFY_FAILED says it just failed)
+ *     any     --pkv_pool_rebuild (recovery)--------> the state the recovered tables
+ *               and sealed blocks imply: refcounts, lists, index, flags
  *
- * Invariants (docs/design.md, I1-I4): ref = number of block-table entries naming
- * the block; a FREE block is on the free list or in limbo; on the LRU iff SEALED
- * with ref 0; free + limbo + cached + used = capacity, where used counts ref > 0.
+ * CACHED = SEALED with ref 0, USED = ref > 0. Invariants (docs/design.md, I1-I4,
+ * I11): ref = number of block-table entries naming the block; a FREE block is on
+ * the free list or in limbo; on the LRU iff SEALED with ref 0; free + limbo +
+ * cached + used = capacity, where used counts ref > 0; a block enters a table only
+ * verified (rule S1, asserted in pkv_block_acquire).
  * Limbo (FIFO) holds open blocks freed while the log's durable state may still
- * name them; the flusher moves them to the free list once the freeing record is
- * safe (wal/log.c), so a crash can never find a recovered sequence's slot reused.
- * Only blocks some record named (BLKF_NAMED, set by wal/record.c) need that; one
- * that only ever held pending tokens goes straight to the free list.
+ * name them, so a crash can never find a recovered sequence's slot reused. Only
+ * blocks some record named (BLKF_NAMED, set by wal/record.c) need that; one that
+ * only ever held pending tokens goes straight to the free list.
  * Lists are doubly linked through pkv_block.prev/next (block indices), so every
  * operation is O(1) and allocation-free. Also the depth of every sealed block in
  * its chain (pkv_pool_depths), for recovery and kvdump.
@@ -97,11 +112,40 @@ void pkv_list_remove(pkv_pool *p, pkv_list *l, uint32_t b) {
     l->count--;
 }
 
-uint32_t pkv_block_alloc(pkv_cache *c) {
+/* CACHED -> FREE: the block leaves the index and its parent's child count. Its
+ * slot is reused at once by the allocation that evicts it: a crash before the
+ * EVICT record is durable finds the block still sealed (its SEAL is safe, rule
+ * D3), and its payload checksum turns the stale slot into a miss once verified
+ * (rule S1). */
+static uint32_t evict(pkv_cache *c) {
+    pkv_pool *p = &c->pool;
+    uint32_t b = pkv_evict_victim(c);
+    if (b == PKV_NONE) return PKV_NONE;
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->state == BLK_SEALED && x->ref == 0 && x->nchild == 0);
+    /* rule D3: the caller waited until its SEAL is safe (seq.c ensure_blocks) */
+    pkv_assert(!c->wal.running || !(x->flags & BLKF_NAMED) ||
+               x->rel_lsn <= pkv_wal_safe_lsn(&c->wal) + 1);
+    pkv_index_remove(&c->index, x->hash.lo, b);
+    if (x->parent != PKV_NONE) {
+        pkv_assert(p->b[x->parent].nchild > 0);
+        p->b[x->parent].nchild--;
+    }
+    x->state = BLK_FREE;
+    x->parent = PKV_NONE;
+    x->flags = 0;
+    pkv_ckpt_touch(p, b);
+    p->n_sealed--;
+    c->ctr.evictions++;
+    return b;
+}
+
+uint32_t pkv_block_alloc(pkv_cache *c, bool *evicted) {
     pkv_pool *p = &c->pool;
     uint32_t b = p->free.head;
+    *evicted = b == PKV_NONE;
     if (b != PKV_NONE) pkv_list_remove(p, &p->free, b);
-    else b = pkv_evict_one(c);
+    else b = evict(c);
     pkv_assert(b != PKV_NONE); /* callers check pkv_available() first */
     pkv_block *x = &p->b[b];
     pkv_assert(x->state == BLK_FREE && x->ref == 0 && x->nchild == 0);
@@ -152,6 +196,24 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     }
 }
 
+void pkv_block_seal(pkv_cache *c, uint32_t b, pkv_h128 h, uint32_t parent, uint64_t salt,
+                    uint64_t sum) {
+    pkv_pool *p = &c->pool;
+    pkv_block *x = &p->b[b];
+    pkv_assert(x->state == BLK_OPEN && x->ref == 1);
+    x->state = BLK_SEALED;
+    x->hash = h;
+    x->parent = parent;
+    x->salt = salt;
+    x->flags &= BLKF_NAMED; /* rule D3: its slot waits for this SEAL to be safe */
+    x->payload_sum = sum;
+    pkv_ckpt_touch(p, b);
+    pkv_index_insert(&c->index, h.lo, b);
+    p->n_sealed++;
+    if (parent != PKV_NONE) p->b[parent].nchild++;
+    c->ctr.seals++;
+}
+
 void pkv_limbo_stamp(pkv_cache *c) {
     pkv_pool *p = &c->pool;
     uint64_t lsn = c->wal.next_lsn - 1;
@@ -160,27 +222,83 @@ void pkv_limbo_stamp(pkv_cache *c) {
         p->b[b].rel_lsn = lsn;
 }
 
+void pkv_limbo_drain(pkv_cache *c, uint64_t safe) {
+    pkv_pool *p = &c->pool;
+    while (c->limbo.head != PKV_NONE && p->b[c->limbo.head].rel_lsn <= safe) {
+        uint32_t b = c->limbo.head;
+        pkv_list_remove(p, &c->limbo, b);
+        pkv_list_push_tail(p, &p->free, LIST_FREE, b);
+    }
+}
+
 /* Rule S1 (docs/format.md): every path that serves a recovered block calls this
  * first (attach, dedupe, recovered tables). */
-bool pkv_block_verify(pkv_cache *c, uint32_t b) {
+pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
-    if (x->flags & BLKF_BAD) return false;
-    if (!(x->flags & BLKF_UNVERIFIED)) return true;
+    if (x->flags & BLKF_BAD) return PKV_VERIFY_BAD;
+    if (!(x->flags & BLKF_UNVERIFIED)) return PKV_VERIFY_OK;
     uint64_t sum = pkv_arena_sum(&c->arena, b);
     if (sum == x->payload_sum) {
         /* No dirty bit: a checkpoint entry's UNVERIFIED flag changes nothing,
          * since recovery marks every sealed block unverified anyway
          * (pkv_ckpt_digest leaves it out). */
         x->flags &= (uint8_t)~BLKF_UNVERIFIED;
-        return true;
+        return PKV_VERIFY_OK;
     }
     x->flags = BLKF_BAD;
     pkv_ckpt_touch(&c->pool, b);
     c->ctr.verify_failures++;
-    /* Persist the verdict, so no later recovery serves or indexes it again
-     * (callers that can verify while the log runs reserve room for this). */
-    if (c->wal.running) pkv_log_bad(c, b);
-    return false;
+    return PKV_VERIFY_FAILED;
+}
+
+/* Recovery's bulk transition. wal/replay.c has decided which sealed blocks and
+ * which table entries survive; this gives every block the state that implies:
+ * a sealed block is indexed and UNVERIFIED until its payload is checked (rule
+ * S1); an open block a recovered table names is OPEN and NAMED, since the log
+ * names it (rule D2); every other block is FREE. Refcounts come from the tables,
+ * child counts from the chains, and the cached blocks go on the LRU in the
+ * eviction policy's order (pkv_evict_rebuild). d, stack: scratch for
+ * pkv_pool_depths(). PKV_ENOMEM without scratch memory (the open fails). */
+int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack) {
+    pkv_pool *p = &c->pool;
+    const uint32_t cap = p->capacity;
+    for (uint32_t b = 0; b < cap; b++) {
+        p->b[b].ref = p->b[b].nchild = 0;
+        p->b[b].list = LIST_NONE;
+        p->b[b].prev = p->b[b].next = PKV_NONE;
+    }
+    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
+        pkv_seq *s = c->seqs.slots[i];
+        if (s)
+            for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
+    }
+    p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
+    p->free.count = p->lru.count = 0;
+    p->n_used = p->n_sealed = 0;
+    for (uint32_t b = 0; b < cap; b++) {
+        pkv_block *x = &p->b[b];
+        /* The index inserts are random accesses: start the miss some blocks ahead. */
+        if (b + 16 < cap && p->b[b + 16].state == BLK_SEALED)
+            pkv_index_prefetch(&c->index, p->b[b + 16].hash.lo);
+        if (x->state == BLK_SEALED) {
+            p->n_sealed++;
+            x->flags |= BLKF_UNVERIFIED;
+            if (x->parent != PKV_NONE) p->b[x->parent].nchild++;
+            pkv_index_insert(&c->index, x->hash.lo, b);
+        } else if (x->ref > 0) {
+            x->state = BLK_OPEN; /* in a recovered table: the log names it */
+            x->parent = PKV_NONE;
+            x->flags = BLKF_NAMED;
+        } else {
+            x->state = BLK_FREE;
+            x->parent = PKV_NONE;
+            x->flags = 0;
+            pkv_list_push_tail(p, &p->free, LIST_FREE, b);
+        }
+        if (x->ref > 0) p->n_used++;
+    }
+    pkv_pool_depths(p, d, stack);
+    return pkv_evict_rebuild(c, d);
 }
 
 /* Depth of every sealed block (0 = root), iteratively; UINT32_MAX if its chain is

@@ -557,25 +557,41 @@ static inline int pkv_wal_commit_point(pkv_cache *c) {
 static inline uint64_t pkv_available(const pkv_cache *c) {
     return c->pool.free.count + c->pool.lru.count;
 }
-/* Take a free block (evicting the LRU leaf if none is free) as BLK_OPEN, ref 1.
- * The caller has checked pkv_available() > 0. */
-uint32_t pkv_block_alloc(pkv_cache *c);
+/* Take a free block, or evict the policy's victim if none is free (*evicted: the
+ * caller logs EVICT), as BLK_OPEN, ref 1. The caller has checked
+ * pkv_available() > 0 and waited for rule D3 (seq.c ensure_blocks). */
+uint32_t pkv_block_alloc(pkv_cache *c, bool *evicted);
 /* One more reference to a block (a cached one leaves the LRU). */
 void pkv_block_acquire(pkv_cache *c, uint32_t b);
-/* One reference less; at zero a sealed block becomes cached, an open one free. */
+/* One reference less; at zero a sealed block becomes cached, an open one free or
+ * (named by a record) in limbo. */
 void pkv_block_release(pkv_cache *c, uint32_t b);
-/* Check a recovered sealed block's payload against its checksum once; false (and
- * the block marked BAD, never served again) on a mismatch. */
-bool pkv_block_verify(pkv_cache *c, uint32_t b);
+/* OPEN (ref 1) -> SEALED with this hash, parent, salt and payload checksum: in
+ * the prefix index, counted in its parent's children. The caller logs SEAL. */
+void pkv_block_seal(pkv_cache *c, uint32_t b, pkv_h128 h, uint32_t parent, uint64_t salt,
+                    uint64_t sum);
+/* Check a recovered sealed block's payload against its checksum once. FAILED: it
+ * just failed and is now BAD (never served again); the caller logs BAD while the
+ * log runs, so no later recovery serves or indexes it. */
+typedef enum { PKV_VERIFY_OK, PKV_VERIFY_BAD, PKV_VERIFY_FAILED } pkv_verdict;
+pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b);
 /* Stamp blocks freed by the current call with the LSN of its last record. */
 void pkv_limbo_stamp(pkv_cache *c);
-/* Evict the least recently released cached leaf; returns it, now BLK_FREE and off
- * every list, or PKV_NONE if nothing is evictable. */
-uint32_t pkv_evict_one(pkv_cache *c);
-/* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1; evict.c). */
+/* Move limbo blocks whose stamp is at or below `safe` to the free list. */
+void pkv_limbo_drain(pkv_cache *c, uint64_t safe);
+/* Recovery: every block's state, refcount, list and index entry from the
+ * surviving sealed blocks and tables (d, stack: capacity + 1 entries of scratch). */
+int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack);
+
+/* The eviction policy (evict.c), called by the pool: */
+/* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1). */
 void pkv_alloc_prefetch(const pkv_cache *c, int stage);
-/* The eviction policy's view of ref transitions of sealed blocks. */
+/* A sealed block's refcount dropped to 0 / rose from 0. */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b);
 void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);
+/* The cached leaf to evict next, taken off the policy's list; PKV_NONE if none. */
+uint32_t pkv_evict_victim(pkv_cache *c);
+/* Recovery: put the cached blocks in the policy's order (d: depths). */
+int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d);
 
 #endif /* PKV_INTERNAL_H */

@@ -102,7 +102,7 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;
         int rc = pkv_wal_wait(c, target);
         if (rc) return rc;
-        pkv_wal_drain_limbo(c);
+        pkv_limbo_drain(c, pkv_wal_safe_lsn(&c->wal));
         return 1;
     }
     if (need > pkv_available(c))
@@ -152,6 +152,24 @@ static void seq_free(pkv_seq *s) {
     free(s);
 }
 
+/* Rule S1: is sealed block b fit to serve? A recovered block is checked against
+ * its payload checksum the first time; one that fails is BAD from then on, and the
+ * verdict is logged (the caller reserved room for one BAD record). */
+static bool verified(pkv_cache *c, uint32_t b) {
+    pkv_verdict v = pkv_block_verify(c, b);
+    if (v == PKV_VERIFY_FAILED && c->wal.running) pkv_log_bad(c, b);
+    return v == PKV_VERIFY_OK;
+}
+
+/* A block for a table: free, or evicted (logged; the caller reserved room for an
+ * EVICT per block it takes and waited for rule D3 in ensure_blocks). */
+static uint32_t take_block(pkv_cache *c) {
+    bool evicted;
+    uint32_t b = pkv_block_alloc(c, &evicted);
+    if (evicted && c->wal.running) pkv_log_evict(c, b);
+    return b;
+}
+
 /* Find the longest chain of cached blocks matching prompt[0 .. maxb*B). Hashes are
  * computed a window ahead and their index slots prefetched, so the probes of one
  * window overlap their memory latency. A hit is exact (rule S2, pkv_index_find),
@@ -174,7 +192,7 @@ static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt
         for (uint64_t k = 0; k < m; k++) {
             uint32_t b = pkv_index_find(&c->index, &c->pool, hs[k], parent, salt,
                                         prompt + (base + k) * bs);
-            if (b == PKV_NONE || !pkv_block_verify(c, b)) return (uint32_t)(base + k);
+            if (b == PKV_NONE || !verified(c, b)) return (uint32_t)(base + k);
             out[base + k] = parent = b;
         }
     }
@@ -223,7 +241,7 @@ out:
  * S4). The caller has checked pkv_available(). */
 static void cow_last(pkv_cache *c, pkv_seq *s, uint32_t i, uint32_t fill) {
     uint32_t old = s->blocks[i];
-    uint32_t nb = pkv_block_alloc(c);
+    uint32_t nb = take_block(c);
     pkv_arena_copy_tokens(&c->arena, nb, old, fill);
     memcpy(pkv_pool_tokens(&c->pool, nb), pkv_pool_tokens(&c->pool, old),
            (size_t)fill * sizeof(uint32_t));
@@ -284,7 +302,7 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
     } else {
         for (size_t i = 0; i < n; i++, off++) {
             if (off == bs || blk == PKV_NONE) {
-                blk = pkv_block_alloc(c);
+                blk = take_block(c);
                 s->blocks[s->nblocks++] = blk;
                 off = off == bs ? 0 : off;
             }
@@ -379,24 +397,14 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     /* Rule S1 (docs/format.md): a recovered block is verified before it is served,
      * by every path. A twin that fails is marked BAD (the caller reserved room for
      * its record) and this block is sealed as the good copy. */
-    if (e != PKV_NONE && pkv_block_verify(c, e)) {
+    if (e != PKV_NONE && verified(c, e)) {
         pkv_block_acquire(c, e);
         s->blocks[i] = e;
         pkv_block_release(c, b);
         c->ctr.dedupes++;
         return;
     }
-    x->state = BLK_SEALED;
-    x->hash = h;
-    x->parent = parent;
-    x->salt = s->salt;
-    x->flags &= BLKF_NAMED; /* rule D3: its slot waits for this SEAL to be safe */
-    x->payload_sum = sum;
-    pkv_ckpt_touch(p, b);
-    pkv_index_insert(&c->index, h.lo, b);
-    p->n_sealed++;
-    if (parent != PKV_NONE) p->b[parent].nchild++;
-    c->ctr.seals++;
+    pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
     pkv_log_seal(c, b);
 }
@@ -641,7 +649,7 @@ retry:
     if ((rc = pkv_wal_reserve(c, pkv_log_trunc_size(bs) + pkv_log_evict_size()))) goto out;
     uint32_t nb = PKV_NONE;
     if (copy) {
-        nb = pkv_block_alloc(c);
+        nb = take_block(c);
         pkv_arena_copy_tokens(&c->arena, nb, cut, off);
         memcpy(pkv_pool_tokens(p, nb), pkv_pool_tokens(p, cut), (size_t)off * sizeof(uint32_t));
         c->ctr.cow_copies++;

@@ -347,7 +347,6 @@ static void flush_once(pkv_cache *c, bool hard) {
     pkv_cond_broadcast(&w->cv_done);
 }
 
-static void limbo_drain(pkv_cache *c);
 static bool ckpt_due(const pkv_wal *w);
 
 static uint64_t realtime_ns(void) {
@@ -384,7 +383,7 @@ static void *flusher_main(void *arg) {
         w->sync_req = w->hard_req = false;
         started = realtime_ns();
         flush_once(c, hard);
-        limbo_drain(c);
+        pkv_limbo_drain(c, pkv_wal_safe_lsn(w)); /* rule D2 */
         /* A checkpoint is due: the checkpoint thread takes it, off this thread, so
          * group commits go on while it is compressed and written. */
         if (!w->failed && !w->ckpt_busy && ckpt_due(w))
@@ -395,18 +394,6 @@ static void *flusher_main(void *arg) {
     return NULL;
 }
 
-/* Move freed blocks whose freeing record is now safe onto the free list. */
-static void limbo_drain(pkv_cache *c) {
-    uint64_t safe = pkv_wal_safe_lsn(&c->wal);
-    pkv_pool *p = &c->pool;
-    while (c->limbo.head != PKV_NONE && p->b[c->limbo.head].rel_lsn <= safe) {
-        uint32_t b = c->limbo.head;
-        pkv_list_remove(p, &c->limbo, b);
-        pkv_list_push_tail(p, &p->free, LIST_FREE, b);
-    }
-}
-
-void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
 
 /* Is an automatic checkpoint due? With an explicit checkpoint_bytes, when that
  * much log has been written since the last one. By default (checkpoint_bytes 0)

@@ -642,60 +642,6 @@ static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t
 
 /* ---- Rebuilding derived state ------------------------------------------- */
 
-typedef struct lru_ent {
-    uint64_t rel;
-    uint32_t depth, block;
-} lru_ent;
-
-/* Sort into LRU order: release LSN ascending, then depth descending (children
- * first), then block ascending. The entries arrive in block order, so a stable
- * LSD radix sort by depth descending and then by release LSN gives exactly that
- * order; byte positions where every key agrees are skipped. O(n), where qsort was
- * the largest single item of a 1M-block rebuild. PKV_ENOMEM without scratch memory
- * (the open fails). */
-static int sort_lru(lru_ent *a, size_t n) {
-    if (n < 2) return 0;
-    lru_ent *tmp = malloc(n * sizeof *tmp);
-    if (!tmp) return pkv_err(PKV_ENOMEM, "recovery scratch");
-    pkv_hint_huge(tmp, n * sizeof *tmp);
-    static const int NB = 12; /* 4 bytes of ~depth, then 8 bytes of the LSN */
-    size_t (*cnt)[256] = calloc((size_t)NB, sizeof *cnt);
-    if (!cnt) {
-        free(tmp);
-        return pkv_err(PKV_ENOMEM, "recovery scratch");
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t d = ~a[i].depth;
-        uint64_t r = a[i].rel;
-        for (int b = 0; b < 4; b++) cnt[b][(d >> (8 * b)) & 255]++;
-        for (int b = 0; b < 8; b++) cnt[4 + b][(r >> (8 * b)) & 255]++;
-    }
-    lru_ent *src = a, *dst = tmp;
-    for (int b = 0; b < NB; b++) {
-        size_t *h = cnt[b], sum = 0;
-        bool trivial = false;
-        for (int v = 0; v < 256; v++) {
-            if (h[v] == n) trivial = true;
-            size_t k = h[v];
-            h[v] = sum;
-            sum += k;
-        }
-        if (trivial) continue;
-        for (size_t i = 0; i < n; i++) {
-            unsigned v = b < 4 ? (~src[i].depth >> (8 * b)) & 255
-                               : (unsigned)(src[i].rel >> (8 * (b - 4))) & 255;
-            dst[h[v]++] = src[i];
-        }
-        lru_ent *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != a) memcpy(a, src, n * sizeof *a);
-    free(cnt);
-    free(tmp);
-    return 0;
-}
-
 static void drop_block(pkv_cache *c, uint32_t b) {
     pkv_block *x = &c->pool.b[b];
     if (x->state == BLK_SEALED) c->rec.blocks_dropped++;
@@ -758,6 +704,10 @@ static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
     }
 }
 
+/* Step 5 of recovery (docs/format.md): decide which sealed blocks and which table
+ * entries survive (replay wrote block records and tables as the log said, marking
+ * nothing else), then let the pool give every block the state that implies
+ * (pkv_pool_rebuild). drop_block() and seq_cut() only mark what does not survive. */
 static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
@@ -831,80 +781,8 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
             return rc;
         }
     }
-    /* Refcounts and states. */
-    for (uint32_t b = 0; b < cap; b++) {
-        p->b[b].ref = p->b[b].nchild = 0;
-        p->b[b].list = LIST_NONE;
-        p->b[b].prev = p->b[b].next = PKV_NONE;
-    }
-    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
-        pkv_seq *s = c->seqs.slots[i];
-        if (s)
-            for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
-    }
-    pkv_pool_depths(p, d, stack);
-    size_t nl = 0;
-    lru_ent *lru = malloc((size_t)cap * sizeof *lru);
-    if (!lru) {
-        free(d);
-        free(stack);
-        return pkv_err(PKV_ENOMEM, "recovery scratch");
-    }
-    pkv_hint_huge(lru, (size_t)cap * sizeof *lru);
-    /* Leaf-first (I7) must hold whatever release LSNs the log or checkpoint
-     * holds: a correct writer never releases a child after its parent, but a
-     * forged or damaged file can, and sorting by release LSN alone would then put
-     * a parent ahead of its cached child (found by fuzz/fuzz_record.c). Raise
-     * each block's release LSN to the largest of its descendants', deepest
-     * blocks first (sort_lru with equal keys orders by depth, deepest first), so
-     * the LRU sort below is leaf-first in every case. */
-    {
-        size_t ns = 0;
-        for (uint32_t b = 0; b < cap; b++)
-            if (p->b[b].state == BLK_SEALED) lru[ns++] = (lru_ent){0, d[b], b};
-        int src = sort_lru(lru, ns);
-        if (src) {
-            free(lru);
-            free(d);
-            free(stack);
-            return src;
-        }
-        for (size_t i = 0; i < ns; i++) {
-            const pkv_block *x = &p->b[lru[i].block];
-            if (x->parent != PKV_NONE && p->b[x->parent].rel_lsn < x->rel_lsn)
-                p->b[x->parent].rel_lsn = x->rel_lsn;
-        }
-    }
-    p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
-    p->free.count = p->lru.count = 0;
-    p->n_used = p->n_sealed = 0;
-    for (uint32_t b = 0; b < cap; b++) {
-        pkv_block *x = &p->b[b];
-        /* The index inserts are random accesses: start the miss some blocks ahead. */
-        if (b + 16 < cap && p->b[b + 16].state == BLK_SEALED)
-            pkv_index_prefetch(&c->index, p->b[b + 16].hash.lo);
-        if (x->state == BLK_SEALED) {
-            p->n_sealed++;
-            x->flags |= BLKF_UNVERIFIED;
-            if (x->parent != PKV_NONE) p->b[x->parent].nchild++;
-            pkv_index_insert(&c->index, x->hash.lo, b);
-            if (x->ref == 0) lru[nl++] = (lru_ent){x->rel_lsn, d[b], b};
-        } else if (x->ref > 0) {
-            x->state = BLK_OPEN; /* in a recovered table: the log names it */
-            x->parent = PKV_NONE;
-            x->flags = BLKF_NAMED;
-        } else {
-            x->state = BLK_FREE;
-            x->parent = PKV_NONE;
-            x->flags = 0;
-            pkv_list_push_tail(p, &p->free, LIST_FREE, b);
-        }
-        if (x->ref > 0) p->n_used++;
-    }
-    int rc = sort_lru(lru, nl);
-    if (!rc)
-        for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->lru, LIST_LRU, lru[i].block);
-    free(lru);
+    /* Refcounts, states, lists and the index (blockpool.c). */
+    int rc = pkv_pool_rebuild(c, d, stack);
     free(d);
     free(stack);
     return rc;
@@ -918,7 +796,8 @@ static void verify_seqs(pkv_cache *c) {
         if (!s) continue;
         for (uint32_t j = 0; j < s->nblocks; j++) {
             uint32_t b = s->blocks[j];
-            if (p->b[b].state != BLK_SEALED || pkv_block_verify(c, b)) continue;
+            if (p->b[b].state != BLK_SEALED || pkv_block_verify(c, b) == PKV_VERIFY_OK)
+                continue;
             c->rec.seq_blocks_bad++;
             /* Give back the references beyond the cut; they stay cached or free. */
             for (uint32_t k = s->nblocks; k-- > j;) pkv_block_release(c, s->blocks[k]);

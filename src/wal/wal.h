@@ -300,7 +300,6 @@ static inline size_t pkv_log_close_size(void) { return pkv_rec_size(8); }
 void pkv_log_close(pkv_cache *c, uint64_t id);
 static inline size_t pkv_log_bad_size(void) { return pkv_rec_size(8); }
 void pkv_log_bad(pkv_cache *c, uint32_t b);
-void pkv_wal_drain_limbo(pkv_cache *c);
 
 /* ---- wal/checkpoint.c ---- */
 /* Serialize all metadata into a malloc'd buffer. Cache lock held on entry and on
