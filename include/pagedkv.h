@@ -115,9 +115,11 @@ typedef enum pkv_durability {
                                        slots do not page-fault later */
 #define PKV_OPEN_NO_LIMBO_WAIT 0x8u /* an allocation short of free blocks evicts
                                        cached ones instead of waiting for the log to
-                                       release freed blocks (no log wait on a full
-                                       cache; which blocks are evicted then depends
-                                       on flush timing) */
+                                       release freed blocks (which blocks are
+                                       evicted then depends on flush timing). It
+                                       still waits before evicting a block sealed
+                                       after a commit named it open, until that
+                                       seal is durable (docs/format.md, rule D3) */
 #define PKV_OPEN_FULL_CHECKPOINTS 0x10u /* every checkpoint full, no delta files
                                        (so builds before deltas can open the
                                        directory; each checkpoint then costs the
