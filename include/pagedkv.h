@@ -141,7 +141,8 @@ typedef struct pkv_options {
     const char *model_id;  /* model + tokenizer identity, 1..PKV_MODEL_ID_MAX bytes */
     pkv_durability durability;
     uint32_t group_commit_us;  /* bound on group-commit delay; 0 = 2000 (2 ms) */
-    uint64_t checkpoint_bytes; /* checkpoint when the log grows past this; 0 = 64 MiB */
+    uint64_t checkpoint_bytes; /* checkpoint when the log grows past this; 0 = adaptive:
+                                  64 MiB or the newest snapshot's size, the larger */
     uint32_t flags;            /* PKV_OPEN_* */
     const struct pkv_io_ops *io; /* NULL = the default (io_uring) backend */
     const char *arena_dir; /* NULL = the arena file lives in the cache directory.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and run every test: gcc (warnings are errors), clang (warnings are errors),
 # an ASan+UBSan build, a ThreadSanitizer build of the thread tests
-# (test_threads, test_stress; see docs/testing.md), then each fuzz target for
+# (test_threads, test_stress, test_lock; see docs/testing.md), then each fuzz target for
 # about a minute (docs/testing-fuzz.md; PKV_SKIP_FUZZ=1 skips that,
 # PKV_FUZZ_TIME=S changes it).
 # Usage: scripts/test.sh [--quick | --tsan]

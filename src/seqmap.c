@@ -17,7 +17,7 @@
  * derived from the clock and the pid instead. The seed is a process global, not
  * a field of the map: 8 more bytes in struct pkv_cache moved its hot fields
  * across cache lines and cost the decode loop ~4 ns/token (pkv-decodeloop,
- * docs/benchmarks.md).
+ * docs/benchmarks-history.md).
  */
 #include "internal.h"
 
