@@ -162,6 +162,8 @@ typedef struct pkv_arena {
     bool linked;          /* dir/arena is a symbolic link to a file in another
                              directory (pkv_options.arena_dir) */
     char path[4096];      /* the arena file: dir/arena, or the link's target */
+    int dir_fd;           /* the cache directory, flock()ed exclusively while open
+                             (beside lock_fd; here it fills padding) */
     uint64_t valid_blocks; /* slots the file held before any repair (recovery
                               drops blocks at or beyond it) */
 } pkv_arena;
