@@ -518,6 +518,13 @@ struct pkv_cache {
     uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */
     uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
     uint32_t presum_calls;    /* calls whose BLKF_PRESUM marks are out (sealsum.c) */
+    /* Recovery's first sequence cut, for the recovery note (replay.c); last, so
+     * that the hot fields above keep their offsets. */
+    struct {
+        uint64_t seq;
+        uint32_t index, block;
+        const char *why;
+    } first_cut;
 };
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */
