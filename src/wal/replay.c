@@ -523,6 +523,7 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
     uint64_t off = SEG_HDR;
     bool reached = s->start >= expect;
     int rc;
+again:
     for (;;) {
         uint64_t first;
         uint32_t nrec, bytes;
@@ -555,6 +556,24 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
     const uint8_t *h;
     pkv_scan_res later = off + FRAME_HDR <= s->len ? later_valid(s, off, expect, &f, &at)
                                                    : PKV_SCAN_NONE;
+    const bool torn_hdr = (later == PKV_SCAN_NONE || c->rdonly) && !s->err &&
+                          (reached || s->start >= expect) &&
+                          (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
+                          pkv_get_u32(h + 4) == s->epoch;
+    /* A read-only open may run beside a live writer, whose next frame can land
+     * at `off` between the reads above: the frame test read a window from
+     * before it, later_valid or the header test one from after (or caught it
+     * half copied). Frames are written in order and never change once complete,
+     * so read the frame at `off` afresh before calling the log damaged or torn
+     * there; if it continues the log now, read on. */
+    if (c->rdonly && !s->err && (later != PKV_SCAN_NONE || torn_hdr)) {
+        uint64_t first;
+        uint32_t nrec, bytes;
+        s->wlen = 0; /* the window is stale: read it again */
+        if (frame_ok(s, off, &first, &nrec, &bytes) && first <= expect &&
+            first + nrec - 1 >= expect)
+            goto again;
+    }
     if (later != PKV_SCAN_NONE) {
         rec->corrupt_lsn = expect;
         if (!(flags & PKV_OPEN_POINT_IN_TIME) && later == PKV_SCAN_FOUND)
@@ -572,9 +591,7 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
                            (unsigned long long)expect, (unsigned long long)s->no,
                            (unsigned long long)off, (unsigned long long)(expect - 1));
         *stop = true;
-    } else if (!s->err && (reached || s->start >= expect) &&
-               (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
-               pkv_get_u32(h + 4) == s->epoch) {
+    } else if (torn_hdr && (h = seg_at(s, off, FRAME_HDR))) {
         uint32_t nb = pkv_get_u32(h + 20);
         rec->torn_bytes += FRAME_HDR + (nb < s->len - off ? nb : s->len - off);
     }
