@@ -179,3 +179,87 @@ Test(demo, a_warm_run_alone_needs_a_cache_dir)
     free(out);
     free(err);
 }
+
+/* ---- scripts/demo.sh ---------------------------------------------------------------- */
+
+static void write_exec(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "create %s: %s", path, strerror(errno));
+    fputs(text, f);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(chmod(path, 0700), 0);
+}
+
+/* Run a copy of scripts/demo.sh in a tree of its own (bootstrap.sh a no-op) with
+ * the stub meson and ninja given; its exit status, stderr in *err. */
+static int demo_sh(const char *meson, const char *ninja, char **err)
+{
+    const char *src = getenv("DEMO_SH");
+    cr_assert(src && *src, "DEMO_SH is not set (meson sets it to scripts/demo.sh)");
+    char repo[512], p[700], bin[512], pathenv[4096];
+    pt_path(repo, sizeof repo, "repo");
+    pt_path(bin, sizeof bin, "bin");
+    snprintf(p, sizeof p, "%s/scripts", repo);
+    mkdir(repo, 0700);
+    mkdir(p, 0700);
+    mkdir(bin, 0700);
+    char *script = slurp(src);
+    snprintf(p, sizeof p, "%s/scripts/demo.sh", repo);
+    write_exec(p, script);
+    free(script);
+    snprintf(p, sizeof p, "%s/scripts/bootstrap.sh", repo);
+    write_exec(p, "#!/bin/sh\nexit 0\n");
+    snprintf(p, sizeof p, "%s/meson", bin);
+    write_exec(p, meson);
+    snprintf(p, sizeof p, "%s/ninja", bin);
+    write_exec(p, ninja);
+    const char *path = getenv("PATH");
+    snprintf(pathenv, sizeof pathenv, "PATH=%s:%s", bin, path ? path : "/usr/bin:/bin");
+    const char *envp[256];
+    size_t ne = 0;
+    for (char **e = environ; *e && ne < 254; e++)
+        if (strncmp(*e, "PATH=", 5)) envp[ne++] = *e;
+    envp[ne++] = pathenv;
+    envp[ne] = NULL;
+    char out[600], errp[600];
+    pt_path(out, sizeof out, "sh.out");
+    pt_path(errp, sizeof errp, "sh.err");
+    snprintf(p, sizeof p, "%s/scripts/demo.sh", repo);
+    const char *argv[] = {"bash", p, "--help", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid;
+    int e = posix_spawnp(&pid, "bash", &fa, NULL, (char *const *)argv, (char *const *)envp);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert_eq(e, 0, "spawn bash: %s", strerror(e));
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    *err = slurp(errp);
+    cr_assert(WIFEXITED(st), "demo.sh died of signal %d", WTERMSIG(st));
+    return WEXITSTATUS(st);
+}
+
+/* A new user's first run builds for a minute or two: demo.sh says so on stderr,
+ * and when a build step fails it shows what the step printed (meson and ninja
+ * print their errors on stdout, which demo.sh used to discard). */
+Test(demo, demo_sh_shows_its_build_and_why_a_build_failed)
+{
+    char *err;
+    int code = demo_sh("#!/bin/sh\necho 'ERROR: Dependency \"liblz4\" not found'\nexit 1\n",
+                       "#!/bin/sh\nexit 1\n", &err);
+    cr_assert_eq(code, 1, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "configuring") && strstr(err, "Dependency \"liblz4\" not found"),
+              "a failed meson setup is not shown:\n%s", err);
+    free(err);
+    /* meson works (writes build.ninja); ninja's compile fails. */
+    code = demo_sh("#!/bin/sh\nmkdir -p build-release && touch build-release/build.ninja\n",
+                   "#!/bin/sh\ncase \" $* \" in *' -n '*) echo '[1/1] cc x.c'; exit 0;; esac\n"
+                   "echo 'x.c:1:1: error: boom'\nexit 1\n", &err);
+    cr_assert_eq(code, 1, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "building tools/pkv-demo") && strstr(err, "x.c:1:1: error: boom"),
+              "a failed build is not shown:\n%s", err);
+    free(err);
+}
