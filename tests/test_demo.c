@@ -102,6 +102,8 @@ static void cache_dir_of(const char *out, char *dir, size_t n)
     dir[k] = '\0';
 }
 
+static void write_exec(const char *path, const char *text);
+
 static ino_t ino_of(const char *path)
 {
     struct stat st;
@@ -166,6 +168,31 @@ Test(demo, each_run_gets_its_own_new_directory)
         cr_assert(!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."), "left in TMPDIR: %s",
                   e->d_name);
     closedir(dp);
+}
+
+/* A run that fails leaves no empty directory behind in TMPDIR. */
+Test(demo, a_failed_run_leaves_no_empty_directory)
+{
+    char tmp[512], file[512];
+    pt_path(tmp, sizeof tmp, "tmp");
+    cr_assert_eq(mkdir(tmp, 0700), 0);
+    pt_path(file, sizeof file, "not-a-dir");
+    write_exec(file, "x");
+    demo_run d;
+    demo_start(&d, "fail", tmp, (const char *const[]){"--arena-dir", file, NULL});
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 1, "exit %d\nstderr:\n%s", code, err);
+    cr_assert(strstr(err, "is not a directory"), "%s", err);
+    DIR *dp = opendir(tmp);
+    cr_assert_not_null(dp);
+    struct dirent *e;
+    while ((e = readdir(dp)))
+        cr_assert(!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."), "left in TMPDIR: %s",
+                  e->d_name);
+    closedir(dp);
+    free(out);
+    free(err);
 }
 
 Test(demo, a_warm_run_alone_needs_a_cache_dir)

@@ -494,6 +494,26 @@ static void wipe_cache_dir(const char *dir) {
         if (locks[i] >= 0) close(locks[i]); /* releases the flocks */
 }
 
+static bool own_dir_done; /* the run succeeded and removed its directory */
+
+/* At exit after a failure (die() included): a directory this run created is
+ * removed if it holds no arena yet (at most the LOCK a failed pkv_open leaves),
+ * else kept and named, so that a failed run neither leaves litter nor hides
+ * what it left. Never dies: it runs inside exit(). */
+static void own_dir_at_exit(void) {
+    if (!opt.own_dir || own_dir_done) return;
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/arena", opt.cache_dir);
+    if (lstat(path, &st) && errno == ENOENT) {
+        snprintf(path, sizeof path, "%s/LOCK", opt.cache_dir);
+        unlink(path);
+        if (rmdir(opt.cache_dir) == 0) return;
+    }
+    fprintf(stderr, "%s: the cache directory %s is kept for inspection (kvdump summary %s; "
+            "rm -r it when done)\n", prog, opt.cache_dir, opt.cache_dir);
+}
+
 /* No --cache-dir: a new directory per run, so that two demos never share one. */
 static void make_own_dir(void) {
     const char *tmp = getenv("TMPDIR");
@@ -505,6 +525,7 @@ static void make_own_dir(void) {
         die("cannot create a cache directory under %s: %s (set TMPDIR or pass --cache-dir)",
             tmp, strerror(errno));
     opt.own_dir = true;
+    atexit(own_dir_at_exit);
 }
 
 typedef struct progress_ctx {
@@ -1076,6 +1097,12 @@ int main(int argc, char **argv) {
             summarize(&r, &s);
             print_pass(stdout, &r, &s, opt.run == RUN_COLD ? "cold run" : "warm run");
         }
+        if (opt.own_dir) { /* a new directory, kept for the warm run to come */
+            own_dir_done = true;
+            fflush(stdout);
+            fprintf(stderr, "%s: the cache is in %s (restart on it with --run warm "
+                    "--cache-dir %s)\n", prog, opt.cache_dir, opt.cache_dir);
+        }
         free_result(&r);
         return 0;
     }
@@ -1116,12 +1143,10 @@ int main(int argc, char **argv) {
     if (opt.own_dir && rc == 0) {
         wipe_cache_dir(opt.cache_dir);
         if (rmdir(opt.cache_dir)) die("cannot remove %s: %s", opt.cache_dir, strerror(errno));
+        own_dir_done = true;
         if (!opt.quiet)
             fprintf(stderr, "removed the cache directory %s (pass --cache-dir DIR to keep "
                     "one, e.g. for kvdump)\n", opt.cache_dir);
-    } else if (opt.own_dir) {
-        fprintf(stderr, "the cache directory %s is kept for inspection (kvdump summary %s)\n",
-                opt.cache_dir, opt.cache_dir);
     }
     free_result(&cold);
     free_result(&warm);
