@@ -1250,6 +1250,22 @@ Test(kvdump, damaged_files_never_crash)
     cr_assert(runs > 100);
 }
 
+/* The top-level usage names --version, and does not claim that every command
+ * leaves the directory alone (import writes to it). */
+Test(kvdump, help_names_version_and_that_import_writes)
+{
+    kres r = KD("--help");
+    KD_EXPECT(r, 0);
+    cr_assert(strstr(r.out, "--version"), "kvdump --help does not name --version:\n%s", r.out);
+    cr_assert(strstr(r.out, "import writes"), "kvdump --help does not say import writes:\n%s",
+              r.out);
+    kres_free(&r);
+    r = KD("--version");
+    KD_EXPECT(r, 0);
+    cr_assert(!strncmp(r.out, "kvdump (pagedkv ", 16), "%s", r.out);
+    kres_free(&r);
+}
+
 /* ---- Live writer --------------------------------------------------------------------- */
 
 Test(kvdump, reads_beside_a_live_writer_without_the_lock)
