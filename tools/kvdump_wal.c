@@ -732,7 +732,6 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
         return false;
     }
     const uint8_t *p = sd->d + off;
-    if (reached && in_flight(sd, s, L, off, expect, true, dir, live)) return false;
     if (pkv_get_u32(p) != FRAME_MAGIC) {
         set_end(L, s, KD_END_GARBAGE, off, "bytes that are not a frame header follow "
                 "(ignored)");
@@ -751,6 +750,11 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
                 "(harmless: recovery needs none of them)");
         return false;
     }
+    /* A frame of this epoch that is not valid: torn, or a live writer's frame
+     * half copied. Zeros, garbage and an older epoch's frames (a recycled
+     * segment) end the log without a verdict of damage, so they are not
+     * watched: a live writer's recycled tail would cost every scan the watch. */
+    if (in_flight(sd, s, L, off, expect, true, dir, live)) return false;
     /* One frame test decides both: a frame completed since the watch (a writer
      * stalled beyond it) continues the log and is no damage. */
     const bool valid = frame_ok(sd, off, &first, &nrec, &bytes);
