@@ -15,7 +15,8 @@
  * while mapped (it is created full size with posix_fallocate, so a full disk fails
  * at creation, never as SIGBUS later), never truncated, and the header is written
  * once, at creation, through a temporary file renamed into place. Opening never
- * writes to an existing arena. The LOCK file is flock()ed for the handle's life.
+ * writes to an existing arena. A writable handle flock()s the cache directory
+ * itself and its LOCK file for the handle's life (take_lock says why both).
  */
 #include "internal.h"
 
@@ -365,26 +366,53 @@ static int arena_open_existing(pkv_arena *a, int fd, const char *path,
     return 0;
 }
 
+/* A writer holds two exclusive flocks: on the directory (an O_DIRECTORY fd) and
+ * on dir/LOCK. The LOCK file alone can be defeated: after `rm dir/LOCK` (or
+ * `rm dir/...`) a second opener creates a new LOCK inode, locks it and gets in
+ * while the first writer still runs. The directory's inode cannot be replaced
+ * while the directory is in use under its name, so its lock holds. LOCK stays
+ * for older library versions, which lock only it. A file system that refuses
+ * flock on a directory (EBADF, ENOLCK, EOPNOTSUPP, EINVAL: some NFS setups) is
+ * left with the LOCK file alone (docs/format.md, "LOCK"). */
 static int take_lock(pkv_arena *a, const char *dir) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path)
         return pkv_err(PKV_EINVAL, "directory path too long");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return os_err(errno, "open directory", dir);
+    if (flock(dfd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        close(dfd);
+        dfd = -1;
+        if (e == EWOULDBLOCK)
+            return pkv_err(PKV_EBUSY, "%s is open elsewhere (the directory is locked "
+                           "by another writable handle)", dir);
+        if (!(e == EBADF || e == ENOLCK || e == EOPNOTSUPP || e == EINVAL))
+            return os_err(e, "lock directory", dir);
+        /* no directory locks on this file system: LOCK alone guards */
+    }
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return os_err(errno, "open", path);
+    if (fd < 0) {
+        int rc = os_err(errno, "open", path);
+        if (dfd >= 0) close(dfd);
+        return rc;
+    }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         int e = errno;
         close(fd);
+        if (dfd >= 0) close(dfd);
         if (e == EWOULDBLOCK)
             return pkv_err(PKV_EBUSY, "%s is open elsewhere (locked)", dir);
         return os_err(e, "lock", path);
     }
     a->lock_fd = fd;
+    a->dir_fd = dfd;
     return 0;
 }
 
 int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool rdonly) {
     memset(a, 0, sizeof *a);
-    a->fd = a->lock_fd = -1;
+    a->fd = a->lock_fd = a->dir_fd = -1;
     a->rdonly = rdonly;
     pkv_geometry want;
     int rc = pkv_geometry_from_options(opt, &want);
@@ -452,16 +480,18 @@ int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool r
     return 0;
 fail:
     if (a->lock_fd >= 0) close(a->lock_fd);
-    a->lock_fd = -1;
+    if (a->dir_fd >= 0) close(a->dir_fd);
+    a->lock_fd = a->dir_fd = -1;
     return rc;
 }
 
 void pkv_arena_close(pkv_arena *a) {
     if (a->map) munmap(a->map, a->map_len);
     if (a->fd >= 0) close(a->fd);
-    if (a->lock_fd >= 0) close(a->lock_fd); /* releases the flock */
+    if (a->lock_fd >= 0) close(a->lock_fd); /* releases the flocks */
+    if (a->dir_fd >= 0) close(a->dir_fd);
     a->map = NULL;
-    a->fd = a->lock_fd = -1;
+    a->fd = a->lock_fd = a->dir_fd = -1;
 }
 
 void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint32_t n) {

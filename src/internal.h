@@ -162,6 +162,8 @@ typedef struct pkv_arena {
     bool linked;          /* dir/arena is a symbolic link to a file in another
                              directory (pkv_options.arena_dir) */
     char path[4096];      /* the arena file: dir/arena, or the link's target */
+    int dir_fd;           /* the cache directory, flock()ed exclusively while open
+                             (beside lock_fd; here it fills padding) */
     uint64_t valid_blocks; /* slots the file held before any repair (recovery
                               drops blocks at or beyond it) */
 } pkv_arena;
@@ -516,6 +518,13 @@ struct pkv_cache {
     uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */
     uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
     uint32_t presum_calls;    /* calls whose BLKF_PRESUM marks are out (sealsum.c) */
+    /* Recovery's first sequence cut, for the recovery note (replay.c); last, so
+     * that the hot fields above keep their offsets. */
+    struct {
+        uint64_t seq;
+        uint32_t index, block;
+        const char *why;
+    } first_cut;
 };
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */

@@ -627,6 +627,9 @@ static void arena_truncated_case(uint64_t seed, bool open_tail_only)
     c = wu_open_ok(dir, &o);
     pkv_recovery_t rec = recovery(c);
     cr_assert(rec.note[0], "arena cut after slot %u: no recovery note", valid);
+    /* The short arena explains any sequence it cut: its note is the one kept. */
+    cr_assert(!strncmp(rec.note, "arena file was short", 20), "arena cut after slot %u: note '%s'",
+              valid, rec.note);
     wu_verify_model(c, &want, "arena truncated");
     /* no hit returns a lost slot: its K/V would be zeros, never a valid value */
     wu_probe_all(c, &ps, &want, NULL, "arena truncated");
@@ -738,6 +741,47 @@ Test(corrupt, sequence_block_payload_overwritten)
     wu_verify_model(c, &want, "reopen after the cut");
     pkv_close(c);
     wu_model_free(&want);
+    wu_wl_free(&w);
+}
+
+/* The recovery note is empty only when nothing odd happened: a sequence cut at
+ * recovery is named there (how many, which sequence, where, why). */
+Test(corrupt, a_cut_sequence_is_named_in_the_recovery_note)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "smashnote");
+    pkv_options o;
+    opts(&o, 64);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 8, NULL);
+    uint32_t a[30];
+    for (int i = 0; i < 30; i++) a[i] = 9000 + i;
+    uint64_t id = 0;
+    WU_OK(wu_do_open(&w, 0, a, 30, 0, &id));
+    uint32_t tab[16];
+    size_t nb = 0;
+    WU_OK(pkv_seq_blocks(c, id, tab, 16, &nb));
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    pkv_close(c);
+    smash_block(dir, tab[3], &inf);
+    c = wu_open_ok(dir, &o);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert_eq(rec.sequences_cut, 1);
+    cr_assert(rec.note[0], "a sequence was cut, but the recovery note is empty");
+    char want[128];
+    snprintf(want, sizeof want, "cut 1 sequence: sequence %llu at entry 3 ",
+             (unsigned long long)id);
+    cr_assert(strstr(rec.note, want), "note '%s' does not say '%s'", rec.note, want);
+    snprintf(want, sizeof want, "block %u failed its payload checksum", tab[3]);
+    cr_assert(strstr(rec.note, want), "note '%s' does not say '%s'", rec.note, want);
+    pkv_close(c);
+    /* The cut was checkpointed: the next open has nothing to say. */
+    c = wu_open_ok(dir, &o);
+    rec = recovery(c);
+    cr_assert(rec.note[0] == 0 && rec.sequences_cut == 0, "second open: note '%s'", rec.note);
+    pkv_close(c);
     wu_wl_free(&w);
 }
 

@@ -1,6 +1,7 @@
 /* Opening, reopening and validating caches; error strings; pkv_kv bounds and layout. */
 #include "pkv_test.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -298,6 +299,73 @@ Test(open, second_open_is_busy)
     PT_SEQ_OPEN(c, 1, 0, NULL, 0);
     PT_APPEND(c, 1, 0, a, 0, 3);
     PT_VERIFY(c, 1, 0, a, 3, 0);
+    pt_close(c);
+    c = pt_open_sub("cache", &o);
+    PT_CHECK(c);
+}
+
+/* In a forked child: open pt_dir/cache with `flags`; exit 0 if the result is `want`,
+ * else 10 + -result. The child shares no open file description with the parent's
+ * locks (each open makes its own), as another process would. */
+static void open_in_child_expect(const pkv_options *base, uint32_t flags, int want,
+                                 const char *what)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        pkv_options o = *base;
+        o.flags |= flags;
+        pkv_cache *c = NULL;
+        char path[512];
+        snprintf(path, sizeof path, "%s/cache", pt_dir);
+        int r = pkv_open(path, &o, &c);
+        if (r == 0 && flags & PKV_OPEN_RDONLY) {
+            pkv_seq_info_t si;
+            if (pkv_seq_info(c, 1, &si) || si.committed != 3) r = PKV_ECORRUPT;
+        }
+        _exit(r == want ? 0 : 10 + (-r));
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "%s: exit status %d (10 + -error; expected error %d)", what,
+              WEXITSTATUS(status), want);
+}
+
+Test(open, a_held_cache_stays_locked_when_its_files_are_removed)
+{
+    pkv_options o;
+    default_opts(&o);
+    pkv_cache *c = pt_open_sub("cache", &o);
+    uint32_t a[3] = {1, 2, 3};
+    PT_SEQ_OPEN(c, 1, 0, NULL, 0);
+    PT_APPEND(c, 1, 0, a, 0, 3);
+    PT_OK(pkv_seq_commit(c, 1, 3));
+    PT_OK(pkv_sync(c));
+    /* A reader still gets in beside the writer. */
+    open_in_child_expect(&o, PKV_OPEN_RDONLY, 0, "read-only open beside a writer");
+    /* `rm DIR/LOCK`: a second writer must not lock a new LOCK file and get in. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/cache/LOCK", pt_dir);
+    cr_assert_eq(unlink(path), 0, "unlink %s: %s", path, strerror(errno));
+    open_in_child_expect(&o, 0, PKV_EBUSY, "writable open after rm LOCK");
+    /* Every file removed (rm DIR/...): the directory itself is still held. */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/cache", pt_dir);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            cr_assert_eq(unlink(path), 0, "unlink %s: %s", path, strerror(errno));
+        }
+    closedir(d);
+    open_in_child_expect(&o, 0, PKV_EBUSY, "writable open after rm DIR/*");
+    pkv_cache *c2 = NULL;
+    PT_ERR(try_open("cache", &o, &c2), PKV_EBUSY);
+    /* Closing the first handle frees the directory. */
     pt_close(c);
     c = pt_open_sub("cache", &o);
     PT_CHECK(c);

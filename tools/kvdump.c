@@ -32,9 +32,11 @@
 
 static const char main_usage[] =
     "usage: kvdump COMMAND DIR [ARGS] [--json] [--help]\n"
+    "       kvdump --help | --version\n"
     "\n"
-    "Inspect, verify, export and import a pagedkv cache directory offline. Reading\n"
-    "never takes the writer's lock and never modifies the directory.\n"
+    "Inspect, verify, export and import a pagedkv cache directory offline. Every\n"
+    "command but import only reads: it takes no lock (a live writer keeps running)\n"
+    "and never modifies the directory. import writes, and needs the writer's lock.\n"
     "\n"
     "commands:\n"
     "  summary  DIR                          geometry, model, occupancy, log, checkpoints\n"

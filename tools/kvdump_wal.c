@@ -593,31 +593,109 @@ static int frame_records(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
     return 1;
 }
 
-/* Why the frames of a read segment stop at `off`. Mirrors the torn-tail /
- * corruption decision of replay_log(). Returns true if recovery stops here for
- * good (corruption). */
-static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t expect,
-                         bool reached) {
-    /* With a live writer the bytes change under the scan: a frame that failed
-     * its check a moment ago may be complete now. Frames are written in order,
-     * so a valid frame further on implies this one is complete too; test it
-     * first, or the race would look like corruption. */
-    {
-        uint64_t first;
-        uint32_t nrec, bytes;
-        if (frame_ok(sd, off, &first, &nrec, &bytes) && first <= expect &&
-            first + nrec - 1 >= expect) {
-            set_end(L, s, KD_END_IN_PROGRESS, off, "a frame starting at LSN %llu was completed "
-                    "while it was read (a live writer); a later read includes it",
-                    (unsigned long long)first);
-            return false;
+/* ---- A live writer's frame in flight ------------------------------------------
+ * The segment is mapped, so with a live writer its bytes change while the scan
+ * reads them: the frame at the log's end may be appended, or completed, between
+ * two of classify_end's tests (a valid frame then "did not continue the log" at
+ * the very LSN expected), and a frame caught half copied looks torn, which
+ * verify calls a crash-cut write. Frames are written in order and never change
+ * once complete, so a frame that continues the log stays valid, and any valid
+ * frame further on means the one at the end is complete. Before calling the end
+ * damaged, classify_end therefore watches it: still not a valid continuation,
+ * and unchanged, for a while (~200 ms if a writer holds the directory, ~20 ms
+ * if that is unknown, not at all if none does, so a dead directory's torn tail
+ * costs no waiting). */
+
+/* Whether a writer holds the directory: a FLOCK in /proc/locks on the inode of
+ * the directory or of its LOCK file. 1 yes, 0 no, -1 unknown. Reading
+ * /proc/locks takes no lock, so a writer opening meanwhile is never refused.
+ * Only inode numbers are compared: a lock on a same-numbered file elsewhere
+ * costs a longer watch, never a wrong verdict. */
+static int writer_live(const char *dir) {
+    struct stat sd, sl;
+    char lock[4200];
+    snprintf(lock, sizeof lock, "%s/LOCK", dir);
+    if (stat(dir, &sd)) return -1;
+    bool have_lock = stat(lock, &sl) == 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (!f) return -1;
+    char line[256];
+    int live = 0;
+    while (!live && fgets(line, sizeof line, f)) {
+        if (!strstr(line, "FLOCK")) continue;
+        char *save = NULL;
+        for (char *t = strtok_r(line, " \t\n", &save); t; t = strtok_r(NULL, " \t\n", &save)) {
+            char *c2 = strchr(t, ':');
+            if (!c2 || !(c2 = strchr(c2 + 1, ':'))) continue;
+            unsigned long long ino = strtoull(c2 + 1, NULL, 10);
+            live = ino == (unsigned long long)sd.st_ino ||
+                   (have_lock && ino == (unsigned long long)sl.st_ino);
+            break;
         }
     }
+    fclose(f);
+    return live;
+}
+
+/* Is the frame at off a valid continuation of the log (it holds `expect`)? */
+static bool continues_at(const segdata *sd, size_t off, uint64_t expect, uint64_t *first) {
+    uint32_t nrec, bytes;
+    return frame_ok(sd, off, first, &nrec, &bytes) && *first <= expect &&
+           *first + nrec - 1 >= expect;
+}
+
+#define WATCH_BYTES (64u << 10)
+
+static void end_completed(kd_log *L, kd_seg *s, size_t off, uint64_t first) {
+    set_end(L, s, KD_END_IN_PROGRESS, off, "a frame starting at LSN %llu was completed while "
+            "it was read (a live writer); a later read includes it", (unsigned long long)first);
+}
+
+/* The frame at off is (or becomes, within the watch) a valid continuation, or
+ * its bytes change meanwhile: end the segment as in progress and return true.
+ * `wait`: watch (else test once); *live: writer_live(), computed on first use
+ * (-2 before). */
+static bool in_flight(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t expect,
+                      bool wait, const char *dir, int *live) {
+    uint64_t first;
+    bool done = continues_at(sd, off, expect, &first), changed = false;
+    if (!done && wait && off < sd->len) {
+        if (*live == -2) *live = writer_live(dir);
+        const int polls = *live > 0 ? 100 : *live < 0 ? 10 : 0;
+        size_t n = sd->len - off < WATCH_BYTES ? sd->len - off : WATCH_BYTES;
+        uint8_t *was = polls ? malloc(n) : NULL;
+        if (was) {
+            memcpy(was, sd->d + off, n);
+            for (int i = 0; i < polls && !done && !changed; i++) {
+                struct timespec ts = {0, 2 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+                done = continues_at(sd, off, expect, &first);
+                changed = !done && memcmp(was, sd->d + off, n) != 0;
+            }
+            free(was);
+        }
+    }
+    if (done)
+        end_completed(L, s, off, first);
+    else if (changed)
+        set_end(L, s, KD_END_IN_PROGRESS, off, "a frame at offset %zu was being written while "
+                "it was read (a live writer); a later read includes it", off);
+    return done || changed;
+}
+
+/* Why the frames of a read segment stop at `off`. Mirrors the torn-tail /
+ * corruption decision of replay_log(). Returns true if recovery stops here for
+ * good (corruption). Every verdict of damage is first checked by in_flight()
+ * (see above); dir and *live serve it. */
+static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, uint64_t expect,
+                         bool reached, const char *dir, int *live) {
+    if (in_flight(sd, s, L, off, expect, false, dir, live)) return false;
     uint64_t f = 0;
     size_t at = 0;
     pkv_scan_res later = off <= sd->len && sd->len - off >= FRAME_HDR
                              ? later_valid(sd, off, expect, &f, &at)
                              : PKV_SCAN_NONE;
+    if (later != PKV_SCAN_NONE && in_flight(sd, s, L, off, expect, true, dir, live)) return false;
     if (later == PKV_SCAN_FOUND) {
         L->corrupt_lsn = expect;
         L->corrupt_next_lsn = f;
@@ -672,11 +750,23 @@ static bool classify_end(const segdata *sd, kd_seg *s, kd_log *L, size_t off, ui
                 "(harmless: recovery needs none of them)");
         return false;
     }
+    /* A frame of this epoch that is not valid: torn, or a live writer's frame
+     * half copied. Zeros, garbage and an older epoch's frames (a recycled
+     * segment) end the log without a verdict of damage, so they are not
+     * watched: a live writer's recycled tail would cost every scan the watch. */
+    if (in_flight(sd, s, L, off, expect, true, dir, live)) return false;
+    /* One frame test decides both: a frame completed since the watch (a writer
+     * stalled beyond it) continues the log and is no damage. */
+    const bool valid = frame_ok(sd, off, &first, &nrec, &bytes);
+    if (valid && first <= expect && first + nrec - 1 >= expect) {
+        end_completed(L, s, off, first);
+        return false;
+    }
     L->torn_bytes += FRAME_HDR + (nb < sd->len - off ? nb : sd->len - off);
     if (nb > sd->len - off - FRAME_HDR || (nb & 7))
         set_end(L, s, KD_END_TORN, off, "torn frame: its length %u runs past the file or is "
                 "not a multiple of 8; recovery cuts it", nb);
-    else if (frame_ok(sd, off, &first, &nrec, &bytes))
+    else if (valid)
         set_end(L, s, KD_END_NOT_NEXT, off, "a valid frame starting at LSN %llu does not "
                 "continue the log (expected LSN %llu); recovery cuts it",
                 (unsigned long long)first, (unsigned long long)expect);
@@ -720,7 +810,7 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
     }
     uint8_t *buf = NULL;
     size_t buflen = 0;
-    int cbrc = 0;
+    int cbrc = 0, live = -2; /* live: writer_live(), once needed */
     bool stop = false;
     for (size_t i = i0; i < L->nsegs && !stop; i++) {
         kd_seg *s = &L->segs[i];
@@ -827,7 +917,7 @@ int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void 
         }
         L->used_bytes += off;
         if (stop) break;
-        if (classify_end(&sd, s, L, off, expect, reached)) break;
+        if (classify_end(&sd, s, L, off, expect, reached, dir, &live)) break;
     }
     if (buf) munmap(buf, buflen);
     L->last_lsn = expect - 1;

@@ -3,7 +3,8 @@
  * requests faster, with identical output, because its KV cache survived on disk.
  *
  * One command runs a scripted multi-user chat workload twice, each time in a new
- * process (the demo re-executes itself) on the same pagedkv cache directory:
+ * process (the demo re-executes itself) on the same pagedkv cache directory (by
+ * default a new one under $TMPDIR, removed after a successful run):
  *   1. cold: the cache directory is emptied first; the process computes every
  *      prompt token it cannot find in the cache (the shared system prompt once,
  *      then whatever each conversation adds);
@@ -42,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -63,6 +65,7 @@ static struct opts {
     pkv_durability durability;
     pkv_dtype kv;
     bool json, quiet;
+    bool own_dir; /* cache_dir was created by this run (no --cache-dir) */
     int run;
     int result_fd;
 } opt = {
@@ -92,8 +95,10 @@ static void usage(FILE *f) {
             "cold (emptied first) and then as a warm restart in a new process, and compares\n"
             "time to first token and the generated tokens. See docs/demo.md.\n"
             "\n"
-            "  --cache-dir DIR       cache directory (default /tmp/pkv-demo-$UID); the cold\n"
-            "                        run empties it, and refuses if it holds non-pagedkv files\n"
+            "  --cache-dir DIR       cache directory (default: a new one under $TMPDIR or /tmp,\n"
+            "                        removed after a successful run); the cold run empties it,\n"
+            "                        and refuses if it holds non-pagedkv files or another\n"
+            "                        process has it open\n"
             "  --arena-dir DIR       keep the arena file in DIR (e.g. /dev/shm), the log in the\n"
             "                        cache directory (pkv_options.arena_dir)\n"
             "  --preset NAME         model: %s (default default)\n"
@@ -160,7 +165,6 @@ static void parse_args(int argc, char **argv) {
         {"run", 1, 0, 'r'},            {"json", 0, 0, 'j'},          {"quiet", 0, 0, 'q'},
         {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {"arena-dir", 1, 0, 'A'},
         {0, 0, 0, 0}};
-    snprintf(opt.cache_dir, sizeof opt.cache_dir, "/tmp/pkv-demo-%u", (unsigned)getuid());
     opterr = 0;
     int c;
     while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
@@ -228,6 +232,8 @@ static void parse_args(int argc, char **argv) {
         }
     }
     if (optind < argc) bad_usage("unexpected argument '%s'", argv[optind]);
+    if (!opt.cache_dir[0] && opt.run == RUN_WARM)
+        bad_usage("--run warm needs --cache-dir DIR, the directory of an earlier --run cold");
 }
 
 /* ---- Small helpers ----------------------------------------------------------------- */
@@ -412,13 +418,44 @@ typedef struct pass_result {
     size_t n_gen;
 } pass_result;
 
-/* Empty the cache directory; refuse if it holds anything but pagedkv's files. */
+static _Noreturn void die_busy(const char *dir, const char *what) {
+    die("the cache directory %s is in use: another process has it open for writing "
+        "(PKV_EBUSY: %s). Wait for that process to finish, or run without --cache-dir "
+        "(each run then gets a new directory under $TMPDIR), or choose another --cache-dir",
+        dir, what);
+}
+
+/* Take the flocks a pagedkv writer holds (on the directory itself and on its
+ * LOCK file), or stop with PKV_EBUSY's meaning: emptying a directory that a live
+ * process has open deletes that process's files under it, and the LOCK created
+ * next would be another file, so two writers would share the path. Held while
+ * the directory is emptied, so that no writer opens it meanwhile; closed before
+ * this process opens it. A file system without flock on directories leaves the
+ * LOCK file's lock alone to go by. */
+static void lock_or_refuse(const char *dir, int fds[2]) {
+    fds[0] = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fds[0] >= 0 && flock(fds[0], LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK) die_busy(dir, "its directory lock is held");
+        close(fds[0]);
+        fds[0] = -1;
+    }
+    char lock[PATH_MAX];
+    snprintf(lock, sizeof lock, "%s/LOCK", dir);
+    fds[1] = open(lock, O_RDONLY | O_CLOEXEC); /* never created here */
+    if (fds[1] >= 0 && flock(fds[1], LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK)
+        die_busy(dir, "its LOCK file is held");
+}
+
+/* Empty the cache directory; refuse if it holds anything but pagedkv's files,
+ * or if another process has it open. */
 static void wipe_cache_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return;
         die("cannot open the cache directory %s: %s", dir, strerror(errno));
     }
+    int locks[2];
+    lock_or_refuse(dir, locks);
     static const char *exact[] = {"arena", "arena.tmp", "LOCK", "ckpt.tmp", "arena.link.tmp",
                                   "cuda.status", "cuda.status.tmp"};
     static const char *prefix[] = {"wal-", "ckpt-", "delta-"};
@@ -453,6 +490,42 @@ static void wipe_cache_dir(const char *dir) {
         if (unlink(path) && errno != ENOENT) die("cannot remove %s: %s", path, strerror(errno));
     }
     free(names);
+    for (int i = 0; i < 2; i++)
+        if (locks[i] >= 0) close(locks[i]); /* releases the flocks */
+}
+
+static bool own_dir_done; /* the run succeeded and removed its directory */
+
+/* At exit after a failure (die() included): a directory this run created is
+ * removed if it holds no arena yet (at most the LOCK a failed pkv_open leaves),
+ * else kept and named, so that a failed run neither leaves litter nor hides
+ * what it left. Never dies: it runs inside exit(). */
+static void own_dir_at_exit(void) {
+    if (!opt.own_dir || own_dir_done) return;
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/arena", opt.cache_dir);
+    if (lstat(path, &st) && errno == ENOENT) {
+        snprintf(path, sizeof path, "%s/LOCK", opt.cache_dir);
+        unlink(path);
+        if (rmdir(opt.cache_dir) == 0) return;
+    }
+    fprintf(stderr, "%s: the cache directory %s is kept for inspection (kvdump summary %s; "
+            "rm -r it when done)\n", prog, opt.cache_dir, opt.cache_dir);
+}
+
+/* No --cache-dir: a new directory per run, so that two demos never share one. */
+static void make_own_dir(void) {
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0]) tmp = "/tmp";
+    if (snprintf(opt.cache_dir, sizeof opt.cache_dir, "%s/pkv-demo-XXXXXX", tmp) >=
+        (int)sizeof opt.cache_dir)
+        die("TMPDIR %s is too long for a cache directory path (pass --cache-dir)", tmp);
+    if (!mkdtemp(opt.cache_dir))
+        die("cannot create a cache directory under %s: %s (set TMPDIR or pass --cache-dir)",
+            tmp, strerror(errno));
+    opt.own_dir = true;
+    atexit(own_dir_at_exit);
 }
 
 typedef struct progress_ctx {
@@ -520,6 +593,7 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     const uint64_t t_open = now_ns();
     pkv_cache *c;
     int rc = pkv_open(opt.cache_dir, &o, &c);
+    if (rc == PKV_EBUSY) die_busy(opt.cache_dir, pkv_last_error());
     if (rc) die("pkv_open(%s): %s (%s)", opt.cache_dir, pkv_strerror(rc), pkv_last_error());
     r->open_ns = now_ns() - t_open;
     pkv_recovery_t rec;
@@ -773,11 +847,13 @@ static void run_child(int which, char **argv, int argc, pass_result *r) {
         close(fds[0]);
         char fdarg[16];
         snprintf(fdarg, sizeof fdarg, "%d", fds[1]);
-        char **av = calloc((size_t)argc + 6, sizeof *av);
+        char **av = calloc((size_t)argc + 8, sizeof *av);
         if (!av) _exit(1);
         int k = 0;
         av[k++] = argv[0];
         for (int i = 1; i < argc; i++) av[k++] = argv[i];
+        av[k++] = "--cache-dir"; /* the last one given wins: this run's directory */
+        av[k++] = opt.cache_dir;
         av[k++] = "--run";
         av[k++] = which == RUN_COLD ? "cold" : "warm";
         av[k++] = "--result-fd";
@@ -1003,6 +1079,7 @@ static int report(const pass_result *cold, const pass_result *warm) {
 
 int main(int argc, char **argv) {
     parse_args(argc, argv);
+    if (!opt.cache_dir[0]) make_own_dir();
     workload w;
     build_workload(&w);
     g_sys_tokens = w.system.n;
@@ -1019,6 +1096,12 @@ int main(int argc, char **argv) {
             summary s;
             summarize(&r, &s);
             print_pass(stdout, &r, &s, opt.run == RUN_COLD ? "cold run" : "warm run");
+        }
+        if (opt.own_dir) { /* a new directory, kept for the warm run to come */
+            own_dir_done = true;
+            fflush(stdout);
+            fprintf(stderr, "%s: the cache is in %s (restart on it with --run warm "
+                    "--cache-dir %s)\n", prog, opt.cache_dir, opt.cache_dir);
         }
         free_result(&r);
         return 0;
@@ -1045,7 +1128,8 @@ int main(int argc, char **argv) {
                 "one request\n",
                 opt.users, opt.turns, fmt_int(b, w.system.n), opt.msg_min, opt.msg_max,
                 opt.answer, opt.samples);
-        fprintf(info, "cache directory: %s\n\n", opt.cache_dir);
+        fprintf(info, "cache directory: %s%s\n\n", opt.cache_dir,
+                opt.own_dir ? " (new for this run)" : "");
         fflush(info);
     }
     pass_result cold, warm;
@@ -1055,6 +1139,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\nwarm run: a new process restarted on the same cache directory\n");
     run_child(RUN_WARM, argv, argc, &warm);
     const int rc = report(&cold, &warm);
+    fflush(stdout); /* the summary before what follows on stderr */
+    if (opt.own_dir && rc == 0) {
+        wipe_cache_dir(opt.cache_dir);
+        if (rmdir(opt.cache_dir)) die("cannot remove %s: %s", opt.cache_dir, strerror(errno));
+        own_dir_done = true;
+        if (!opt.quiet)
+            fprintf(stderr, "removed the cache directory %s (pass --cache-dir DIR to keep "
+                    "one, e.g. for kvdump)\n", opt.cache_dir);
+    }
     free_result(&cold);
     free_result(&warm);
     for (size_t i = 0; i < (size_t)opt.users * opt.turns; i++) free(w.msg[i].t);

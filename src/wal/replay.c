@@ -523,6 +523,7 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
     uint64_t off = SEG_HDR;
     bool reached = s->start >= expect;
     int rc;
+again:
     for (;;) {
         uint64_t first;
         uint32_t nrec, bytes;
@@ -555,6 +556,24 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
     const uint8_t *h;
     pkv_scan_res later = off + FRAME_HDR <= s->len ? later_valid(s, off, expect, &f, &at)
                                                    : PKV_SCAN_NONE;
+    const bool torn_hdr = (later == PKV_SCAN_NONE || c->rdonly) && !s->err &&
+                          (reached || s->start >= expect) &&
+                          (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
+                          pkv_get_u32(h + 4) == s->epoch;
+    /* A read-only open may run beside a live writer, whose next frame can land
+     * at `off` between the reads above: the frame test read a window from
+     * before it, later_valid or the header test one from after (or caught it
+     * half copied). Frames are written in order and never change once complete,
+     * so read the frame at `off` afresh before calling the log damaged or torn
+     * there; if it continues the log now, read on. */
+    if (c->rdonly && !s->err && (later != PKV_SCAN_NONE || torn_hdr)) {
+        uint64_t first;
+        uint32_t nrec, bytes;
+        s->wlen = 0; /* the window is stale: read it again */
+        if (frame_ok(s, off, &first, &nrec, &bytes) && first <= expect &&
+            first + nrec - 1 >= expect)
+            goto again;
+    }
     if (later != PKV_SCAN_NONE) {
         rec->corrupt_lsn = expect;
         if (!(flags & PKV_OPEN_POINT_IN_TIME) && later == PKV_SCAN_FOUND)
@@ -572,9 +591,7 @@ static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
                            (unsigned long long)expect, (unsigned long long)s->no,
                            (unsigned long long)off, (unsigned long long)(expect - 1));
         *stop = true;
-    } else if (!s->err && (reached || s->start >= expect) &&
-               (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
-               pkv_get_u32(h + 4) == s->epoch) {
+    } else if (torn_hdr && (h = seg_at(s, off, FRAME_HDR))) {
         uint32_t nb = pkv_get_u32(h + 20);
         rec->torn_bytes += FRAME_HDR + (nb < s->len - off ? nb : s->len - off);
     }
@@ -648,9 +665,16 @@ static void drop_block(pkv_cache *c, uint32_t b) {
     x->state = BLK_FREE;
 }
 
-/* Truncate a sequence's table before entry i (its K/V must be recomputed). */
-static void seq_cut(pkv_cache *c, pkv_seq *s, uint32_t i) {
-    c->rec.sequences_cut++;
+/* Truncate a sequence's table before entry i (its K/V must be recomputed);
+ * `why` says what was wrong with the block there. The first cut is kept for the
+ * recovery note, which otherwise would not say which sequence lost what. */
+static void seq_cut(pkv_cache *c, pkv_seq *s, uint32_t i, const char *why) {
+    if (c->rec.sequences_cut++ == 0) {
+        c->first_cut.seq = s->id;
+        c->first_cut.index = i;
+        c->first_cut.block = s->blocks[i];
+        c->first_cut.why = why;
+    }
     s->nblocks = i;
     s->len = s->committed = (uint64_t)i * c->pool.block_size;
 }
@@ -686,17 +710,18 @@ static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
         uint64_t full = s->committed / bs;
         for (uint32_t j = 0; j < s->nblocks; j++) {
             uint32_t b = s->blocks[j];
-            bool ok = b < valid_blocks && stamp[b] != q;
-            if (ok) {
+            const char *why = NULL;
+            if (b >= valid_blocks) why = "was lost: it lies beyond the arena file's end";
+            else if (stamp[b] == q) why = "is named twice by the table";
+            else if (j < full) {
                 const pkv_block *x = &p->b[b];
-                if (j < full)
-                    ok = x->state == BLK_SEALED && x->salt == s->salt &&
-                         x->parent == (j ? s->blocks[j - 1] : PKV_NONE);
-                else
-                    ok = x->state != BLK_SEALED;
-            }
-            if (!ok) {
-                seq_cut(c, s, j);
+                if (!(x->state == BLK_SEALED && x->salt == s->salt &&
+                      x->parent == (j ? s->blocks[j - 1] : PKV_NONE)))
+                    why = "was lost: it is not sealed in the sequence's chain";
+            } else if (p->b[b].state == BLK_SEALED)
+                why = "is sealed, but the table holds it as pending";
+            if (why) {
+                seq_cut(c, s, j, why);
                 break;
             }
             stamp[b] = q;
@@ -801,7 +826,7 @@ static void verify_seqs(pkv_cache *c) {
             c->rec.seq_blocks_bad++;
             /* Give back the references beyond the cut; they stay cached or free. */
             for (uint32_t k = s->nblocks; k-- > j;) pkv_block_release(c, s->blocks[k]);
-            seq_cut(c, s, j);
+            seq_cut(c, s, j, "failed its payload checksum");
             break;
         }
     }
@@ -1017,6 +1042,19 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     rec->ms_verify = now_ms() - t3;
     rec->blocks_sealed = c->pool.n_sealed;
     rec->sequences = c->seqs.count;
+    /* After a replaced or short arena (whose note explains the cuts), before a
+     * torn tail or a point-in-time stop: a cut sequence is lost K/V that its
+     * owner will miss, which neither of those notes would mention. */
+    if (rec->sequences_cut && rec->note[0] == '\0') {
+        const uint64_t bs = c->pool.block_size;
+        snprintf(rec->note, sizeof rec->note,
+                 "cut %llu sequence%s: sequence %llu at entry %u of its block table (block "
+                 "%u %s), so its tokens from %llu on must be recomputed",
+                 (unsigned long long)rec->sequences_cut, rec->sequences_cut == 1 ? "" : "s",
+                 (unsigned long long)c->first_cut.seq, c->first_cut.index,
+                 c->first_cut.block, c->first_cut.why,
+                 (unsigned long long)c->first_cut.index * bs);
+    }
     if (rec->torn_bytes && rec->note[0] == '\0')
         snprintf(rec->note, sizeof rec->note, "cut a torn log tail of %llu bytes after LSN %llu",
                  (unsigned long long)rec->torn_bytes, (unsigned long long)last);
