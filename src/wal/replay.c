@@ -813,7 +813,9 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
     return rc;
 }
 
-/* Verify the payload of every sealed block a recovered sequence holds. */
+/* Verify the payload of every sealed block a recovered sequence holds, and cut
+ * the table at the first that fails (rule S1: a fork or any later use of the
+ * table then holds only verified blocks, I11). */
 static void verify_seqs(pkv_cache *c) {
     pkv_pool *p = &c->pool;
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {
