@@ -1325,3 +1325,215 @@ Test(crash, none_mode_sync_survives_a_later_seal)
               "verification and took the synced token with it)",
               (unsigned long long)si.committed, (unsigned long long)rec.seq_blocks_bad);
 }
+
+/* ========================================================================================
+ * (d) deterministic windows: SIGKILL with a 10 s group commit
+ *
+ * With group_commit_us = 10 s the flusher writes nothing between a pkv_sync and the kill
+ * (the next group is due 10 s after the sync), so exactly the records before the sync are
+ * durable and everything after it is lost -- while the arena, written through the shared
+ * mapping, keeps every byte written up to the kill. The child ends itself with SIGKILL.
+ * ====================================================================================== */
+
+#define DET_CAP 8u
+
+static void det_opts(pkv_options *o)
+{
+    wu_opts(o, WU_BS, DET_CAP, PKV_DURABLE_GROUP);
+    o->group_commit_us = 10000000; /* the longest allowed: no group commit before the kill */
+}
+
+/* Run fn(dir, arg) in a forked child that then kills itself with SIGKILL; a WU_ failure
+ * in the child ends it with status 3 instead, which fails the test here. */
+static void det_child(const char *dir, void (*fn)(const char *dir, int arg), int arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        wu_in_child = true;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fn(dir, arg);
+        raise(SIGKILL);
+        _exit(4);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+              "the child did not reach its SIGKILL (exit status %d, signal %d); see its stderr",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* Append toks[0..n) to sequence id in one call and write their K/V (as the sequence's
+ * prefix hashes say), then commit them. */
+static void det_fill(wu_wl *w, uint64_t id, const uint32_t *toks, size_t n)
+{
+    WU_OK(wu_do_append(w, id, toks, n, true));
+}
+
+static bool det_table_has(pkv_cache *c, uint64_t id, uint32_t b)
+{
+    uint32_t tab[64];
+    size_t nb = 0;
+    WU_OK(pkv_seq_blocks(c, id, tab, 64, &nb));
+    for (size_t i = 0; i < nb; i++)
+        if (tab[i] == b) return true;
+    return false;
+}
+
+static uint32_t det_block(pkv_cache *c, uint64_t id, size_t i)
+{
+    uint32_t tab[64];
+    size_t nb = 0;
+    WU_OK(pkv_seq_blocks(c, id, tab, 64, &nb));
+    WU_ASSERT(i < nb, "seq %llu has %zu blocks", (unsigned long long)id, nb);
+    return tab[i];
+}
+
+static const uint32_t det_a[4] = {4101, 4102, 4103, 4104};
+
+/* Child of seal_dedupe_never_attaches_a_stale_recovered_block: block A (the one full
+ * block of prompt det_a) sealed, its sequence closed, pkv_sync; then sequence B takes
+ * every block of the cache, so A (the only cached block) is evicted and its slot
+ * rewritten with B's K/V. The EVICT record is not durable when the child dies. */
+static void child_stale_dedupe(const char *dir, int arg)
+{
+    (void)arg;
+    pkv_options o;
+    det_opts(&o);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 41, NULL);
+    uint64_t a = 0, b = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+    det_fill(&w, a, det_a, 4); /* seals A */
+    uint32_t blk = det_block(c, a, 0);
+    WU_OK(wu_do_close(&w, a)); /* A cached */
+    WU_OK(pkv_sync(c));        /* SEAL(A) and the close are durable */
+    uint32_t bt[4 * DET_CAP];
+    for (uint32_t i = 0; i < 4 * DET_CAP; i++) bt[i] = 5200 + i;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
+    det_fill(&w, b, bt, 4 * DET_CAP); /* every block: A's slot reused */
+    WU_ASSERT(det_table_has(c, b, blk), "A's slot %u was not reused by B", blk);
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.evictions == 1 && st.durable_lsn < st.last_lsn,
+              "evictions %llu, durable LSN %llu, last %llu", (unsigned long long)st.evictions,
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+/* Violation (1): a seal that dedupes onto a recovered (unverified) block must verify
+ * its payload first. After the kill, recovery finds A sealed (its EVICT was lost) with
+ * B's K/V in its slot. The prompt recomputed from scratch (no prefix attach, so nothing
+ * verifies A first) seals an identical block: the table it ends up with must name A's
+ * correct K/V. */
+Test(crash, seal_dedupe_never_attaches_a_stale_recovered_block)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "stale");
+    det_child(dir, child_stale_dedupe, 0);
+    pkv_options o;
+    det_opts(&o);
+    o.group_commit_us = 0;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_stats_t st0 = pt_stats(c);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert_geq(rec.blocks_sealed, 1, "A's SEAL was synced: it must be recovered (blocks_sealed %llu)",
+                  (unsigned long long)rec.blocks_sealed);
+    wu_recompute(c, 0, det_a, 4, "block A recomputed after the kill");
+    pkv_stats_t st1 = pt_stats(c);
+    cr_log_info("stale dedupe: verify_failures %llu -> %llu, dedupes %llu -> %llu",
+                (unsigned long long)st0.verify_failures, (unsigned long long)st1.verify_failures,
+                (unsigned long long)st0.dedupes, (unsigned long long)st1.dedupes);
+    /* the prefix-attach path is right already (it verifies): it must stay right */
+    wu_probe(c, 0, det_a, 5, "prompt A + 1 attached after the recompute");
+    WU_CHECK(c, "after the probes");
+    pkv_close(c);
+    c = wu_open_ok(dir, &o); /* and once more after a clean close */
+    wu_recompute(c, 0, det_a, 4, "block A recomputed after a further reopen");
+    wu_probe(c, 0, det_a, 5, "prompt A + 1 after a further reopen");
+    pkv_close(c);
+}
+
+/* Child of a_sealed_block_is_not_reused_before_its_seal_is_durable. Sequence S commits
+ * 2 tokens into block b; pkv_sync makes the COMMIT naming b as S's open tail durable.
+ * Then (nothing more durable) S fills b (seal), b is released -- S closed (variant 0) or
+ * truncated to 1 token, which copies the cut sealed block (variant 1) -- so b is cached,
+ * and sequence T takes every obtainable block, evicting b and writing its own K/V into
+ * the slot. */
+static const uint32_t det_s[4] = {6101, 6102, 6103, 6104};
+
+static void child_seal_reuse(const char *dir, int variant)
+{
+    pkv_options o;
+    det_opts(&o);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 43, NULL);
+    uint64_t s = 0, t = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &s));
+    det_fill(&w, s, det_s, 2);
+    uint32_t b = det_block(c, s, 0);
+    WU_OK(pkv_sync(c)); /* COMMIT(S: 2 tokens, tail block b) is durable */
+    det_fill(&w, s, det_s + 2, 2); /* b full: sealed (SEAL + COMMIT, not durable) */
+    if (variant == 0) WU_OK(wu_do_close(&w, s));
+    else WU_OK(wu_do_truncate(&w, s, 1));
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.blocks_cached == 1, "b is not cached after the %s (cached %llu)",
+              variant ? "truncation" : "close", (unsigned long long)st.blocks_cached);
+    uint32_t n = (uint32_t)(st.blocks_free + st.blocks_cached) * WU_BS;
+    uint32_t tt[4 * DET_CAP];
+    for (uint32_t i = 0; i < n; i++) tt[i] = 7300 + i;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &t));
+    det_fill(&w, t, tt, n); /* evicts b, writes T's K/V over S's */
+    WU_ASSERT(det_table_has(c, t, b), "b (slot %u) was not reused by T", b);
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.durable_lsn < st.last_lsn, "durable LSN %llu, last %llu: the window closed",
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+static void seal_reuse_case(void *arg, int variant)
+{
+    (void)arg;
+    char dir[512], what[200];
+    snprintf(what, sizeof what, "S %s after sealing b", variant ? "truncated to 1 token" : "closed");
+    pt_path(dir, sizeof dir, variant ? "reuse-trunc" : "reuse-close");
+    det_child(dir, child_seal_reuse, variant);
+    /* The oracle: S acknowledged with 2 committed tokens, then closed or truncated. */
+    wu_oracle orc;
+    wu_oracle_init(&orc);
+    wu_model ack = {0};
+    wu_model_add(&ack, 1000, 0, det_s, 2, 2); /* wu_wl's first id */
+    wu_oracle_ack(&orc, &ack);
+    wu_oracle_intent(&orc, variant ? 'T' : 'C', 1000, 1);
+    wu_oracle_intent(&orc, 'O', 1001, 0);
+    pkv_options o;
+    det_opts(&o);
+    o.group_commit_us = 0;
+    pkv_cache *c = track(wu_open_ok(dir, &o));
+    wu_model rec;
+    wu_oracle_check(&orc, c, true, &rec, what); /* every committed position's K/V */
+    cr_log_info("%s: %zu sequence(s) recovered%s", what, rec.n,
+                rec.n && rec.s[0].id == 1000 ? ", S among them" : "");
+    wu_recompute(c, 0, det_s, 4, what);
+    wu_recompute_all(c, NULL, &rec, NULL, NULL, what);
+    wu_probe(c, 0, det_s, 4, what);
+    WU_CHECK(c, what);
+    close_tracked(c);
+    wu_model_free(&rec);
+    wu_model_free(&ack);
+    wu_oracle_free(&orc);
+}
+
+/* Violation (2) (issue 28): an open block that a durable COMMIT names as a sequence's
+ * partial tail is sealed, released and -- being sealed and cached -- evicted and reused
+ * at once, before its SEAL is durable. Recovery then restores the sequence with that
+ * block still open (no payload checksum to catch it), holding the new owner's K/V. The
+ * recovered sequence's committed tokens must hold their own K/V. */
+Test(crash, a_sealed_block_is_not_reused_before_its_seal_is_durable)
+{
+    sweep sw = {0};
+    for (int v = 0; v < 2; v++) sweep_case(&sw, seal_reuse_case, NULL, v);
+    sweep_report(&sw, "sealed block reused before its SEAL was durable");
+}

@@ -393,6 +393,65 @@ void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t 
     WU_CHECK(c, what);
 }
 
+int wu_recompute(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what)
+{
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    uint64_t id = wu_probe_next++;
+    size_t nc = (size_t)-1;
+    int r = pkv_seq_open(c, id, salt, NULL, 0, &nc);
+    WU_ASSERT(r == 0 && nc == 0, "%s: recompute seq_open(n 0) -> %d (%s: %s), n_cached %zu",
+              what, r, pkv_strerror(r), pkv_last_error(), nc);
+    pkv_slot slots[128];
+    uint64_t h = pt_h0(salt);
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < 128 ? n - done : 128;
+        r = pkv_seq_append(c, id, t + done, k, slots);
+        if (r == PKV_EFULL) {
+            WU_OK(pkv_seq_close(c, id));
+            return PKV_EFULL;
+        }
+        WU_ASSERT(r == 0, "%s: recompute append of %zu tokens -> %d (%s: %s)", what, k, r,
+                  pkv_strerror(r), pkv_last_error());
+        for (size_t i = 0; i < k; i++) {
+            h = pt_hstep(h, t[done + i]);
+            WU_ASSERT(slots[i].block < inf.capacity &&
+                          slots[i].offset == (done + i) % inf.block_size,
+                      "%s: recompute append slot (%u, %u) for position %zu", what,
+                      slots[i].block, slots[i].offset, done + i);
+            wu_kv_write(c, &inf, slots[i].block, slots[i].offset, h);
+        }
+        done += k;
+    }
+    if (n) {
+        r = pkv_seq_commit(c, id, n);
+        WU_ASSERT(r == 0, "%s: recompute commit of %zu tokens -> %d (%s: %s)", what, n, r,
+                  pkv_strerror(r), pkv_last_error());
+    }
+    WU_CHECK(c, what);
+    wu_seq s = {.id = id, .salt = salt, .tok = (uint32_t *)t, .len = n, .committed = n};
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: prompt of %zu tokens recomputed from scratch (no prefix "
+             "attach), read back through the committed table", what, n);
+    wu_verify_seq(c, &s, n, w2);
+    r = pkv_seq_close(c, id);
+    WU_ASSERT(r == 0, "%s: recompute close -> %d (%s)", what, r, pkv_strerror(r));
+    WU_CHECK(c, what);
+    return 0;
+}
+
+void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
+                      size_t *full, const char *what)
+{
+    size_t np = 0, nf = 0;
+    for (size_t i = 0; ps && i < ps->n; i++, np++)
+        if (wu_recompute(c, ps->p[i].salt, ps->p[i].tok, ps->p[i].n, what)) nf++;
+    for (size_t i = 0; m && i < m->n; i++, np++)
+        if (wu_recompute(c, m->s[i].salt, m->s[i].tok, m->s[i].committed, what)) nf++;
+    if (probes) *probes += np;
+    if (full) *full += nf;
+}
+
 /* ---- Workload ------------------------------------------------------------------------ */
 
 void wu_wl_init(wu_wl *w, pkv_cache *c, uint64_t seed, wu_prompts *prompts)

@@ -128,6 +128,22 @@ size_t wu_probe(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const 
 void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *hits,
                   const char *what);
 
+/* The recompute probe: the prompt (salt, t[0..n)) computed from scratch, as an engine
+ * does when it does not look the prefix up. Opens a fresh sequence with no prompt
+ * (n = 0: nothing is attached), appends all n tokens, writes the K/V of each for its
+ * exact prefix, commits them all (every full block is sealed, and deduped when an
+ * identical sealed block is indexed), then reads the K/V of EVERY position back through
+ * the block table (pkv_seq_blocks) and requires it to be the K/V just written: a seal
+ * that switched to a block holding other K/V shows as a mismatch. pkv_check; close.
+ * Returns 0, or PKV_EFULL when the cache had no room for the n tokens (nothing is
+ * checked then; the probe sequence is closed). */
+int wu_recompute(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what);
+/* wu_recompute of every prompt of ps, then of the committed tokens of every sequence of
+ * m (if m). Adds the probes made to *probes and those skipped for PKV_EFULL to *full
+ * (either may be NULL). */
+void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
+                      size_t *full, const char *what);
+
 /* ---- Random workload ------------------------------------------------------------ */
 
 #define WU_FAMILIES 4
