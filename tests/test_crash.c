@@ -170,7 +170,22 @@ static void mb_u64(mbuf *m, uint64_t v) { mb_put(m, &v, 8); }
 static void child_intent(void *ctx, char kind, uint64_t id, uint64_t arg, uint64_t salt,
                          const uint32_t *t, size_t n)
 {
-    (void)ctx;
+    /* A sequence about to be closed or cut: its tokens become a prompt for the parent's
+     * recompute probes ('P', no oracle intent), so that the blocks it sealed -- the
+     * cached blocks eviction takes first -- are reached by a recompute after the kill. */
+    const wu_wl *w = ctx;
+    const wu_seq *s = w && (kind == 'C' || kind == 'T') ? wu_model_find(&w->m, id) : NULL;
+    if (s && s->len) {
+        mbuf p = {.n = 0};
+        char pk = 'P';
+        mb_put(&p, &pk, 1);
+        mb_u64(&p, id);
+        mb_u64(&p, 0);
+        mb_u64(&p, s->salt);
+        mb_u64(&p, s->len);
+        mb_put(&p, s->tok, s->len * 4);
+        msg_send(p.b, p.n);
+    }
     mbuf m = {.n = 0};
     mb_put(&m, &kind, 1);
     mb_u64(&m, id);
@@ -197,34 +212,86 @@ static void child_ack(const wu_model *md)
     msg_send(m.b, m.n);
 }
 
-static void kill_opts(pkv_options *o)
+static double now_ms(void)
 {
-    wu_opts(o, WU_BS, CAP, PKV_DURABLE_GROUP);
-    o->checkpoint_bytes = 48u << 10;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static _Noreturn void kill_child(const char *dir, const char *msgs, int ready, uint64_t seed,
-                                 unsigned iter)
+/* One kill test: the durability mode, the cache and the workload's bounds. */
+typedef struct kill_cfg {
+    const char *name;
+    pkv_durability mode;
+    uint64_t cap;            /* blocks */
+    size_t max_seqs, max_len; /* wu_wl bounds: max_seqs * max_len / WU_BS + the longest
+                                 prompt must fit cap, so no call meets PKV_EFULL */
+    uint64_t iters;          /* default iterations (PKV_KILL_ITERS overrides) */
+} kill_cfg;
+
+static void kill_opts(pkv_options *o, const kill_cfg *k, uint32_t commit_us, uint32_t flags)
+{
+    wu_opts(o, WU_BS, k->cap, k->mode);
+    o->checkpoint_bytes = 48u << 10;
+    o->group_commit_us = commit_us;
+    o->flags = flags;
+}
+
+/* A decode step as an engine makes it: commit the pending tokens (the K/V of the last
+ * step, written) and append 1-3 new ones in one pkv_seq_commit_append; a sequence at
+ * its length bound is closed or truncated instead. */
+static void kill_decode(wu_wl *w)
+{
+    const wu_seq *s = &w->m.s[pt_below(&w->rng, (uint32_t)w->m.n)];
+    uint64_t id = s->id;
+    size_t k = 1 + pt_below(&w->rng, 3), pend = s->len - s->committed;
+    if (s->len + k > w->max_len) {
+        if (pt_below(&w->rng, 2)) WU_OK(wu_do_close(w, id));
+        else WU_OK(wu_do_truncate(w, id, pt_below(&w->rng, (uint32_t)s->len + 1)));
+        return;
+    }
+    uint32_t t[3];
+    for (size_t i = 0; i < k; i++) t[i] = pt_below(&w->rng, 30000);
+    /* now and then the pending tokens stay pending a step longer */
+    size_t nc = pend && pt_below(&w->rng, 5) == 0 ? 0 : pend;
+    WU_OK(wu_do_commit_append(w, id, nc, t, k));
+}
+
+static _Noreturn void kill_child(const kill_cfg *k, const char *dir, const char *msgs, int ready,
+                                 uint64_t seed, unsigned iter, uint32_t commit_us, uint32_t flags)
 {
     wu_in_child = true;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     msg_fd = open(msgs, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
     WU_ASSERT(msg_fd >= 0, "open %s: %s", msgs, strerror(errno));
     pkv_options o;
-    kill_opts(&o);
+    kill_opts(&o, k, commit_us, flags);
     pkv_cache *c = wu_open_ok(dir, &o);
     wu_wl w;
     wu_wl_init(&w, c, seed, NULL);
+    w.max_seqs = k->max_seqs;
+    w.max_len = k->max_len;
     uint64_t base = ((uint64_t)iter + 1) << 32;
     if (w.next_id < base) w.next_id = base;
     w.intent = child_intent;
+    w.hctx = &w;
     w.allow_ckpt = true;
     /* the recovered state is durable: it came from the files */
     child_ack(&w.m);
     if (write(ready, "r", 1) != 1) _exit(5);
+    bool always = k->mode == PKV_DURABLE_ALWAYS;
+    /* a pkv_sync every 8 steps on average, in a third of the runs every 40 (each sync
+     * is a group commit: fewer of them leave the unsynced windows open longer) */
+    uint32_t sync_every = pt_below(&w.rng, 3) ? 8 : 40;
     for (uint64_t i = 0;; i++) {
-        wu_step(&w);
-        if (pt_below(&w.rng, 6) == 0) {
+        if (w.m.n && pt_below(&w.rng, 5) < 2) kill_decode(&w);
+        else wu_step(&w);
+        /* PKV_DURABLE_ALWAYS: a call that returned is durable, so the state after every
+         * step (each of its calls returned) is acknowledged. Not after each call: the
+         * model follows a call only once it returned, and an ack clears the intents
+         * announced before it. */
+        if (always) child_ack(&w.m);
+        if (pt_below(&w.rng, sync_every) == 0) {
             WU_OK(pkv_sync(c));
             child_ack(&w.m);
         }
@@ -282,8 +349,8 @@ static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, w
             continue;
         }
         memcpy(v, p + 1, 32);
-        wu_oracle_intent(o, kind, v[0], v[1]);
-        if (kind == 'O') {
+        if (kind != 'P') wu_oracle_intent(o, kind, v[0], v[1]);
+        if (kind == 'O' || kind == 'P') {
             uint32_t *t = malloc(v[3] * 4 + 4);
             memcpy(t, p + 33, v[3] * 4);
             wu_prompts_add(ps, v[2], t, v[3]);
@@ -294,30 +361,47 @@ static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, w
     return n;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
-Test(crash, kill_during_workload)
+typedef struct kill_totals {
+    size_t kills, msgs, acks, probes, recomputes, recompute_full, violations;
+    size_t where[4]; /* violations found by: recovery/oracle, recompute, prefix hit, other */
+    char first[3][900];
+} kill_totals;
+
+static const char *kill_stage; /* the check running in the parent */
+
+#define KILL_PROMPTS 64 /* prompts (newest) probed after each kill */
+
+/* The kill test: a child runs the workload on the cache in `dir` and is killed; the
+ * parent reopens and checks (a) pkv_check, (b) the oracle: acknowledged state survived
+ * (in ALWAYS mode every step's), nothing unannounced appeared, every committed position
+ * of every recovered sequence holds the K/V of its prefix, (d) every prompt ever used and
+ * every recovered sequence recomputed from scratch reads back its own K/V, (c) every
+ * prefix hit of those serves its K/V. The recompute comes before the prefix probes,
+ * which verify (and so mark bad) the blocks they reach. A violation is recorded and the
+ * directory started afresh; the test fails at the end with the first ones. */
+static void kill_test(const kill_cfg *k)
 {
-    uint64_t iters = pt_env_u64("PKV_KILL_ITERS", 30);
+    uint64_t iters = pt_env_u64("PKV_KILL_ITERS", k->iters);
     uint64_t seed0 = pt_env_u64("PKV_SEED", 1);
     char dir[512], msgs[512];
     pt_path(dir, sizeof dir, "cache");
     pt_path(msgs, sizeof msgs, "msgs");
-    pkv_options o;
-    kill_opts(&o);
     wu_prompts ps = {0};
     wu_model prev = {0};
-    pt_rng r = {seed0 * 7919};
-    size_t total_acks = 0, total_msgs = 0, total_probes = 0;
+    pt_rng r = {seed0 * 7919 + (uint64_t)k->mode};
+    static kill_totals tt; /* static: read after a longjmp */
+    memset(&tt, 0, sizeof tt);
     double t0 = now_ms();
     for (uint64_t it = 0; it < iters; it++) {
-        snprintf(pt_ctx, sizeof pt_ctx, "[kill iteration %llu, PKV_SEED=%llu] ",
-                 (unsigned long long)it, (unsigned long long)seed0);
+        /* 2 ms mostly; sometimes 20-100 ms, so unsynced windows are wide */
+        uint32_t commit_us = pt_below(&r, 4) ? 2000 : 20000 * (1 + pt_below(&r, 5));
+        /* a third of the children evict instead of waiting for the log to release
+         * limbo blocks (each such wait is a group commit, which closes the window) */
+        uint32_t flags = pt_below(&r, 3) ? 0 : PKV_OPEN_NO_LIMBO_WAIT;
+        snprintf(pt_ctx, sizeof pt_ctx, "[%s iteration %llu, PKV_SEED=%llu, group commit %u us%s] ",
+                 k->name, (unsigned long long)it, (unsigned long long)seed0, commit_us,
+                 flags ? ", no limbo wait" : "");
         int ready[2];
         cr_assert_eq(pipe(ready), 0);
         fflush(NULL);
@@ -325,7 +409,8 @@ Test(crash, kill_during_workload)
         cr_assert(pid >= 0);
         if (pid == 0) {
             close(ready[0]);
-            kill_child(dir, msgs, ready[1], seed0 * 1000003 + it, (unsigned)it);
+            kill_child(k, dir, msgs, ready[1], seed0 * 1000003 + it + ((uint64_t)k->mode << 40),
+                       (unsigned)it, commit_us, flags);
         }
         close(ready[1]);
         unsigned delay = 1 + pt_below(&r, 50);
@@ -342,14 +427,15 @@ Test(crash, kill_during_workload)
                   "%sthe child stopped on its own (exit status %d, signal %d); see its stderr",
                   pt_ctx, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
                   WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        tt.kills++;
 
         wu_oracle orc;
         wu_oracle_init(&orc);
         size_t acks = 0;
         struct stat sb;
-        if (stat(msgs, &sb) == 0) total_msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
+        if (stat(msgs, &sb) == 0) tt.msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
         else wu_oracle_ack(&orc, &prev);
-        total_acks += acks;
+        tt.acks += acks;
         if (!getenv("PKV_KEEP_FAIL")) unlink(msgs);
 
         if (getenv("PKV_KEEP_FAIL")) { /* keep the directory as the child left it */
@@ -357,38 +443,122 @@ Test(crash, kill_during_workload)
             snprintf(keep, sizeof keep, "%s/kept-%llu", pt_dir, (unsigned long long)it);
             wu_copy_dir(dir, keep);
         }
+        pkv_options o;
+        /* the checks evict rather than wait for the log (each wait an fdatasync) */
+        kill_opts(&o, k, 0, PKV_OPEN_NO_LIMBO_WAIT);
+        o.capacity = 0; /* as stored */
+        g_cache = NULL;
         jmp_buf jb;
         if (setjmp(jb)) {
-            char keep[600] = "";
+            int w = !strcmp(kill_stage, "recovered") ? 0 : !strcmp(kill_stage, "recompute") ? 1
+                    : !strcmp(kill_stage, "prefix hit") ? 2 : 3;
+            tt.where[w]++;
+            fprintf(stderr, "kill test violation: %s[%s] %s\n", pt_ctx, kill_stage, wu_caught);
+            if (tt.violations < 3)
+                snprintf(tt.first[tt.violations], sizeof tt.first[0], "%s[%s] %.700s", pt_ctx,
+                         kill_stage, wu_caught);
+            tt.violations++;
             if (getenv("PKV_KEEP_FAIL")) {
-                snprintf(keep, sizeof keep, "/tmp/pkvkill.%d", (int)getpid());
                 char cmd[1400];
-                snprintf(cmd, sizeof cmd, "rm -rf %s && cp -a %s %s", keep, pt_dir, keep);
-                if (system(cmd)) keep[0] = 0;
+                snprintf(cmd, sizeof cmd, "rm -rf /tmp/pkvkill.%d.%llu && cp -a %s /tmp/pkvkill.%d.%llu",
+                         (int)getpid(), (unsigned long long)it, pt_dir, (int)getpid(),
+                         (unsigned long long)it);
+                if (system(cmd)) {}
             }
-            cr_assert_fail("%s%s", wu_caught, keep[0] ? " (directory kept)" : "");
+            if (g_cache) pkv_close(g_cache);
+            g_cache = NULL;
+            /* start afresh: the damaged state would fail every later iteration */
+            pt_rmrf(dir);
+            wu_model_free(&prev);
+            wu_oracle_free(&orc);
+            continue;
         }
         wu_catch = &jb;
-        pkv_cache *c = wu_open_ok(dir, &o);
+        kill_stage = "open";
+        pkv_cache *c = track(wu_open_ok(dir, &o));
         wu_model rec;
+        kill_stage = "recovered";
         wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
-        wu_probe_all(c, &ps, NULL, NULL, "prompts after SIGKILL");
+        /* the prompts of the last few iterations (the recovered sequences come on top):
+         * the blocks a child evicts came from them, and the work stays bounded */
+        wu_prompts win = ps;
+        if (win.n > KILL_PROMPTS) {
+            win.p += win.n - KILL_PROMPTS;
+            win.n = KILL_PROMPTS;
+        }
+        kill_stage = "recompute";
+        /* block by block up to the first miss first (evicts almost nothing, so the
+         * probes reach what recovery left cached), then each whole prompt in one
+         * append + commit */
+        wu_recompute_hits_all(c, &win, &rec, &tt.recomputes,
+                              "recomputed block by block after SIGKILL");
+        wu_recompute_all(c, &win, &rec, &tt.recomputes, &tt.recompute_full,
+                         "recomputed from scratch after SIGKILL");
+        kill_stage = "prefix hit";
+        wu_probe_all(c, &win, NULL, NULL, "prompts after SIGKILL");
         probe_recovered(c, &rec, "recovered sequences after SIGKILL");
-        total_probes += ps.n + rec.n;
+        tt.probes += win.n + rec.n;
+        kill_stage = "final check";
         WU_CHECK(c, "after the probes");
         wu_catch = NULL;
-        pkv_close(c);
+        close_tracked(c);
         wu_model_free(&prev);
         prev = rec;
         wu_oracle_free(&orc);
     }
+    wu_catch = NULL;
     pt_ctx[0] = 0;
-    cr_log_info("kill test: %llu iterations, %zu messages, %zu acks, %zu probes, %.0f ms",
-                (unsigned long long)iters, total_msgs, total_acks, total_probes, now_ms() - t0);
-    cr_assert(iters < 10 || total_acks > iters / 2, "the children acknowledged only %zu syncs",
-              total_acks);
+    cr_log_info("kill test %s: %llu iterations, %zu kills, %zu messages, %zu acks, %zu prefix "
+                "probes, %zu recompute probes (%zu skipped: cache full), %zu violations "
+                "(recovered K/V / oracle %zu, recompute %zu, prefix hit %zu, other %zu), %.0f ms",
+                k->name, (unsigned long long)iters, tt.kills, tt.msgs, tt.acks, tt.probes,
+                tt.recomputes, tt.recompute_full, tt.violations, tt.where[0], tt.where[1],
+                tt.where[2], tt.where[3], now_ms() - t0);
+    cr_assert(tt.violations == 0,
+              "%s: %zu of %llu kills broke the first law (recovered K/V / oracle %zu, recompute "
+              "%zu, prefix hit %zu, other %zu); the first:\n  - %s%s%s%s%s", k->name,
+              tt.violations, (unsigned long long)iters, tt.where[0], tt.where[1], tt.where[2],
+              tt.where[3], tt.first[0], tt.violations > 1 ? "\n  - " : "",
+              tt.violations > 1 ? tt.first[1] : "", tt.violations > 2 ? "\n  - " : "",
+              tt.violations > 2 ? tt.first[2] : "");
+    cr_assert(iters < 10 || tt.acks > iters / 2, "the children acknowledged only %zu states",
+              tt.acks);
+    cr_assert(tt.recompute_full * 10 <= tt.recomputes + 9,
+              "%zu of %zu recompute probes found the cache full", tt.recompute_full, tt.recomputes);
     wu_model_free(&prev);
     wu_prompts_free(&ps);
+}
+
+/* 48 blocks of 4 tokens: at most 4 sequences of 32 tokens (32 blocks) plus a recompute
+ * probe (8 blocks) always fit, and the workload seals far more than 48 blocks per run,
+ * so eviction and slot reuse never stop. */
+#define KILL_SMALL(nm, md, it) {.name = nm, .mode = md, .cap = 48, .max_seqs = 4, .max_len = 32, .iters = it}
+
+Test(crash, kill_group_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("GROUP", PKV_DURABLE_GROUP, 20);
+    kill_test(&k);
+}
+
+Test(crash, kill_none_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("NONE", PKV_DURABLE_NONE, 20);
+    kill_test(&k);
+}
+
+Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 20);
+    kill_test(&k);
+}
+
+/* The original kill test: GROUP mode, a roomy cache (256 blocks, 8 sequences of up to 64
+ * tokens), through the same driver and checks. */
+Test(crash, kill_during_workload, .timeout = 280)
+{
+    kill_cfg k = {.name = "GROUP cap 256", .mode = PKV_DURABLE_GROUP, .cap = CAP, .max_seqs = 8,
+                  .max_len = 64, .iters = 10};
+    kill_test(&k);
 }
 
 /* ========================================================================================

@@ -138,11 +138,30 @@ void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t 
  * Returns 0, or PKV_EFULL when the cache had no room for the n tokens (nothing is
  * checked then; the probe sequence is closed). */
 int wu_recompute(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what);
+/* The same, `step` tokens per append + write + commit (0: all n at once). Block by block
+ * (step = block size) a prefix the cache holds costs one free block at a time (each
+ * sealed copy dedupes and is freed at once), so a probe evicts almost nothing -- the
+ * blocks a probe should reach are not pushed out by the probes before it. */
+int wu_recompute_step(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, size_t step,
+                      const char *what);
 /* wu_recompute of every prompt of ps, then of the committed tokens of every sequence of
  * m (if m). Adds the probes made to *probes and those skipped for PKV_EFULL to *full
  * (either may be NULL). */
 void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
                       size_t *full, const char *what);
+/* wu_recompute_all with wu_recompute_step(step), the prompts of ps newest first. */
+void wu_recompute_all_step(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t step,
+                           size_t *probes, size_t *full, const char *what);
+/* The recompute probe block by block, stopping after the first full block that did not
+ * dedupe (a miss): it seals at most one new block, and each copy that dedupes is freed
+ * at once, so it evicts at most one block or two -- a run of these reaches the blocks
+ * recovery left cached before any probe pushes them out. The committed blocks are read
+ * back as in wu_recompute. Returns the blocks that deduped. */
+size_t wu_recompute_hits(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n,
+                         const char *what);
+/* wu_recompute_hits over ps (newest first) and m's committed tokens; *probes += count. */
+void wu_recompute_hits_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m,
+                           size_t *probes, const char *what);
 
 /* ---- Random workload ------------------------------------------------------------ */
 
