@@ -78,6 +78,7 @@ static void probe_recovered(pkv_cache *c, const wu_model *m, const char *what)
 /* ---- Sweeps that report every failing case -------------------------------------------- */
 
 static pkv_cache *g_cache; /* the open cache of the running case (closed if it fails) */
+static size_t g_recomputes; /* recompute probes made by verify_recovery */
 static int g_pit_used;     /* reopens that needed PKV_OPEN_POINT_IN_TIME */
 
 static pkv_cache *track(pkv_cache *c)
@@ -930,6 +931,15 @@ static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
 
 /* ---- Shared by (b) and (c): the setup phase and the workload under a backend ----------- */
 
+/* The cache and workload bounds of (b) and (c). The power-loss sweeps use a 48-block
+ * cache (slot reuse all the time) and the recompute probes after recovery; the fault
+ * sweep keeps the roomy 256-block cache. */
+static struct {
+    uint64_t cap;
+    size_t max_seqs, max_len;
+    bool recompute;
+} g_geo = {CAP, 6, 64, false};
+
 typedef struct phase1 {
     char dir[512];
     wu_model m; /* committed state at its clean close */
@@ -941,11 +951,12 @@ static void phase1_build(phase1 *p, uint64_t seed)
     memset(p, 0, sizeof *p);
     pt_path(p->dir, sizeof p->dir, "base");
     pkv_options o;
-    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    wu_opts(&o, WU_BS, g_geo.cap, PKV_DURABLE_GROUP);
     pkv_cache *c = wu_open_ok(p->dir, &o);
     wu_wl w;
     wu_wl_init(&w, c, seed, &p->ps);
-    w.max_seqs = 6;
+    w.max_seqs = g_geo.max_seqs;
+    w.max_len = g_geo.max_len;
     for (int i = 0; i < 40; i++) wu_step(&w);
     WU_OK(pkv_checkpoint(c));
     for (int i = 0; i < 15; i++) wu_step(&w);
@@ -999,7 +1010,8 @@ static bool faulty_workload(pkv_cache *c, wu_oracle *o, wu_prompts *ps, uint64_t
     wu_wl w;
     wu_wl_init(&w, c, seed, ps);
     if (w.next_id < 1000000) w.next_id = 1000000; /* never an id of the setup phase */
-    w.max_seqs = 6;
+    w.max_seqs = g_geo.max_seqs;
+    w.max_len = g_geo.max_len;
     w.tolerant = true;
     w.allow_ckpt = true;
     w.hctx = &rc;
@@ -1057,7 +1069,7 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
                             const char *what)
 {
     pkv_options op;
-    wu_opts(&op, WU_BS, CAP, mode);
+    wu_opts(&op, WU_BS, 0 /* as stored */, mode);
     pkv_cache *c = NULL;
     int rc = wu_open(dir, &op, &c);
     track(c);
@@ -1076,6 +1088,14 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
     WU_CHECK(c, what);
     wu_model m;
     wu_oracle_check(o, c, mode != PKV_DURABLE_NONE, &m, what);
+    if (g_geo.recompute) {
+        /* every prompt and recovered sequence recomputed from scratch reads back its own
+         * K/V (before the prefix probes, which verify and so disarm what they reach) */
+        char w2[400];
+        snprintf(w2, sizeof w2, "%s, recomputed", what);
+        wu_recompute_hits_all(c, ps, &m, &g_recomputes, w2);
+        wu_recompute_all(c, ps, &m, &g_recomputes, NULL, w2);
+    }
     wu_probe_all(c, ps, NULL, NULL, what);
     probe_recovered(c, &m, what);
     close_tracked(c);
@@ -1121,7 +1141,7 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
     for (size_t i = 0; i < p1->ps.n; i++)
         wu_prompts_add(&ps, p1->ps.p[i].salt, p1->ps.p[i].tok, p1->ps.p[i].n);
     pkv_options op;
-    wu_opts(&op, WU_BS, CAP, mode);
+    wu_opts(&op, WU_BS, g_geo.cap, mode);
     op.io = &fs.ops;
     op.checkpoint_bytes = 24u << 10;
     op.group_commit_us = commit_us;
@@ -1191,6 +1211,11 @@ static void pl_case(void *arg, int k)
 
 static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
 {
+    /* 48 blocks: at most 4 sequences of 32 tokens, eviction and slot reuse throughout */
+    g_geo.cap = 48;
+    g_geo.max_seqs = 4;
+    g_geo.max_len = 32;
+    g_geo.recompute = true;
     phase1 p1;
     phase1_build(&p1, 500 + (uint64_t)mode);
     pl_sweep ps = {&p1, mode, commit_us, {0}};
@@ -1201,9 +1226,9 @@ static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
     for (int k = 1; k <= n; k++) sweep_case(&sw, pl_case, &ps, k);
     cr_log_info("power loss mode %d: %d sync calls, %d runs, %d crashed, %d failed open, "
                 "%zu damaged log writes, %d runs garbled arena sectors, %d point-in-time "
-                "reopens",
+                "reopens, %zu recompute probes, %d failing cases",
                 (int)mode, total, ps.st.runs, ps.st.crashed, ps.st.open_failed,
-                ps.st.log_damage, ps.st.arena_garbled, g_pit_used);
+                ps.st.log_damage, ps.st.arena_garbled, g_pit_used, g_recomputes, sw.failures);
     sweep_report(&sw, "power loss");
     cr_assert(total >= 8, "the workload made only %d sync calls", total);
     cr_assert(ps.st.crashed >= n / 2, "only %d of %d runs crashed", ps.st.crashed, n);
