@@ -1,18 +1,34 @@
-/* Crashes.
+/* Crashes. The first law under test: pagedkv never serves K/V that is not the K/V of the
+ * exact token prefix it stands for -- not after a crash, in any durability mode.
  *
- * (a) kill: a fork()ed child runs a seeded random workload on the cache (GROUP mode,
- *     2 ms group commit, small checkpoint_bytes so checkpoints happen on their own) and
- *     is killed with SIGKILL after 1-50 ms. Before every open / fork / truncate / close
- *     it appends an "intent" message to a file, and after every successful pkv_sync an
- *     "ack" with every sequence's committed tokens (plain write()s: the page cache
- *     survives a process kill; every message carries a checksum so a torn last one is
- *     ignored). The parent reopens the directory and checks pkv_check, the oracle of
- *     wu_oracle_check (acknowledged sequences survive unless closed/truncated later,
- *     nothing unannounced appears, every committed position holds the K/V of its
- *     prefix) and probes every prompt the child ever used plus every recovered
- *     sequence: every prefix-hit position must hold exactly the K/V of its prefix.
- *     The same directory is reused by the next iteration. PKV_KILL_ITERS=n for a
- *     longer run.
+ * (a) kill: a fork()ed child runs a seeded random workload on the cache and is killed
+ *     with SIGKILL after 1-50 ms (half counted from the end of its open). Three tests,
+ *     one driver (kill_test): GROUP, NONE and ALWAYS mode on a 48-block cache (4
+ *     sequences of up to 32 tokens, so eviction and slot reuse never stop), plus the
+ *     original GROUP test on a 256-block cache. The workload: opens with shared system
+ *     prompts (the families), decode steps of 1-3 tokens (pkv_seq_commit_append),
+ *     forks, truncations, closes, pkv_sync, checkpoints; the group commit is 2 ms or,
+ *     in a quarter of the children, 20-100 ms; a third of the children open with
+ *     PKV_OPEN_NO_LIMBO_WAIT; a sync every 8 steps, or every 40 in a third of them.
+ *     Before every open / fork / truncate / close the child appends an "intent" message
+ *     to a file (and, before a close or truncation, the sequence's tokens as a prompt to
+ *     recompute), and after every successful pkv_sync -- in ALWAYS mode after every
+ *     step, since a call that returned is durable -- an "ack" with every sequence's
+ *     committed tokens (plain write()s: the page cache survives a process kill; every
+ *     message carries a checksum so a torn last one is ignored). The parent reopens
+ *     the directory and checks pkv_check; the oracle of wu_oracle_check (acknowledged
+ *     sequences survive unless closed/truncated later, nothing unannounced appears,
+ *     every committed position of every recovered sequence holds the K/V of its
+ *     prefix); the recompute probes (wu_recompute: the newest 64 prompts and every
+ *     recovered sequence computed from scratch without a prefix attach -- block by
+ *     block up to the first miss, then whole -- must read back their own K/V through
+ *     the table the commits left); and the prefix probes (every prefix-hit position
+ *     holds exactly the K/V of its prefix). A violation is counted, reported on stderr
+ *     and the directory started afresh; otherwise the same directory carries over to
+ *     the next iteration. PKV_KILL_ITERS=n per test for a longer run.
+ * (d) deterministic windows (10 s group commit, the child kills itself): a stale
+ *     recovered block reached by a seal's dedupe; a sealed block reused before its SEAL
+ *     is durable while a durable COMMIT names it as an open tail; a forked child's open.
  * (b) power loss: a pkv_io_ops backend that forwards to the real files but remembers
  *     every write not yet made durable (file, offset, old bytes, new bytes) and the
  *     arena image as of its last successful fdatasync. At the N-th sync-type call
@@ -23,14 +39,16 @@
  *     garbled -- the arena is written through mmap, which the backend cannot see, so
  *     the difference to the image taken at the start of the last successful arena
  *     fdatasync is exactly what may or may not have reached the disk. Then the cache
- *     is reopened with the default backend and checked as in (a). Swept over N.
+ *     is reopened with the default backend and checked as in (a), recompute probes
+ *     included. 48-block cache (slot reuse throughout). Swept over N.
  * (c) fault injection: a backend that fails its k-th call with -EIO or -ENOSPC, swept
  *     over k: the failure surfaces as PKV_EFAILED / PKV_EIO / PKV_ENOSPC, after which
  *     every mutating call returns PKV_EFAILED; pkv_check passes; nothing crashes; a
  *     reopen with the default backend recovers the acknowledged state.
  *
  * The sweeps report every failing case at the end instead of stopping at the first.
- * Environment: PKV_SEED (kill test seed), PKV_KILL_ITERS (kill iterations, default 30),
+ * Environment: PKV_SEED (kill test seed), PKV_KILL_ITERS (kill iterations per test,
+ * default 100 GROUP / 100 NONE / 50 ALWAYS / 30 on 256 blocks),
  * PKV_POWER_N (crash points per power-loss sweep), PKV_FAULT_K (fault sweep limit),
  * PKV_KEEP_FAIL=1 (copy the directory of a failing kill / power-loss case to
  * /tmp/pkvkill.<pid> or /tmp/pkvfail.<pid>.<k>, with the oracle in pl-pre/oracle.txt). */
@@ -585,7 +603,7 @@ Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
 Test(crash, kill_during_workload, .timeout = 280)
 {
     kill_cfg k = {.name = "GROUP cap 256", .mode = PKV_DURABLE_GROUP, .cap = CAP, .max_seqs = 8,
-                  .max_len = 64, .iters = 10};
+                  .max_len = 64, .iters = 30};
     kill_test(&k);
 }
 
