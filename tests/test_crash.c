@@ -339,10 +339,10 @@ static _Noreturn void kill_child(const kill_cfg *k, const char *dir, const char 
 }
 
 /* Parse the child's messages into the oracle (which starts from `prev`, the state the
- * parent verified before the child ran) and the prompt list. Returns the number of
- * messages. */
+ * parent verified before the child ran), the prompt list (ps, opens) and the token lists
+ * of sequences closed or truncated (pc). Returns the number of messages. */
 static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, wu_prompts *ps,
-                         size_t *acks)
+                         wu_prompts *pc, size_t *acks)
 {
     wu_oracle_ack(o, prev);
     size_t len = 0, n = 0;
@@ -389,7 +389,7 @@ static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, w
         if (kind == 'O' || kind == 'P') {
             uint32_t *t = malloc(v[3] * 4 + 4);
             memcpy(t, p + 33, v[3] * 4);
-            wu_prompts_add(ps, v[2], t, v[3]);
+            wu_prompts_add(kind == 'O' ? ps : pc, v[2], t, v[3]);
             free(t);
         }
     }
@@ -406,7 +406,18 @@ typedef struct kill_totals {
 
 static const char *kill_stage; /* the check running in the parent */
 
-#define KILL_PROMPTS 64 /* prompts (newest) probed after each kill */
+#define KILL_PROMPTS 48 /* newest prompts / closed sequences recomputed after each kill */
+
+/* The newest KILL_PROMPTS entries of ps (a view: shares ps's arrays). */
+static wu_prompts kill_window(const wu_prompts *ps)
+{
+    wu_prompts w = *ps;
+    if (w.n > KILL_PROMPTS) {
+        w.p += w.n - KILL_PROMPTS;
+        w.n = KILL_PROMPTS;
+    }
+    return w;
+}
 
 /* The kill test: a child runs the workload on the cache in `dir` and is killed; the
  * parent reopens and checks (a) pkv_check, (b) the oracle: acknowledged state survived
@@ -423,7 +434,7 @@ static void kill_test(const kill_cfg *k)
     char dir[512], msgs[512];
     pt_path(dir, sizeof dir, "cache");
     pt_path(msgs, sizeof msgs, "msgs");
-    wu_prompts ps = {0};
+    wu_prompts ps = {0}, pc = {0};
     wu_model prev = {0};
     pt_rng r = {seed0 * 7919 + (uint64_t)k->mode};
     static kill_totals tt; /* static: read after a longjmp */
@@ -471,7 +482,7 @@ static void kill_test(const kill_cfg *k)
         wu_oracle_init(&orc);
         size_t acks = 0;
         struct stat sb;
-        if (stat(msgs, &sb) == 0) tt.msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
+        if (stat(msgs, &sb) == 0) tt.msgs += parse_msgs(msgs, &orc, &prev, &ps, &pc, &acks);
         else wu_oracle_ack(&orc, &prev);
         tt.acks += acks;
         if (!getenv("PKV_KEEP_FAIL")) unlink(msgs);
@@ -525,25 +536,27 @@ static void kill_test(const kill_cfg *k)
         wu_model rec;
         kill_stage = "recovered";
         wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
-        /* the prompts of the last few iterations (the recovered sequences come on top):
-         * the blocks a child evicts came from them, and the work stays bounded */
-        wu_prompts win = ps;
-        if (win.n > KILL_PROMPTS) {
-            win.p += win.n - KILL_PROMPTS;
-            win.n = KILL_PROMPTS;
-        }
+        /* Recomputed: the newest prompts and closed/cut sequences (the blocks a child
+         * evicts came from them; bounded work) and every recovered sequence. Block by
+         * block up to the first miss first (evicts almost nothing, so the probes reach
+         * what recovery left cached), then each whole prompt in one append + commit. */
+        wu_prompts wps = kill_window(&ps), wpc = kill_window(&pc);
         kill_stage = "recompute";
-        /* block by block up to the first miss first (evicts almost nothing, so the
-         * probes reach what recovery left cached), then each whole prompt in one
-         * append + commit */
-        wu_recompute_hits_all(c, &win, &rec, &tt.recomputes,
+        wu_recompute_hits_all(c, &wpc, NULL, &tt.recomputes,
                               "recomputed block by block after SIGKILL");
-        wu_recompute_all(c, &win, &rec, &tt.recomputes, &tt.recompute_full,
+        wu_recompute_hits_all(c, &wps, &rec, &tt.recomputes,
+                              "recomputed block by block after SIGKILL");
+        wu_recompute_all(c, &wpc, NULL, &tt.recomputes, &tt.recompute_full,
                          "recomputed from scratch after SIGKILL");
+        wu_recompute_all(c, &wps, &rec, &tt.recomputes, &tt.recompute_full,
+                         "recomputed from scratch after SIGKILL");
+        /* prefix hits: every prompt ever opened, the newest closed sequences, every
+         * recovered sequence */
         kill_stage = "prefix hit";
-        wu_probe_all(c, &win, NULL, NULL, "prompts after SIGKILL");
+        wu_probe_all(c, &ps, NULL, NULL, "prompts after SIGKILL");
+        wu_probe_all(c, &wpc, NULL, NULL, "closed sequences after SIGKILL");
         probe_recovered(c, &rec, "recovered sequences after SIGKILL");
-        tt.probes += win.n + rec.n;
+        tt.probes += ps.n + wpc.n + rec.n;
         kill_stage = "final check";
         WU_CHECK(c, "after the probes");
         wu_catch = NULL;
@@ -573,6 +586,7 @@ static void kill_test(const kill_cfg *k)
               "%zu of %zu recompute probes found the cache full", tt.recompute_full, tt.recomputes);
     wu_model_free(&prev);
     wu_prompts_free(&ps);
+    wu_prompts_free(&pc);
 }
 
 /* 48 blocks of 4 tokens: at most 4 sequences of 32 tokens (32 blocks) plus a recompute
