@@ -438,6 +438,7 @@ static void kill_test(const kill_cfg *k)
     wu_model prev = {0};
     pt_rng r = {seed0 * 7919 + (uint64_t)k->mode};
     static kill_totals tt; /* static: read after a longjmp */
+    static wu_model rec;   /* static: the recovered state, freed after a longjmp */
     static pt_syncio parent_io;
     pt_syncio_init(&parent_io);
     memset(&tt, 0, sizeof tt);
@@ -524,6 +525,7 @@ static void kill_test(const kill_cfg *k)
             }
             if (g_cache) pkv_close(g_cache);
             g_cache = NULL;
+            wu_model_free(&rec);
             /* start afresh: the damaged state would fail every later iteration */
             pt_rmrf(dir);
             wu_model_free(&prev);
@@ -533,7 +535,7 @@ static void kill_test(const kill_cfg *k)
         wu_catch = &jb;
         kill_stage = "open";
         pkv_cache *c = track(wu_open_ok(dir, &o));
-        wu_model rec;
+        memset(&rec, 0, sizeof rec);
         kill_stage = "recovered";
         wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
         /* Recomputed: the newest prompts and closed/cut sequences (the blocks a child
