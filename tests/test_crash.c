@@ -598,19 +598,19 @@ static void kill_test(const kill_cfg *k)
 
 Test(crash, kill_group_serves_only_the_right_kv, .timeout = 280)
 {
-    kill_cfg k = KILL_SMALL("GROUP", PKV_DURABLE_GROUP, 100);
+    kill_cfg k = KILL_SMALL("GROUP", PKV_DURABLE_GROUP, 80);
     kill_test(&k);
 }
 
 Test(crash, kill_none_serves_only_the_right_kv, .timeout = 280)
 {
-    kill_cfg k = KILL_SMALL("NONE", PKV_DURABLE_NONE, 100);
+    kill_cfg k = KILL_SMALL("NONE", PKV_DURABLE_NONE, 80);
     kill_test(&k);
 }
 
 Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
 {
-    kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 50);
+    kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 40);
     kill_test(&k);
 }
 
@@ -619,7 +619,7 @@ Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
 Test(crash, kill_during_workload, .timeout = 280)
 {
     kill_cfg k = {.name = "GROUP cap 256", .mode = PKV_DURABLE_GROUP, .cap = CAP, .max_seqs = 8,
-                  .max_len = 64, .iters = 30};
+                  .max_len = 64, .iters = 20};
     kill_test(&k);
 }
 
