@@ -1625,6 +1625,7 @@ static void det_child(const char *dir, void (*fn)(const char *dir, int arg), int
 static void det_fill(wu_wl *w, uint64_t id, const uint32_t *toks, size_t n)
 {
     WU_OK(wu_do_append(w, id, toks, n, true));
+    WU_CHECK(w->c, "after an append + commit");
 }
 
 static bool det_table_has(pkv_cache *c, uint64_t id, uint32_t b)
@@ -1666,6 +1667,7 @@ static void child_stale_dedupe(const char *dir, int arg)
     uint32_t blk = det_block(c, a, 0);
     WU_OK(wu_do_close(&w, a)); /* A cached */
     WU_OK(pkv_sync(c));        /* SEAL(A) and the close are durable */
+    WU_CHECK(c, "A cached and synced");
     uint32_t bt[4 * DET_CAP];
     for (uint32_t i = 0; i < 4 * DET_CAP; i++) bt[i] = 5200 + i;
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
@@ -1734,6 +1736,7 @@ static void child_seal_reuse(const char *dir, int variant)
     det_fill(&w, s, det_s + 2, 2); /* b full: sealed (SEAL + COMMIT, not durable) */
     if (variant == 0) WU_OK(wu_do_close(&w, s));
     else WU_OK(wu_do_truncate(&w, s, 1));
+    WU_CHECK(c, variant ? "S truncated" : "S closed");
     pkv_stats_t st;
     WU_OK(pkv_stats(c, &st));
     WU_ASSERT(st.blocks_cached == 1, "b is not cached after the %s (cached %llu)",
