@@ -511,18 +511,6 @@ void wu_recompute_hits_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m
     if (probes) *probes += np;
 }
 
-void wu_recompute_all_step(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t step,
-                           size_t *probes, size_t *full, const char *what)
-{
-    size_t np = 0, nf = 0;
-    for (size_t i = ps ? ps->n : 0; i-- > 0; np++)
-        if (wu_recompute_step(c, ps->p[i].salt, ps->p[i].tok, ps->p[i].n, step, what)) nf++;
-    for (size_t i = 0; m && i < m->n; i++, np++)
-        if (wu_recompute_step(c, m->s[i].salt, m->s[i].tok, m->s[i].committed, step, what)) nf++;
-    if (probes) *probes += np;
-    if (full) *full += nf;
-}
-
 void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
                       size_t *full, const char *what)
 {

@@ -149,9 +149,6 @@ int wu_recompute_step(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, 
  * (either may be NULL). */
 void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
                       size_t *full, const char *what);
-/* wu_recompute_all with wu_recompute_step(step), the prompts of ps newest first. */
-void wu_recompute_all_step(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t step,
-                           size_t *probes, size_t *full, const char *what);
 /* The recompute probe block by block, stopping after the first full block that did not
  * dedupe (a miss): it seals at most one new block, and each copy that dedupes is freed
  * at once, so it evicts at most one block or two -- a run of these reaches the blocks
