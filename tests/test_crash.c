@@ -1,18 +1,34 @@
-/* Crashes.
+/* Crashes. The first law under test: pagedkv never serves K/V that is not the K/V of the
+ * exact token prefix it stands for -- not after a crash, in any durability mode.
  *
- * (a) kill: a fork()ed child runs a seeded random workload on the cache (GROUP mode,
- *     2 ms group commit, small checkpoint_bytes so checkpoints happen on their own) and
- *     is killed with SIGKILL after 1-50 ms. Before every open / fork / truncate / close
- *     it appends an "intent" message to a file, and after every successful pkv_sync an
- *     "ack" with every sequence's committed tokens (plain write()s: the page cache
- *     survives a process kill; every message carries a checksum so a torn last one is
- *     ignored). The parent reopens the directory and checks pkv_check, the oracle of
- *     wu_oracle_check (acknowledged sequences survive unless closed/truncated later,
- *     nothing unannounced appears, every committed position holds the K/V of its
- *     prefix) and probes every prompt the child ever used plus every recovered
- *     sequence: every prefix-hit position must hold exactly the K/V of its prefix.
- *     The same directory is reused by the next iteration. PKV_KILL_ITERS=n for a
- *     longer run.
+ * (a) kill: a fork()ed child runs a seeded random workload on the cache and is killed
+ *     with SIGKILL after 1-50 ms (half counted from the end of its open). Three tests,
+ *     one driver (kill_test): GROUP, NONE and ALWAYS mode on a 48-block cache (4
+ *     sequences of up to 32 tokens, so eviction and slot reuse never stop), plus the
+ *     original GROUP test on a 256-block cache. The workload: opens with shared system
+ *     prompts (the families), decode steps of 1-3 tokens (pkv_seq_commit_append),
+ *     forks, truncations, closes, pkv_sync, checkpoints; the group commit is 2 ms or,
+ *     in a quarter of the children, 20-100 ms; a third of the children open with
+ *     PKV_OPEN_NO_LIMBO_WAIT; a sync every 8 steps, or every 40 in a third of them.
+ *     Before every open / fork / truncate / close the child appends an "intent" message
+ *     to a file (and, before a close or truncation, the sequence's tokens as a prompt to
+ *     recompute), and after every successful pkv_sync -- in ALWAYS mode after every
+ *     step, since a call that returned is durable -- an "ack" with every sequence's
+ *     committed tokens (plain write()s: the page cache survives a process kill; every
+ *     message carries a checksum so a torn last one is ignored). The parent reopens
+ *     the directory and checks pkv_check; the oracle of wu_oracle_check (acknowledged
+ *     sequences survive unless closed/truncated later, nothing unannounced appears,
+ *     every committed position of every recovered sequence holds the K/V of its
+ *     prefix); the recompute probes (wu_recompute: the newest 64 prompts and every
+ *     recovered sequence computed from scratch without a prefix attach -- block by
+ *     block up to the first miss, then whole -- must read back their own K/V through
+ *     the table the commits left); and the prefix probes (every prefix-hit position
+ *     holds exactly the K/V of its prefix). A violation is counted, reported on stderr
+ *     and the directory started afresh; otherwise the same directory carries over to
+ *     the next iteration. PKV_KILL_ITERS=n per test for a longer run.
+ * (d) deterministic windows (10 s group commit, the child kills itself): a stale
+ *     recovered block reached by a seal's dedupe; a sealed block reused before its SEAL
+ *     is durable while a durable COMMIT names it as an open tail; a forked child's open.
  * (b) power loss: a pkv_io_ops backend that forwards to the real files but remembers
  *     every write not yet made durable (file, offset, old bytes, new bytes) and the
  *     arena image as of its last successful fdatasync. At the N-th sync-type call
@@ -23,14 +39,16 @@
  *     garbled -- the arena is written through mmap, which the backend cannot see, so
  *     the difference to the image taken at the start of the last successful arena
  *     fdatasync is exactly what may or may not have reached the disk. Then the cache
- *     is reopened with the default backend and checked as in (a). Swept over N.
+ *     is reopened with the default backend and checked as in (a), recompute probes
+ *     included. 48-block cache (slot reuse throughout). Swept over N.
  * (c) fault injection: a backend that fails its k-th call with -EIO or -ENOSPC, swept
  *     over k: the failure surfaces as PKV_EFAILED / PKV_EIO / PKV_ENOSPC, after which
  *     every mutating call returns PKV_EFAILED; pkv_check passes; nothing crashes; a
  *     reopen with the default backend recovers the acknowledged state.
  *
  * The sweeps report every failing case at the end instead of stopping at the first.
- * Environment: PKV_SEED (kill test seed), PKV_KILL_ITERS (kill iterations, default 30),
+ * Environment: PKV_SEED (kill test seed), PKV_KILL_ITERS (kill iterations per test,
+ * default 100 GROUP / 100 NONE / 50 ALWAYS / 30 on 256 blocks),
  * PKV_POWER_N (crash points per power-loss sweep), PKV_FAULT_K (fault sweep limit),
  * PKV_KEEP_FAIL=1 (copy the directory of a failing kill / power-loss case to
  * /tmp/pkvkill.<pid> or /tmp/pkvfail.<pid>.<k>, with the oracle in pl-pre/oracle.txt). */
@@ -38,6 +56,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -78,6 +97,7 @@ static void probe_recovered(pkv_cache *c, const wu_model *m, const char *what)
 /* ---- Sweeps that report every failing case -------------------------------------------- */
 
 static pkv_cache *g_cache; /* the open cache of the running case (closed if it fails) */
+static size_t g_recomputes; /* recompute probes made by verify_recovery */
 static int g_pit_used;     /* reopens that needed PKV_OPEN_POINT_IN_TIME */
 
 static pkv_cache *track(pkv_cache *c)
@@ -170,7 +190,22 @@ static void mb_u64(mbuf *m, uint64_t v) { mb_put(m, &v, 8); }
 static void child_intent(void *ctx, char kind, uint64_t id, uint64_t arg, uint64_t salt,
                          const uint32_t *t, size_t n)
 {
-    (void)ctx;
+    /* A sequence about to be closed or cut: its tokens become a prompt for the parent's
+     * recompute probes ('P', no oracle intent), so that the blocks it sealed -- the
+     * cached blocks eviction takes first -- are reached by a recompute after the kill. */
+    const wu_wl *w = ctx;
+    const wu_seq *s = w && (kind == 'C' || kind == 'T') ? wu_model_find(&w->m, id) : NULL;
+    if (s && s->len) {
+        mbuf p = {.n = 0};
+        char pk = 'P';
+        mb_put(&p, &pk, 1);
+        mb_u64(&p, id);
+        mb_u64(&p, 0);
+        mb_u64(&p, s->salt);
+        mb_u64(&p, s->len);
+        mb_put(&p, s->tok, s->len * 4);
+        msg_send(p.b, p.n);
+    }
     mbuf m = {.n = 0};
     mb_put(&m, &kind, 1);
     mb_u64(&m, id);
@@ -197,34 +232,102 @@ static void child_ack(const wu_model *md)
     msg_send(m.b, m.n);
 }
 
-static void kill_opts(pkv_options *o)
+static double now_ms(void)
 {
-    wu_opts(o, WU_BS, CAP, PKV_DURABLE_GROUP);
-    o->checkpoint_bytes = 48u << 10;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static _Noreturn void kill_child(const char *dir, const char *msgs, int ready, uint64_t seed,
-                                 unsigned iter)
+/* One kill test: the durability mode, the cache and the workload's bounds. */
+typedef struct kill_cfg {
+    const char *name;
+    pkv_durability mode;
+    uint64_t cap;            /* blocks */
+    size_t max_seqs, max_len; /* wu_wl bounds: max_seqs * max_len / WU_BS + the longest
+                                 prompt must fit cap, so no call meets PKV_EFULL */
+    uint64_t iters;          /* default iterations (PKV_KILL_ITERS overrides) */
+} kill_cfg;
+
+static void kill_opts(pkv_options *o, const kill_cfg *k, uint32_t commit_us, uint32_t flags)
+{
+    wu_opts(o, WU_BS, k->cap, k->mode);
+    o->checkpoint_bytes = 48u << 10;
+    o->group_commit_us = commit_us;
+    o->flags = flags;
+}
+
+/* A decode step as an engine makes it: commit the pending tokens (the K/V of the last
+ * step, written) and append 1-3 new ones in one pkv_seq_commit_append; a sequence at
+ * its length bound is closed or truncated instead. */
+static void kill_decode(wu_wl *w)
+{
+    const wu_seq *s = &w->m.s[pt_below(&w->rng, (uint32_t)w->m.n)];
+    uint64_t id = s->id;
+    size_t k = 1 + pt_below(&w->rng, 3), pend = s->len - s->committed;
+    if (s->len + k > w->max_len) {
+        if (pt_below(&w->rng, 2)) WU_OK(wu_do_close(w, id));
+        else WU_OK(wu_do_truncate(w, id, pt_below(&w->rng, (uint32_t)s->len + 1)));
+        return;
+    }
+    uint32_t t[3];
+    for (size_t i = 0; i < k; i++) t[i] = pt_below(&w->rng, 30000);
+    /* now and then the pending tokens stay pending a step longer */
+    size_t nc = pend && pt_below(&w->rng, 5) == 0 ? 0 : pend;
+    WU_OK(wu_do_commit_append(w, id, nc, t, k));
+}
+
+/* A child that crashes prints where (the parent then fails: "stopped on its own"). */
+static void child_crash_handler(int sig)
+{
+    void *bt[64];
+    int n = backtrace(bt, 64);
+    char m[64];
+    int l = snprintf(m, sizeof m, "kill child %d: signal %d; backtrace:\n", (int)getpid(), sig);
+    if (write(2, m, (size_t)l) < 0) {}
+    backtrace_symbols_fd(bt, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static _Noreturn void kill_child(const kill_cfg *k, const char *dir, const char *msgs, int ready,
+                                 uint64_t seed, unsigned iter, uint32_t commit_us, uint32_t flags)
 {
     wu_in_child = true;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGSEGV, child_crash_handler);
+    signal(SIGBUS, child_crash_handler);
+    signal(SIGABRT, child_crash_handler);
     msg_fd = open(msgs, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
     WU_ASSERT(msg_fd >= 0, "open %s: %s", msgs, strerror(errno));
     pkv_options o;
-    kill_opts(&o);
+    kill_opts(&o, k, commit_us, flags);
     pkv_cache *c = wu_open_ok(dir, &o);
     wu_wl w;
     wu_wl_init(&w, c, seed, NULL);
+    w.max_seqs = k->max_seqs;
+    w.max_len = k->max_len;
     uint64_t base = ((uint64_t)iter + 1) << 32;
     if (w.next_id < base) w.next_id = base;
     w.intent = child_intent;
+    w.hctx = &w;
     w.allow_ckpt = true;
     /* the recovered state is durable: it came from the files */
     child_ack(&w.m);
     if (write(ready, "r", 1) != 1) _exit(5);
+    bool always = k->mode == PKV_DURABLE_ALWAYS;
+    /* a pkv_sync every 8 steps on average, in a third of the runs every 40 (each sync
+     * is a group commit: fewer of them leave the unsynced windows open longer) */
+    uint32_t sync_every = pt_below(&w.rng, 3) ? 8 : 40;
     for (uint64_t i = 0;; i++) {
-        wu_step(&w);
-        if (pt_below(&w.rng, 6) == 0) {
+        if (w.m.n && pt_below(&w.rng, 5) < 2) kill_decode(&w);
+        else wu_step(&w);
+        /* PKV_DURABLE_ALWAYS: a call that returned is durable, so the state after every
+         * step (each of its calls returned) is acknowledged. Not after each call: the
+         * model follows a call only once it returned, and an ack clears the intents
+         * announced before it. */
+        if (always) child_ack(&w.m);
+        if (pt_below(&w.rng, sync_every) == 0) {
             WU_OK(pkv_sync(c));
             child_ack(&w.m);
         }
@@ -236,10 +339,10 @@ static _Noreturn void kill_child(const char *dir, const char *msgs, int ready, u
 }
 
 /* Parse the child's messages into the oracle (which starts from `prev`, the state the
- * parent verified before the child ran) and the prompt list. Returns the number of
- * messages. */
+ * parent verified before the child ran), the prompt list (ps, opens) and the token lists
+ * of sequences closed or truncated (pc). Returns the number of messages. */
 static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, wu_prompts *ps,
-                         size_t *acks)
+                         wu_prompts *pc, size_t *acks)
 {
     wu_oracle_ack(o, prev);
     size_t len = 0, n = 0;
@@ -282,11 +385,11 @@ static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, w
             continue;
         }
         memcpy(v, p + 1, 32);
-        wu_oracle_intent(o, kind, v[0], v[1]);
-        if (kind == 'O') {
+        if (kind != 'P') wu_oracle_intent(o, kind, v[0], v[1]);
+        if (kind == 'O' || kind == 'P') {
             uint32_t *t = malloc(v[3] * 4 + 4);
             memcpy(t, p + 33, v[3] * 4);
-            wu_prompts_add(ps, v[2], t, v[3]);
+            wu_prompts_add(kind == 'O' ? ps : pc, v[2], t, v[3]);
             free(t);
         }
     }
@@ -294,30 +397,61 @@ static size_t parse_msgs(const char *path, wu_oracle *o, const wu_model *prev, w
     return n;
 }
 
-static double now_ms(void)
+
+typedef struct kill_totals {
+    size_t kills, msgs, acks, probes, recomputes, recompute_full, violations;
+    size_t where[4]; /* violations found by: recovery/oracle, recompute, prefix hit, other */
+    char first[3][900];
+} kill_totals;
+
+static const char *kill_stage; /* the check running in the parent */
+
+#define KILL_PROMPTS 48 /* newest prompts / closed sequences recomputed after each kill */
+
+/* The newest KILL_PROMPTS entries of ps (a view: shares ps's arrays). */
+static wu_prompts kill_window(const wu_prompts *ps)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    wu_prompts w = *ps;
+    if (w.n > KILL_PROMPTS) {
+        w.p += w.n - KILL_PROMPTS;
+        w.n = KILL_PROMPTS;
+    }
+    return w;
 }
 
-Test(crash, kill_during_workload)
+/* The kill test: a child runs the workload on the cache in `dir` and is killed; the
+ * parent reopens and checks (a) pkv_check, (b) the oracle: acknowledged state survived
+ * (in ALWAYS mode every step's), nothing unannounced appeared, every committed position
+ * of every recovered sequence holds the K/V of its prefix, (d) every prompt ever used and
+ * every recovered sequence recomputed from scratch reads back its own K/V, (c) every
+ * prefix hit of those serves its K/V. The recompute comes before the prefix probes,
+ * which verify (and so mark bad) the blocks they reach. A violation is recorded and the
+ * directory started afresh; the test fails at the end with the first ones. */
+static void kill_test(const kill_cfg *k)
 {
-    uint64_t iters = pt_env_u64("PKV_KILL_ITERS", 30);
+    uint64_t iters = pt_env_u64("PKV_KILL_ITERS", k->iters);
     uint64_t seed0 = pt_env_u64("PKV_SEED", 1);
     char dir[512], msgs[512];
     pt_path(dir, sizeof dir, "cache");
     pt_path(msgs, sizeof msgs, "msgs");
-    pkv_options o;
-    kill_opts(&o);
-    wu_prompts ps = {0};
+    wu_prompts ps = {0}, pc = {0};
     wu_model prev = {0};
-    pt_rng r = {seed0 * 7919};
-    size_t total_acks = 0, total_msgs = 0, total_probes = 0;
+    pt_rng r = {seed0 * 7919 + (uint64_t)k->mode};
+    static kill_totals tt; /* static: read after a longjmp */
+    static wu_model rec;   /* static: the recovered state, freed after a longjmp */
+    static pt_syncio parent_io;
+    pt_syncio_init(&parent_io);
+    memset(&tt, 0, sizeof tt);
     double t0 = now_ms();
     for (uint64_t it = 0; it < iters; it++) {
-        snprintf(pt_ctx, sizeof pt_ctx, "[kill iteration %llu, PKV_SEED=%llu] ",
-                 (unsigned long long)it, (unsigned long long)seed0);
+        /* 2 ms mostly; sometimes 20-100 ms, so unsynced windows are wide */
+        uint32_t commit_us = pt_below(&r, 4) ? 2000 : 20000 * (1 + pt_below(&r, 5));
+        /* a third of the children evict instead of waiting for the log to release
+         * limbo blocks (each such wait is a group commit, which closes the window) */
+        uint32_t flags = pt_below(&r, 3) ? 0 : PKV_OPEN_NO_LIMBO_WAIT;
+        snprintf(pt_ctx, sizeof pt_ctx, "[%s iteration %llu, PKV_SEED=%llu, group commit %u us%s] ",
+                 k->name, (unsigned long long)it, (unsigned long long)seed0, commit_us,
+                 flags ? ", no limbo wait" : "");
         int ready[2];
         cr_assert_eq(pipe(ready), 0);
         fflush(NULL);
@@ -325,7 +459,8 @@ Test(crash, kill_during_workload)
         cr_assert(pid >= 0);
         if (pid == 0) {
             close(ready[0]);
-            kill_child(dir, msgs, ready[1], seed0 * 1000003 + it, (unsigned)it);
+            kill_child(k, dir, msgs, ready[1], seed0 * 1000003 + it + ((uint64_t)k->mode << 40),
+                       (unsigned)it, commit_us, flags);
         }
         close(ready[1]);
         unsigned delay = 1 + pt_below(&r, 50);
@@ -342,14 +477,15 @@ Test(crash, kill_during_workload)
                   "%sthe child stopped on its own (exit status %d, signal %d); see its stderr",
                   pt_ctx, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
                   WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        tt.kills++;
 
         wu_oracle orc;
         wu_oracle_init(&orc);
         size_t acks = 0;
         struct stat sb;
-        if (stat(msgs, &sb) == 0) total_msgs += parse_msgs(msgs, &orc, &prev, &ps, &acks);
+        if (stat(msgs, &sb) == 0) tt.msgs += parse_msgs(msgs, &orc, &prev, &ps, &pc, &acks);
         else wu_oracle_ack(&orc, &prev);
-        total_acks += acks;
+        tt.acks += acks;
         if (!getenv("PKV_KEEP_FAIL")) unlink(msgs);
 
         if (getenv("PKV_KEEP_FAIL")) { /* keep the directory as the child left it */
@@ -357,38 +493,134 @@ Test(crash, kill_during_workload)
             snprintf(keep, sizeof keep, "%s/kept-%llu", pt_dir, (unsigned long long)it);
             wu_copy_dir(dir, keep);
         }
+        pkv_options o;
+        /* The checks: recovery does not depend on the mode, so they run in GROUP mode
+         * (in ALWAYS mode each probe call would wait for an fdatasync), and evict rather
+         * than wait for the log to release limbo blocks (each wait an fdatasync). */
+        kill_opts(&o, k, 0, PKV_OPEN_NO_LIMBO_WAIT);
+        o.durability = PKV_DURABLE_GROUP; /* (a child killed before it created the
+                                             cache leaves none: this open creates it) */
+        /* The synchronous backend: the default one keeps an io_uring ring per thread,
+         * which the next child would inherit and share with this process, and a child
+         * whose open writes a log segment header through it crashes (see
+         * crash/a_forked_child_can_open_a_cache). */
+        o.io = &parent_io.ops;
+        g_cache = NULL;
         jmp_buf jb;
         if (setjmp(jb)) {
-            char keep[600] = "";
+            int w = !strcmp(kill_stage, "recovered") ? 0 : !strcmp(kill_stage, "recompute") ? 1
+                    : !strcmp(kill_stage, "prefix hit") ? 2 : 3;
+            tt.where[w]++;
+            fprintf(stderr, "kill test violation: %s[%s] %s\n", pt_ctx, kill_stage, wu_caught);
+            if (tt.violations < 3)
+                snprintf(tt.first[tt.violations], sizeof tt.first[0], "%s[%s] %.700s", pt_ctx,
+                         kill_stage, wu_caught);
+            tt.violations++;
             if (getenv("PKV_KEEP_FAIL")) {
-                snprintf(keep, sizeof keep, "/tmp/pkvkill.%d", (int)getpid());
                 char cmd[1400];
-                snprintf(cmd, sizeof cmd, "rm -rf %s && cp -a %s %s", keep, pt_dir, keep);
-                if (system(cmd)) keep[0] = 0;
+                snprintf(cmd, sizeof cmd, "rm -rf /tmp/pkvkill.%d.%llu && cp -a %s /tmp/pkvkill.%d.%llu",
+                         (int)getpid(), (unsigned long long)it, pt_dir, (int)getpid(),
+                         (unsigned long long)it);
+                if (system(cmd)) {}
             }
-            cr_assert_fail("%s%s", wu_caught, keep[0] ? " (directory kept)" : "");
+            if (g_cache) pkv_close(g_cache);
+            g_cache = NULL;
+            wu_model_free(&rec);
+            /* start afresh: the damaged state would fail every later iteration */
+            pt_rmrf(dir);
+            wu_model_free(&prev);
+            wu_oracle_free(&orc);
+            continue;
         }
         wu_catch = &jb;
-        pkv_cache *c = wu_open_ok(dir, &o);
-        wu_model rec;
+        kill_stage = "open";
+        pkv_cache *c = track(wu_open_ok(dir, &o));
+        memset(&rec, 0, sizeof rec);
+        kill_stage = "recovered";
         wu_oracle_check(&orc, c, true, &rec, "recovered after SIGKILL");
+        /* Recomputed: the newest prompts and closed/cut sequences (the blocks a child
+         * evicts came from them; bounded work) and every recovered sequence. Block by
+         * block up to the first miss first (evicts almost nothing, so the probes reach
+         * what recovery left cached), then each whole prompt in one append + commit. */
+        wu_prompts wps = kill_window(&ps), wpc = kill_window(&pc);
+        kill_stage = "recompute";
+        wu_recompute_hits_all(c, &wpc, NULL, &tt.recomputes,
+                              "recomputed block by block after SIGKILL");
+        wu_recompute_hits_all(c, &wps, &rec, &tt.recomputes,
+                              "recomputed block by block after SIGKILL");
+        wu_recompute_all(c, &wpc, NULL, &tt.recomputes, &tt.recompute_full,
+                         "recomputed from scratch after SIGKILL");
+        wu_recompute_all(c, &wps, &rec, &tt.recomputes, &tt.recompute_full,
+                         "recomputed from scratch after SIGKILL");
+        /* prefix hits: every prompt ever opened, the newest closed sequences, every
+         * recovered sequence */
+        kill_stage = "prefix hit";
         wu_probe_all(c, &ps, NULL, NULL, "prompts after SIGKILL");
+        wu_probe_all(c, &wpc, NULL, NULL, "closed sequences after SIGKILL");
         probe_recovered(c, &rec, "recovered sequences after SIGKILL");
-        total_probes += ps.n + rec.n;
+        tt.probes += ps.n + wpc.n + rec.n;
+        kill_stage = "final check";
         WU_CHECK(c, "after the probes");
         wu_catch = NULL;
-        pkv_close(c);
+        close_tracked(c);
         wu_model_free(&prev);
         prev = rec;
         wu_oracle_free(&orc);
     }
+    wu_catch = NULL;
     pt_ctx[0] = 0;
-    cr_log_info("kill test: %llu iterations, %zu messages, %zu acks, %zu probes, %.0f ms",
-                (unsigned long long)iters, total_msgs, total_acks, total_probes, now_ms() - t0);
-    cr_assert(iters < 10 || total_acks > iters / 2, "the children acknowledged only %zu syncs",
-              total_acks);
+    cr_log_info("kill test %s: %llu iterations, %zu kills, %zu messages, %zu acks, %zu prefix "
+                "probes, %zu recompute probes (%zu skipped: cache full), %zu violations "
+                "(recovered K/V / oracle %zu, recompute %zu, prefix hit %zu, other %zu), %.0f ms",
+                k->name, (unsigned long long)iters, tt.kills, tt.msgs, tt.acks, tt.probes,
+                tt.recomputes, tt.recompute_full, tt.violations, tt.where[0], tt.where[1],
+                tt.where[2], tt.where[3], now_ms() - t0);
+    cr_assert(tt.violations == 0,
+              "%s: %zu of %llu kills broke the first law (recovered K/V / oracle %zu, recompute "
+              "%zu, prefix hit %zu, other %zu); the first:\n  - %s%s%s%s%s", k->name,
+              tt.violations, (unsigned long long)iters, tt.where[0], tt.where[1], tt.where[2],
+              tt.where[3], tt.first[0], tt.violations > 1 ? "\n  - " : "",
+              tt.violations > 1 ? tt.first[1] : "", tt.violations > 2 ? "\n  - " : "",
+              tt.violations > 2 ? tt.first[2] : "");
+    cr_assert(iters < 10 || tt.acks > iters / 2, "the children acknowledged only %zu states",
+              tt.acks);
+    cr_assert(tt.recompute_full * 10 <= tt.recomputes + 9,
+              "%zu of %zu recompute probes found the cache full", tt.recompute_full, tt.recomputes);
     wu_model_free(&prev);
     wu_prompts_free(&ps);
+    wu_prompts_free(&pc);
+}
+
+/* 48 blocks of 4 tokens: at most 4 sequences of 32 tokens (32 blocks) plus a recompute
+ * probe (8 blocks) always fit, and the workload seals far more than 48 blocks per run,
+ * so eviction and slot reuse never stop. */
+#define KILL_SMALL(nm, md, it) {.name = nm, .mode = md, .cap = 48, .max_seqs = 4, .max_len = 32, .iters = it}
+
+Test(crash, kill_group_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("GROUP", PKV_DURABLE_GROUP, 80);
+    kill_test(&k);
+}
+
+Test(crash, kill_none_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("NONE", PKV_DURABLE_NONE, 80);
+    kill_test(&k);
+}
+
+Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
+{
+    kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 40);
+    kill_test(&k);
+}
+
+/* The original kill test: GROUP mode, a roomy cache (256 blocks, 8 sequences of up to 64
+ * tokens), through the same driver and checks. */
+Test(crash, kill_during_workload, .timeout = 280)
+{
+    kill_cfg k = {.name = "GROUP cap 256", .mode = PKV_DURABLE_GROUP, .cap = CAP, .max_seqs = 8,
+                  .max_len = 64, .iters = 20};
+    kill_test(&k);
 }
 
 /* ========================================================================================
@@ -760,6 +992,15 @@ static void crashfs_apply(crashfs *fs, const char *dir, pt_rng *r, damage *d)
 
 /* ---- Shared by (b) and (c): the setup phase and the workload under a backend ----------- */
 
+/* The cache and workload bounds of (b) and (c). The power-loss sweeps use a 48-block
+ * cache (slot reuse all the time) and the recompute probes after recovery; the fault
+ * sweep keeps the roomy 256-block cache. */
+static struct {
+    uint64_t cap;
+    size_t max_seqs, max_len;
+    bool recompute;
+} g_geo = {CAP, 6, 64, false};
+
 typedef struct phase1 {
     char dir[512];
     wu_model m; /* committed state at its clean close */
@@ -771,11 +1012,12 @@ static void phase1_build(phase1 *p, uint64_t seed)
     memset(p, 0, sizeof *p);
     pt_path(p->dir, sizeof p->dir, "base");
     pkv_options o;
-    wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
+    wu_opts(&o, WU_BS, g_geo.cap, PKV_DURABLE_GROUP);
     pkv_cache *c = wu_open_ok(p->dir, &o);
     wu_wl w;
     wu_wl_init(&w, c, seed, &p->ps);
-    w.max_seqs = 6;
+    w.max_seqs = g_geo.max_seqs;
+    w.max_len = g_geo.max_len;
     for (int i = 0; i < 40; i++) wu_step(&w);
     WU_OK(pkv_checkpoint(c));
     for (int i = 0; i < 15; i++) wu_step(&w);
@@ -829,7 +1071,8 @@ static bool faulty_workload(pkv_cache *c, wu_oracle *o, wu_prompts *ps, uint64_t
     wu_wl w;
     wu_wl_init(&w, c, seed, ps);
     if (w.next_id < 1000000) w.next_id = 1000000; /* never an id of the setup phase */
-    w.max_seqs = 6;
+    w.max_seqs = g_geo.max_seqs;
+    w.max_len = g_geo.max_len;
     w.tolerant = true;
     w.allow_ckpt = true;
     w.hctx = &rc;
@@ -887,7 +1130,7 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
                             const char *what)
 {
     pkv_options op;
-    wu_opts(&op, WU_BS, CAP, mode);
+    wu_opts(&op, WU_BS, 0 /* as stored */, mode);
     pkv_cache *c = NULL;
     int rc = wu_open(dir, &op, &c);
     track(c);
@@ -906,6 +1149,14 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
     WU_CHECK(c, what);
     wu_model m;
     wu_oracle_check(o, c, mode != PKV_DURABLE_NONE, &m, what);
+    if (g_geo.recompute) {
+        /* every prompt and recovered sequence recomputed from scratch reads back its own
+         * K/V (before the prefix probes, which verify and so disarm what they reach) */
+        char w2[400];
+        snprintf(w2, sizeof w2, "%s, recomputed", what);
+        wu_recompute_hits_all(c, ps, &m, &g_recomputes, w2);
+        wu_recompute_all(c, ps, &m, &g_recomputes, NULL, w2);
+    }
     wu_probe_all(c, ps, NULL, NULL, what);
     probe_recovered(c, &m, what);
     close_tracked(c);
@@ -951,7 +1202,7 @@ static void power_loss_run(const phase1 *p1, pkv_durability mode, int crash_at, 
     for (size_t i = 0; i < p1->ps.n; i++)
         wu_prompts_add(&ps, p1->ps.p[i].salt, p1->ps.p[i].tok, p1->ps.p[i].n);
     pkv_options op;
-    wu_opts(&op, WU_BS, CAP, mode);
+    wu_opts(&op, WU_BS, g_geo.cap, mode);
     op.io = &fs.ops;
     op.checkpoint_bytes = 24u << 10;
     op.group_commit_us = commit_us;
@@ -1021,6 +1272,11 @@ static void pl_case(void *arg, int k)
 
 static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
 {
+    /* 48 blocks: at most 4 sequences of 32 tokens, eviction and slot reuse throughout */
+    g_geo.cap = 48;
+    g_geo.max_seqs = 4;
+    g_geo.max_len = 32;
+    g_geo.recompute = true;
     phase1 p1;
     phase1_build(&p1, 500 + (uint64_t)mode);
     pl_sweep ps = {&p1, mode, commit_us, {0}};
@@ -1031,9 +1287,9 @@ static void power_loss_sweep(pkv_durability mode, uint32_t commit_us, int max_n)
     for (int k = 1; k <= n; k++) sweep_case(&sw, pl_case, &ps, k);
     cr_log_info("power loss mode %d: %d sync calls, %d runs, %d crashed, %d failed open, "
                 "%zu damaged log writes, %d runs garbled arena sectors, %d point-in-time "
-                "reopens",
+                "reopens, %zu recompute probes, %d failing cases",
                 (int)mode, total, ps.st.runs, ps.st.crashed, ps.st.open_failed,
-                ps.st.log_damage, ps.st.arena_garbled, g_pit_used);
+                ps.st.log_damage, ps.st.arena_garbled, g_pit_used, g_recomputes, sw.failures);
     sweep_report(&sw, "power loss");
     cr_assert(total >= 8, "the workload made only %d sync calls", total);
     cr_assert(ps.st.crashed >= n / 2, "only %d of %d runs crashed", ps.st.crashed, n);
@@ -1324,4 +1580,265 @@ Test(crash, none_mode_sync_survives_a_later_seal)
               "after a power loss (seq_blocks_bad %llu: the block sealed after the sync failed "
               "verification and took the synced token with it)",
               (unsigned long long)si.committed, (unsigned long long)rec.seq_blocks_bad);
+}
+
+/* ========================================================================================
+ * (d) deterministic windows: SIGKILL with a 10 s group commit
+ *
+ * With group_commit_us = 10 s the flusher writes nothing between a pkv_sync and the kill
+ * (the next group is due 10 s after the sync), so exactly the records before the sync are
+ * durable and everything after it is lost -- while the arena, written through the shared
+ * mapping, keeps every byte written up to the kill. The child ends itself with SIGKILL.
+ * ====================================================================================== */
+
+#define DET_CAP 8u
+
+static void det_opts(pkv_options *o)
+{
+    wu_opts(o, WU_BS, DET_CAP, PKV_DURABLE_GROUP);
+    o->group_commit_us = 10000000; /* the longest allowed: no group commit before the kill */
+}
+
+/* Run fn(dir, arg) in a forked child that then kills itself with SIGKILL; a WU_ failure
+ * in the child ends it with status 3 instead, which fails the test here. */
+static void det_child(const char *dir, void (*fn)(const char *dir, int arg), int arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        wu_in_child = true;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fn(dir, arg);
+        raise(SIGKILL);
+        _exit(4);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+              "the child did not reach its SIGKILL (exit status %d, signal %d); see its stderr",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* Append toks[0..n) to sequence id in one call and write their K/V (as the sequence's
+ * prefix hashes say), then commit them. */
+static void det_fill(wu_wl *w, uint64_t id, const uint32_t *toks, size_t n)
+{
+    WU_OK(wu_do_append(w, id, toks, n, true));
+    WU_CHECK(w->c, "after an append + commit");
+}
+
+static bool det_table_has(pkv_cache *c, uint64_t id, uint32_t b)
+{
+    uint32_t tab[64];
+    size_t nb = 0;
+    WU_OK(pkv_seq_blocks(c, id, tab, 64, &nb));
+    for (size_t i = 0; i < nb; i++)
+        if (tab[i] == b) return true;
+    return false;
+}
+
+static uint32_t det_block(pkv_cache *c, uint64_t id, size_t i)
+{
+    uint32_t tab[64];
+    size_t nb = 0;
+    WU_OK(pkv_seq_blocks(c, id, tab, 64, &nb));
+    WU_ASSERT(i < nb, "seq %llu has %zu blocks", (unsigned long long)id, nb);
+    return tab[i];
+}
+
+static const uint32_t det_a[4] = {4101, 4102, 4103, 4104};
+
+/* Child of seal_dedupe_never_attaches_a_stale_recovered_block: block A (the one full
+ * block of prompt det_a) sealed, its sequence closed, pkv_sync; then sequence B takes
+ * every block of the cache, so A (the only cached block) is evicted and its slot
+ * rewritten with B's K/V. The EVICT record is not durable when the child dies. */
+static void child_stale_dedupe(const char *dir, int arg)
+{
+    (void)arg;
+    pkv_options o;
+    det_opts(&o);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 41, NULL);
+    uint64_t a = 0, b = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+    det_fill(&w, a, det_a, 4); /* seals A */
+    uint32_t blk = det_block(c, a, 0);
+    WU_OK(wu_do_close(&w, a)); /* A cached */
+    WU_OK(pkv_sync(c));        /* SEAL(A) and the close are durable */
+    WU_CHECK(c, "A cached and synced");
+    uint32_t bt[4 * DET_CAP];
+    for (uint32_t i = 0; i < 4 * DET_CAP; i++) bt[i] = 5200 + i;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
+    det_fill(&w, b, bt, 4 * DET_CAP); /* every block: A's slot reused */
+    WU_ASSERT(det_table_has(c, b, blk), "A's slot %u was not reused by B", blk);
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.evictions == 1 && st.durable_lsn < st.last_lsn,
+              "evictions %llu, durable LSN %llu, last %llu", (unsigned long long)st.evictions,
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+/* Violation (1): a seal that dedupes onto a recovered (unverified) block must verify
+ * its payload first. After the kill, recovery finds A sealed (its EVICT was lost) with
+ * B's K/V in its slot. The prompt recomputed from scratch (no prefix attach, so nothing
+ * verifies A first) seals an identical block: the table it ends up with must name A's
+ * correct K/V. */
+Test(crash, seal_dedupe_never_attaches_a_stale_recovered_block)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "stale");
+    det_child(dir, child_stale_dedupe, 0);
+    pkv_options o;
+    det_opts(&o);
+    o.group_commit_us = 0;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_stats_t st0 = pt_stats(c);
+    pkv_recovery_t rec = recovery(c);
+    cr_assert_geq(rec.blocks_sealed, 1, "A's SEAL was synced: it must be recovered (blocks_sealed %llu)",
+                  (unsigned long long)rec.blocks_sealed);
+    wu_recompute(c, 0, det_a, 4, "block A recomputed after the kill");
+    pkv_stats_t st1 = pt_stats(c);
+    cr_log_info("stale dedupe: verify_failures %llu -> %llu, dedupes %llu -> %llu",
+                (unsigned long long)st0.verify_failures, (unsigned long long)st1.verify_failures,
+                (unsigned long long)st0.dedupes, (unsigned long long)st1.dedupes);
+    /* the prefix-attach path is right already (it verifies): it must stay right */
+    wu_probe(c, 0, det_a, 5, "prompt A + 1 attached after the recompute");
+    WU_CHECK(c, "after the probes");
+    pkv_close(c);
+    c = wu_open_ok(dir, &o); /* and once more after a clean close */
+    wu_recompute(c, 0, det_a, 4, "block A recomputed after a further reopen");
+    wu_probe(c, 0, det_a, 5, "prompt A + 1 after a further reopen");
+    pkv_close(c);
+}
+
+/* Child of a_sealed_block_is_not_reused_before_its_seal_is_durable. Sequence S commits
+ * 2 tokens into block b; pkv_sync makes the COMMIT naming b as S's open tail durable.
+ * Then (nothing more durable) S fills b (seal), b is released -- S closed (variant 0) or
+ * truncated to 1 token, which copies the cut sealed block (variant 1) -- so b is cached,
+ * and sequence T takes every obtainable block, evicting b and writing its own K/V into
+ * the slot. */
+static const uint32_t det_s[4] = {6101, 6102, 6103, 6104};
+
+static void child_seal_reuse(const char *dir, int variant)
+{
+    pkv_options o;
+    det_opts(&o);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 43, NULL);
+    uint64_t s = 0, t = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &s));
+    det_fill(&w, s, det_s, 2);
+    uint32_t b = det_block(c, s, 0);
+    WU_OK(pkv_sync(c)); /* COMMIT(S: 2 tokens, tail block b) is durable */
+    det_fill(&w, s, det_s + 2, 2); /* b full: sealed (SEAL + COMMIT, not durable) */
+    if (variant == 0) WU_OK(wu_do_close(&w, s));
+    else WU_OK(wu_do_truncate(&w, s, 1));
+    WU_CHECK(c, variant ? "S truncated" : "S closed");
+    pkv_stats_t st;
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.blocks_cached == 1, "b is not cached after the %s (cached %llu)",
+              variant ? "truncation" : "close", (unsigned long long)st.blocks_cached);
+    uint32_t n = (uint32_t)(st.blocks_free + st.blocks_cached) * WU_BS;
+    uint32_t tt[4 * DET_CAP];
+    for (uint32_t i = 0; i < n; i++) tt[i] = 7300 + i;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &t));
+    det_fill(&w, t, tt, n); /* evicts b, writes T's K/V over S's */
+    WU_ASSERT(det_table_has(c, t, b), "b (slot %u) was not reused by T", b);
+    WU_OK(pkv_stats(c, &st));
+    WU_ASSERT(st.durable_lsn < st.last_lsn, "durable LSN %llu, last %llu: the window closed",
+              (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
+}
+
+static void seal_reuse_case(void *arg, int variant)
+{
+    (void)arg;
+    char dir[512], what[200];
+    snprintf(what, sizeof what, "S %s after sealing b", variant ? "truncated to 1 token" : "closed");
+    pt_path(dir, sizeof dir, variant ? "reuse-trunc" : "reuse-close");
+    det_child(dir, child_seal_reuse, variant);
+    /* The oracle: S acknowledged with 2 committed tokens, then closed or truncated. */
+    wu_oracle orc;
+    wu_oracle_init(&orc);
+    wu_model ack = {0};
+    wu_model_add(&ack, 1000, 0, det_s, 2, 2); /* wu_wl's first id */
+    wu_oracle_ack(&orc, &ack);
+    wu_oracle_intent(&orc, variant ? 'T' : 'C', 1000, 1);
+    wu_oracle_intent(&orc, 'O', 1001, 0);
+    pkv_options o;
+    det_opts(&o);
+    o.group_commit_us = 0;
+    pkv_cache *c = track(wu_open_ok(dir, &o));
+    wu_model rec;
+    wu_oracle_check(&orc, c, true, &rec, what); /* every committed position's K/V */
+    cr_log_info("%s: %zu sequence(s) recovered%s", what, rec.n,
+                rec.n && rec.s[0].id == 1000 ? ", S among them" : "");
+    wu_recompute(c, 0, det_s, 4, what);
+    wu_recompute_all(c, NULL, &rec, NULL, NULL, what);
+    wu_probe(c, 0, det_s, 4, what);
+    WU_CHECK(c, what);
+    close_tracked(c);
+    wu_model_free(&rec);
+    wu_model_free(&ack);
+    wu_oracle_free(&orc);
+}
+
+/* Violation (2) (issue 28): an open block that a durable COMMIT names as a sequence's
+ * partial tail is sealed, released and -- being sealed and cached -- evicted and reused
+ * at once, before its SEAL is durable. Recovery then restores the sequence with that
+ * block still open (no payload checksum to catch it), holding the new owner's K/V. The
+ * recovered sequence's committed tokens must hold their own K/V. */
+Test(crash, a_sealed_block_is_not_reused_before_its_seal_is_durable)
+{
+    sweep sw = {0};
+    for (int v = 0; v < 2; v++) sweep_case(&sw, seal_reuse_case, NULL, v);
+    sweep_report(&sw, "sealed block reused before its SEAL was durable");
+}
+
+/* ---- fork after use ----------------------------------------------------------------------
+ * A process that used a cache and then forks: the child must be able to open a cache.
+ * The default backend writes the log through an io_uring ring per thread (src/wal/io.c,
+ * thread_ring), kept in a pthread key; a forked child inherits the forking thread's
+ * ring -- its mappings are shared with the parent, its user-space head and tail copied.
+ * Once one child has submitted through it, the copies the parent and later children
+ * hold are stale: io_uring_get_sqe sees the ring full and returns NULL, and the next
+ * write through it (the log segment header a fresh cache's open writes) dereferences
+ * NULL. Here: the parent creates a cache (one write through its main thread's ring);
+ * child 1 creates another and exits; child 2 creates a third. */
+static void fork_open_child(const char *dir, int arg)
+{
+    (void)arg;
+    pkv_options o;
+    wu_opts(&o, WU_BS, 16, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_close(c);
+    _exit(0);
+}
+
+Test(crash, a_forked_child_can_open_a_cache)
+{
+    char d0[512], d1[512], d2[512];
+    pt_path(d0, sizeof d0, "fork0");
+    pt_path(d1, sizeof d1, "fork1");
+    pt_path(d2, sizeof d2, "fork2");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 16, PKV_DURABLE_GROUP);
+    pkv_close(wu_open_ok(d0, &o)); /* this thread's ring exists now */
+    for (int i = 0; i < 2; i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0) {
+            wu_in_child = true;
+            fork_open_child(i ? d2 : d1, 0);
+        }
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "child %d, forked after this process used a cache, failed to create one "
+                  "(exit status %d, signal %d)", i + 1, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+                  WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    }
 }

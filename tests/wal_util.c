@@ -393,6 +393,136 @@ void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t 
     WU_CHECK(c, what);
 }
 
+int wu_recompute(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what)
+{
+    return wu_recompute_step(c, salt, t, n, 0, what);
+}
+
+int wu_recompute_step(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, size_t step,
+                      const char *what)
+{
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    uint64_t id = wu_probe_next++;
+    size_t nc = (size_t)-1;
+    int r = pkv_seq_open(c, id, salt, NULL, 0, &nc);
+    WU_ASSERT(r == 0 && nc == 0, "%s: recompute seq_open(n 0) -> %d (%s: %s), n_cached %zu",
+              what, r, pkv_strerror(r), pkv_last_error(), nc);
+    pkv_slot slots[128];
+    uint64_t h = pt_h0(salt);
+    size_t chunk = step && step < 128 ? step : 128;
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < chunk ? n - done : chunk;
+        r = pkv_seq_append(c, id, t + done, k, slots);
+        if (r == PKV_EFULL) {
+            WU_OK(pkv_seq_close(c, id));
+            return PKV_EFULL;
+        }
+        WU_ASSERT(r == 0, "%s: recompute append of %zu tokens -> %d (%s: %s)", what, k, r,
+                  pkv_strerror(r), pkv_last_error());
+        for (size_t i = 0; i < k; i++) {
+            h = pt_hstep(h, t[done + i]);
+            WU_ASSERT(slots[i].block < inf.capacity &&
+                          slots[i].offset == (done + i) % inf.block_size,
+                      "%s: recompute append slot (%u, %u) for position %zu", what,
+                      slots[i].block, slots[i].offset, done + i);
+            wu_kv_write(c, &inf, slots[i].block, slots[i].offset, h);
+        }
+        done += k;
+        if (step) {
+            r = pkv_seq_commit(c, id, k);
+            WU_ASSERT(r == 0, "%s: recompute commit of %zu tokens -> %d (%s: %s)", what, k, r,
+                      pkv_strerror(r), pkv_last_error());
+        }
+    }
+    if (n && !step) {
+        r = pkv_seq_commit(c, id, n);
+        WU_ASSERT(r == 0, "%s: recompute commit of %zu tokens -> %d (%s: %s)", what, n, r,
+                  pkv_strerror(r), pkv_last_error());
+    }
+    WU_CHECK(c, what);
+    wu_seq s = {.id = id, .salt = salt, .tok = (uint32_t *)t, .len = n, .committed = n};
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: prompt of %zu tokens recomputed from scratch (no prefix "
+             "attach; %zu tokens per append + commit), read back through the committed table",
+             what, n, step ? step : n);
+    wu_verify_seq(c, &s, n, w2);
+    r = pkv_seq_close(c, id);
+    WU_ASSERT(r == 0, "%s: recompute close -> %d (%s)", what, r, pkv_strerror(r));
+    WU_CHECK(c, what);
+    return 0;
+}
+
+size_t wu_recompute_hits(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n,
+                         const char *what)
+{
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    const uint32_t bs = inf.block_size;
+    uint64_t id = wu_probe_next++;
+    size_t nc = (size_t)-1;
+    int r = pkv_seq_open(c, id, salt, NULL, 0, &nc);
+    WU_ASSERT(r == 0 && nc == 0, "%s: recompute seq_open(n 0) -> %d (%s: %s), n_cached %zu",
+              what, r, pkv_strerror(r), pkv_last_error(), nc);
+    pkv_slot slots[PKV_BLOCK_SIZE_MAX];
+    uint64_t h = pt_h0(salt);
+    size_t done = 0, hits = 0;
+    while (done + bs <= n) {
+        r = pkv_seq_append(c, id, t + done, bs, slots);
+        if (r == PKV_EFULL) break;
+        WU_ASSERT(r == 0, "%s: recompute append -> %d (%s: %s)", what, r, pkv_strerror(r),
+                  pkv_last_error());
+        for (uint32_t i = 0; i < bs; i++) {
+            h = pt_hstep(h, t[done + i]);
+            wu_kv_write(c, &inf, slots[i].block, slots[i].offset, h);
+        }
+        r = pkv_seq_commit(c, id, bs);
+        WU_ASSERT(r == 0, "%s: recompute commit -> %d (%s: %s)", what, r, pkv_strerror(r),
+                  pkv_last_error());
+        done += bs;
+        uint32_t tab[PKV_BLOCK_SIZE_MAX];
+        size_t nb = 0;
+        r = pkv_seq_blocks(c, id, tab, PKV_BLOCK_SIZE_MAX, &nb);
+        WU_ASSERT((r == 0 || r == PKV_ERANGE) && nb == done / bs,
+                  "%s: recompute table of %zu blocks", what, nb);
+        if (nb - 1 >= PKV_BLOCK_SIZE_MAX || tab[nb - 1] == slots[0].block) break; /* a miss */
+        hits++;
+    }
+    WU_CHECK(c, what);
+    wu_seq s = {.id = id, .salt = salt, .tok = (uint32_t *)t, .len = done, .committed = done};
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: prompt of %zu tokens recomputed from scratch block by block "
+             "(no prefix attach; %zu blocks deduped), read back through the committed table",
+             what, n, hits);
+    wu_verify_seq(c, &s, done, w2);
+    r = pkv_seq_close(c, id);
+    WU_ASSERT(r == 0, "%s: recompute close -> %d (%s)", what, r, pkv_strerror(r));
+    return hits;
+}
+
+void wu_recompute_hits_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m,
+                           size_t *probes, const char *what)
+{
+    size_t np = 0;
+    for (size_t i = ps ? ps->n : 0; i-- > 0; np++)
+        wu_recompute_hits(c, ps->p[i].salt, ps->p[i].tok, ps->p[i].n, what);
+    for (size_t i = 0; m && i < m->n; i++, np++)
+        wu_recompute_hits(c, m->s[i].salt, m->s[i].tok, m->s[i].committed, what);
+    if (probes) *probes += np;
+}
+
+void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
+                      size_t *full, const char *what)
+{
+    size_t np = 0, nf = 0;
+    for (size_t i = 0; ps && i < ps->n; i++, np++)
+        if (wu_recompute(c, ps->p[i].salt, ps->p[i].tok, ps->p[i].n, what)) nf++;
+    for (size_t i = 0; m && i < m->n; i++, np++)
+        if (wu_recompute(c, m->s[i].salt, m->s[i].tok, m->s[i].committed, what)) nf++;
+    if (probes) *probes += np;
+    if (full) *full += nf;
+}
+
 /* ---- Workload ------------------------------------------------------------------------ */
 
 void wu_wl_init(wu_wl *w, pkv_cache *c, uint64_t seed, wu_prompts *prompts)

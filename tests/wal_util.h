@@ -128,6 +128,38 @@ size_t wu_probe(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const 
 void wu_probe_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *hits,
                   const char *what);
 
+/* The recompute probe: the prompt (salt, t[0..n)) computed from scratch, as an engine
+ * does when it does not look the prefix up. Opens a fresh sequence with no prompt
+ * (n = 0: nothing is attached), appends all n tokens, writes the K/V of each for its
+ * exact prefix, commits them all (every full block is sealed, and deduped when an
+ * identical sealed block is indexed), then reads the K/V of EVERY position back through
+ * the block table (pkv_seq_blocks) and requires it to be the K/V just written: a seal
+ * that switched to a block holding other K/V shows as a mismatch. pkv_check; close.
+ * Returns 0, or PKV_EFULL when the cache had no room for the n tokens (nothing is
+ * checked then; the probe sequence is closed). */
+int wu_recompute(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, const char *what);
+/* The same, `step` tokens per append + write + commit (0: all n at once). Block by block
+ * (step = block size) a prefix the cache holds costs one free block at a time (each
+ * sealed copy dedupes and is freed at once), so a probe evicts almost nothing -- the
+ * blocks a probe should reach are not pushed out by the probes before it. */
+int wu_recompute_step(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n, size_t step,
+                      const char *what);
+/* wu_recompute of every prompt of ps, then of the committed tokens of every sequence of
+ * m (if m). Adds the probes made to *probes and those skipped for PKV_EFULL to *full
+ * (either may be NULL). */
+void wu_recompute_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m, size_t *probes,
+                      size_t *full, const char *what);
+/* The recompute probe block by block, stopping after the first full block that did not
+ * dedupe (a miss): it seals at most one new block, and each copy that dedupes is freed
+ * at once, so it evicts at most one block or two -- a run of these reaches the blocks
+ * recovery left cached before any probe pushes them out. The committed blocks are read
+ * back as in wu_recompute. Returns the blocks that deduped. */
+size_t wu_recompute_hits(pkv_cache *c, uint64_t salt, const uint32_t *t, size_t n,
+                         const char *what);
+/* wu_recompute_hits over ps (newest first) and m's committed tokens; *probes += count. */
+void wu_recompute_hits_all(pkv_cache *c, const wu_prompts *ps, const wu_model *m,
+                           size_t *probes, const char *what);
+
 /* ---- Random workload ------------------------------------------------------------ */
 
 #define WU_FAMILIES 4
