@@ -137,7 +137,15 @@ typedef struct pkv_options {
                               N (at most 64): a pkv_seq_step_batch call, and a commit
                               that seals 2+ blocks, checksum them on up to N threads,
                               the caller's included (blocks of 256 KiB or more) */
+    uint64_t log_segment_bytes; /* size of each new log segment file, preallocated;
+                              0 = 32 MiB. PKV_LOG_SEGMENT_MIN..PKV_LOG_SEGMENT_MAX.
+                              Per open, not stored: each segment records its own
+                              size, so a reopen may use another value (a frame
+                              larger than a segment gets a segment of its own) */
 } pkv_options;
+
+#define PKV_LOG_SEGMENT_MIN (1ull << 20) /* 1 MiB */
+#define PKV_LOG_SEGMENT_MAX (16ull << 30) /* 16 GiB: the most recovery reads */
 
 typedef struct pkv_cache pkv_cache;
 

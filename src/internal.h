@@ -541,7 +541,7 @@ static inline int pkv_wal_writable(pkv_cache *c) {
     return pkv_likely(!c->rdonly && !c->wal.failed) ? 0 : pkv_wal_unwritable(c);
 }
 static inline void pkv_wal_throttle(pkv_cache *c) {
-    if (pkv_unlikely(c->wal.len >= PKV_WAL_BACKLOG)) pkv_wal_backlog_wait(c);
+    if (pkv_unlikely(c->wal.len >= c->wal.backlog)) pkv_wal_backlog_wait(c);
 }
 static inline int pkv_wal_commit_point(pkv_cache *c) {
     if (c->wal.mode != PKV_DURABLE_ALWAYS) return 0;

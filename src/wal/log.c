@@ -97,7 +97,7 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     w->next_lsn++;
     w->len += total;
     w->records++;
-    if (pkv_unlikely(w->len >= PKV_WAL_KICK) && !w->kicked) { /* big group: go */
+    if (pkv_unlikely(w->len >= w->kick) && !w->kicked) { /* big group: go */
         w->kicked = true;
         pkv_cond_signal(&w->cv_work);
     }
@@ -370,9 +370,9 @@ static void *flusher_main(void *arg) {
     uint64_t started = realtime_ns(); /* start of the last group (or of the thread) */
     pkv_lock(c);
     for (;;) {
-        /* (a buffer past PKV_WAL_KICK goes at once: its wake-up may have come
+        /* (a buffer past w->kick goes at once: its wake-up may have come
          * while this thread was busy, and it is sent once per buffer) */
-        if (!w->stop && !w->sync_req && (w->len < PKV_WAL_KICK || w->failed)) {
+        if (!w->stop && !w->sync_req && (w->len < w->kick || w->failed)) {
             uint64_t now = realtime_ns();
             uint64_t due = w->nrec == 0 ? now + interval_ns : started + interval_ns;
             if (due > now) {
@@ -591,9 +591,40 @@ static void drop_stray_spares(pkv_wal *w) {
     w->stray_spares = false;
 }
 
+/* Spares are recycled by rename without being reallocated, so each must have the
+ * size this open gives new segments (pkv_options.log_segment_bytes, which a reopen
+ * may change; a segment written with one frame larger than the segment size is
+ * larger too). A spare's header is still that of its previous life and says its
+ * allocated size: when a spare's size differs, or its header cannot be read,
+ * every spare is deleted (the run must stay 0..nspare-1; there are at most two),
+ * and new segments are allocated instead. Best effort, like drop_stray_spares. */
+static void drop_misfit_spares(pkv_wal *w) {
+    const pkv_io_ops *io = w->io;
+    bool misfit = false;
+    for (uint64_t k = 0; k < w->nspare && !misfit; k++) {
+        char path[4200];
+        uint8_t h[SEG_HDR];
+        if (pkv_wal_path(w, path, sizeof path, "wal-spare-", k)) return;
+        int fd = io->open(io->ctx, path, O_RDONLY, 0);
+        long r = fd >= 0 ? io->pread(io->ctx, fd, h, SEG_HDR, 0) : -EIO;
+        if (fd >= 0) io->close(io->ctx, fd);
+        misfit = r != (long)SEG_HDR || memcmp(h, SEG_MAGIC, 8) != 0 ||
+                 !pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56)) ||
+                 pkv_get_u64(h + 40) != w->seg_size;
+    }
+    if (!misfit) return;
+    for (uint64_t k = 0; k < w->nspare; k++) {
+        char path[4200];
+        if (!pkv_wal_path(w, path, sizeof path, "wal-spare-", k))
+            (void)io->unlink(io->ctx, path);
+    }
+    w->nspare = 0;
+}
+
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     pkv_wal *w = &c->wal;
     drop_stray_spares(w);
+    drop_misfit_spares(w);
     w->next_lsn = next_lsn;
     w->written_lsn = w->durable_lsn = next_lsn - 1;
     int rc;
@@ -636,7 +667,7 @@ int pkv_wal_unwritable(pkv_cache *c) {
 
 void pkv_wal_backlog_wait(pkv_cache *c) {
     pkv_wal *w = &c->wal;
-    while (w->len >= PKV_WAL_BACKLOG && !w->failed && !w->stop) {
+    while (w->len >= w->backlog && !w->failed && !w->stop) {
         pkv_cond_signal(&w->cv_work);
         pkv_cond_wait(&w->cv_done, &c->lock);
     }

@@ -169,7 +169,10 @@ typedef struct pkv_wal {
 
     pthread_t thr;
     bool running, stop, sync_req, hard_req, ckpt_req;
-    bool kicked; /* the buffer reached PKV_WAL_KICK and the flusher was woken */
+    bool kicked; /* the buffer reached `kick` and the flusher was woken */
+    size_t kick;    /* PKV_WAL_KICK, or a quarter of a smaller segment, and */
+    size_t backlog; /* PKV_WAL_BACKLOG, or half of a smaller segment: so that the
+                       frames of a busy log fit small segments */
     uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
     pkv_cond cv_work, cv_done;
     /* The checkpoint thread: snapshots under the lock in short slices, then
@@ -223,10 +226,12 @@ int pkv_wal_unwritable(pkv_cache *c);
  * PKV_WAL_BACKLOG bytes or more waits (lock released) until the flusher has taken
  * it, so a producer faster than the disk cannot grow the buffer, or the log
  * between two checkpoints, without bound. Called before the call looks at any
- * state; pkv_wal_throttle (internal.h) is the inline test. */
+ * state; pkv_wal_throttle (internal.h) is the inline test. With segments smaller
+ * than 16 MiB, half the segment size (pkv_wal.backlog). */
 #define PKV_WAL_BACKLOG (8u << 20)
 /* A buffer this full is flushed at once, not at the end of the group interval:
- * the append that crosses it wakes the flusher (once per buffer). */
+ * the append that crosses it wakes the flusher (once per buffer). With segments
+ * smaller than 4 MiB, a quarter of the segment size (pkv_wal.kick). */
 #define PKV_WAL_KICK (1u << 20)
 void pkv_wal_backlog_wait(pkv_cache *c);
 /* pkv_wal_commit_point (internal.h): after a mutating call appended its records
