@@ -86,8 +86,9 @@ typedef enum pkv_durability {
                                group) */
     PKV_DURABLE_NONE   = 1, /* the log is handed to the OS within group_commit_us and
                                synced only by pkv_sync(), checkpoints, pkv_close()
-                               and when a log segment is full: survives a process
-                               crash, not a power loss */
+                               and when a log segment is full (each of these syncs
+                               the arena first): survives a process crash; a power
+                               loss keeps only what was synced */
     PKV_DURABLE_ALWAYS = 2, /* each mutating call returns once durable (concurrent
                                callers still share fdatasyncs) */
 } pkv_durability;

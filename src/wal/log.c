@@ -206,7 +206,8 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
         return rc;
     }
     /* In NONE mode the old segment's frames were written unsynced, and a later
-     * pkv_sync syncs only the current segment: sync them before leaving it. */
+     * pkv_sync syncs only the current segment: sync them before leaving it (the
+     * arena was flushed before, flush_once). */
     if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE &&
         (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
         io->close(io->ctx, fd);
@@ -285,7 +286,13 @@ static void flush_once(pkv_cache *c, bool hard) {
     /* The arena is flushed before a frame that seals blocks in every mode: in NONE
      * mode too, or a frame reaching the disk ahead of the payload it checksums
      * would turn blocks (and the synced tokens in them) into verification misses. */
-    bool arena_sync = dirty && (sync || w->seal_dirty);
+    /* Payload durable before the record that names it, whenever a record is made
+     * durable: in NONE mode, leaving a full segment fdatasyncs it (seg_create), which
+     * makes the COMMITs of partial tails in it durable, so the arena goes first then
+     * too. (w->seg_off and seg_cap are the flusher's; len before squeezing is an
+     * upper bound, so no rotation is missed.) */
+    bool leaving = nrec && w->seg_fd >= 0 && w->seg_off + len > w->seg_cap;
+    bool arena_sync = dirty && (sync || w->seal_dirty || leaving);
     if (nrec == 0 && (!sync || w->durable_lsn >= w->written_lsn) && !(hard && dirty))
         return;
     /* Swap buffers: appenders continue into the other one. */
