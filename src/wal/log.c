@@ -628,13 +628,42 @@ static void drop_misfit_spares(pkv_wal *w) {
     w->nspare = 0;
 }
 
+/* Recovery read records that may be only in the page cache: a NONE-mode writer
+ * syncs neither its frames nor the arena until a sync point, and a process crash
+ * leaves them there. pkv_wal_start marks every recovered record durable, after
+ * which this open (in any mode) reports durability -- pkv_sync returns, limbo
+ * drains -- for them, so make them durable first: the arena, then every live
+ * segment (payload before the records that name it). Whether the last writer
+ * closed cleanly is not recorded, so this runs at every writable open that
+ * recovered a segment; on files with nothing dirty the syncs cost little. A
+ * failed sync fails the open and is not retried (fsyncgate). */
+static int sync_recovered(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    const pkv_io_ops *io = w->io;
+    if (w->nsegs == 0) return 0;
+    int rc;
+    if (w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
+        return io_fail(c, rc, "flush arena at open");
+    for (size_t i = 0; i < w->nsegs; i++) {
+        char path[4200];
+        if ((rc = pkv_wal_path(w, path, sizeof path, "wal-", w->segs[i].no))) return rc;
+        int fd = io->open(io->ctx, path, O_RDONLY, 0);
+        if (fd < 0) return io_fail(c, fd, "open recovered log segment");
+        rc = io->sync(io->ctx, fd);
+        io->close(io->ctx, fd);
+        if (rc < 0) return io_fail(c, rc, "fdatasync recovered log segment");
+    }
+    return 0;
+}
+
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     pkv_wal *w = &c->wal;
     drop_stray_spares(w);
     drop_misfit_spares(w);
+    int rc = sync_recovered(c);
+    if (rc) return rc;
     w->next_lsn = next_lsn;
-    w->written_lsn = w->durable_lsn = next_lsn - 1;
-    int rc;
+    w->written_lsn = w->durable_lsn = next_lsn - 1; /* synced just above */
     w->buf = malloc(1u << 16);
     w->fbuf = malloc(1u << 16);
     if (!w->buf || !w->fbuf) return pkv_err(PKV_ENOMEM, "log buffers");
