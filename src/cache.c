@@ -236,6 +236,9 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->cuda_mode = c->cuda_mode;
     out->seal_sums_ahead = c->seal_sums_ahead;
     out->wal_max_delay_us = w->max_delay_ns / 1000u;
+    out->checkpoint_failures = w->ckpt_failures;
+    out->checkpoint_error = w->ckpt_err;
+    out->checkpoint_backoff_ms = w->ckpt_backoff_ms;
     pkv_unlock(c);
     return 0;
 }

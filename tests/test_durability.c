@@ -549,3 +549,117 @@ Test(durability, open_after_unclean_end_syncs_recovered_log_and_arena)
     pthread_mutex_destroy(&fs->mu);
     free(fs);
 }
+
+/* ---- A checkpoint out of space ------------------------------------------------------
+ * A pass-through backend whose writes to ckpt.tmp fail with ENOSPC while `full` is
+ * set (the log's writes succeed: it had room). */
+
+typedef struct nospc {
+    pthread_mutex_t mu;
+    bool full;
+    int failed_writes;
+    pkv_io_ops ops;
+} nospc;
+
+static bool fd_named(int fd, const char *name)
+{
+    char link[64], path[1024];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(link, path, sizeof path - 1);
+    if (k <= 0) return false;
+    path[k] = '\0';
+    const char *b = strrchr(path, '/');
+    return b && strcmp(b + 1, name) == 0;
+}
+
+static int ns_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    nospc *fs = ctx;
+    pthread_mutex_lock(&fs->mu);
+    bool fail = fs->full && fd_named(fd, "ckpt.tmp");
+    if (fail) fs->failed_writes++;
+    pthread_mutex_unlock(&fs->mu);
+    if (fail) return -ENOSPC;
+    if (pwrite(fd, buf, n, (off_t)off) != (ssize_t)n) return -errno;
+    return sync && fdatasync(fd) ? -errno : 0;
+}
+
+static int ns_sync(void *ctx, int fd)
+{
+    (void)ctx;
+    return fdatasync(fd) ? -errno : 0;
+}
+
+static void ns_set(nospc *fs, bool full)
+{
+    pthread_mutex_lock(&fs->mu);
+    fs->full = full;
+    pthread_mutex_unlock(&fs->mu);
+}
+
+Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "nospc");
+    nospc *fs = calloc(1, sizeof *fs); /* leaked if the case fails: the cache uses it */
+    cr_assert(fs);
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+    pkv_options o;
+    wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
+    o.io = &fs->ops;
+    o.log_segment_bytes = 1u << 20;
+    o.checkpoint_bytes = 256u << 10; /* automatic checkpoints come often */
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 31, NULL);
+    for (int i = 0; i < 40; i++) wu_step(&w);
+    WU_OK(pkv_checkpoint(c));
+
+    ns_set(fs, true);
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    int rc = pkv_checkpoint(c);
+    cr_assert(rc == PKV_ENOSPC, "pkv_checkpoint on a full disk: %d (%s)", rc, pkv_last_error());
+    cr_assert(strstr(pkv_last_error(), "ckpt.tmp"), "%s", pkv_last_error());
+    cr_assert(wu_count(dir, "ckpt.tmp") == 0, "the temporary file is cleaned up");
+    pkv_stats_t st = stats(c);
+    cr_assert(st.checkpoint_failures == 1 && st.checkpoint_error == PKV_ENOSPC &&
+                  st.checkpoint_backoff_ms == 1000,
+              "stats: %llu failures, error %d, back-off %u ms",
+              (unsigned long long)st.checkpoint_failures, (int)st.checkpoint_error,
+              st.checkpoint_backoff_ms);
+    /* still serving: appends, commits, forks, sync; 2 MiB more log passes the
+     * automatic threshold eight times, but the back-off holds the attempts off */
+    uint64_t lid = long_seq(&w, 601, 32);
+    wu_churn(c, lid, 2u << 20);
+    for (int i = 0; i < 40; i++) WU_OK(wu_step(&w));
+    WU_OK(pkv_sync(c));
+    st = stats(c);
+    cr_assert(st.checkpoint_failures <= 4, "%llu failed attempts: no back-off",
+              (unsigned long long)st.checkpoint_failures);
+    cr_assert(st.durable_lsn == st.last_lsn);
+    WU_CHECK(c, "serving after a failed checkpoint");
+
+    /* space returns: a checkpoint goes through, the back-off ends */
+    ns_set(fs, false);
+    uint64_t before = st.checkpoints;
+    WU_OK(pkv_checkpoint(c));
+    st = stats(c);
+    cr_assert(st.checkpoints == before + 1 && st.checkpoint_error == 0 &&
+              st.checkpoint_backoff_ms == 0);
+    for (int i = 0; i < 20; i++) WU_OK(wu_step(&w));
+    WU_OK(pkv_sync(c));
+    wu_model want;
+    wu_model_copy(&want, &w.m);
+    wu_model_drop_pending(&want);
+    pkv_close(c);
+    o.io = NULL;
+    c = wu_open_ok(dir, &o);
+    wu_verify_model(c, &want, "reopened after a failed checkpoint");
+    pkv_close(c);
+    wu_model_free(&want);
+    wu_wl_free(&w);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs);
+}

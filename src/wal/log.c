@@ -26,8 +26,10 @@
  * cv_done until the flusher made everything the snapshot shows durable, writes
  * the checkpoint without the lock, and under the lock renames covered segments
  * into spares (which is why the flusher claims a spare under the lock too).
- * Any write or sync error is final: the cache enters its failed state
- * (w->failed) and every later mutation fails.
+ * Any write or sync error of the log or the arena is final: the cache enters its
+ * failed state (w->failed) and every later mutation fails. A checkpoint that fails
+ * while only its temporary file was written is not: the file is discarded, the
+ * log still holds everything, and automatic attempts back off (ckpt_discarded).
  */
 #include "internal.h"
 
@@ -423,9 +425,23 @@ void pkv_wal_drain_limbo(pkv_cache *c) { limbo_drain(c); }
  * and a full checkpoint costs at most about one byte per byte of log (a delta,
  * far less; wal/checkpoint.c). */
 static bool ckpt_due(const pkv_wal *w) {
+    if (w->ckpt_retry_ns && pkv_now_ns() < w->ckpt_retry_ns) return false; /* backing off */
     uint64_t t = w->ckpt_bytes;
     if (w->ckpt_adaptive && w->ckpt_raw > t) t = w->ckpt_raw;
     return w->bytes_since_ckpt >= t;
+}
+
+/* A checkpoint failed before its file became visible (lock held): the temporary
+ * file is gone, the log still holds every record, so the cache keeps serving; the
+ * failure is kept for pkv_checkpoint and pkv_stats, and automatic attempts back off
+ * (a full disk would otherwise be hit with a whole snapshot every group commit). */
+static void ckpt_discarded(pkv_wal *w, int rc) {
+    w->ckpt_failures++;
+    w->ckpt_err = rc;
+    snprintf(w->ckpt_msg, sizeof w->ckpt_msg, "%s", pkv_last_error());
+    uint32_t b = w->ckpt_backoff_ms ? 2 * w->ckpt_backoff_ms : CKPT_BACKOFF_MIN_MS;
+    w->ckpt_backoff_ms = b < CKPT_BACKOFF_MAX_MS ? b : CKPT_BACKOFF_MAX_MS;
+    w->ckpt_retry_ns = pkv_now_ns() + (uint64_t)w->ckpt_backoff_ms * 1000000u;
 }
 
 /* One checkpoint, on the checkpoint thread; lock held on entry and exit. The
@@ -460,7 +476,8 @@ static bool do_checkpoint(pkv_cache *c) {
     uint64_t lsn = 0, end = 0, sum = 0, full_len = 0;
     if (pkv_ckpt_serialize(c, delta, &raw, &rawlen, &lsn, &end, &full_len)) { /* out of memory: */
         w->ckpt_busy = false;                  /* the log stays valid, try again */
-        return false;                          /* later (with a full checkpoint) */
+        ckpt_discarded(w, PKV_ENOMEM);         /* later (with a full checkpoint) */
+        return false;
     }
     /* The snapshot may show records up to `end` (and the payload they checksum):
      * wait until the log holds them durably, the arena flushed before them. */
@@ -475,15 +492,22 @@ static bool do_checkpoint(pkv_cache *c) {
         return false;
     }
     pkv_unlock(c);
-    int rc = pkv_ckpt_write(w, delta, lsn, end, raw, rawlen, &sum);
+    bool renamed;
+    int rc = pkv_ckpt_write(w, delta, lsn, end, raw, rawlen, &sum, &renamed);
     free(raw);
     pkv_lock(c);
     w->ckpt_busy = false;
-    if (rc == PKV_ENOMEM) return false; /* nothing written: the log still holds it all */
-    if (rc) {
+    if (rc && !renamed) { /* nothing visible changed: the log still holds it all */
+        ckpt_discarded(w, rc);
+        return false;
+    }
+    if (rc) { /* rename or directory fsync: the directory's state is unknown */
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return false;
     }
+    w->ckpt_err = 0;
+    w->ckpt_backoff_ms = 0;
+    w->ckpt_retry_ns = 0;
     if (delta) {
         w->chain_len++;
         w->chain_raw += rawlen;
@@ -569,7 +593,8 @@ static void *ckpt_main(void *arg) {
             continue;
         }
         /* Woken by the flusher (each cycle while a checkpoint is due, so a failed
-         * attempt is retried a cycle later), a request, or pkv_close. */
+         * attempt is retried once its back-off has passed: ckpt_due), a request,
+         * or pkv_close. */
         pkv_cond_wait(&w->cv_ckpt, &c->lock);
         last_failed = false;
     }
@@ -740,7 +765,10 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_cond_signal(&w->cv_ckpt);
     while (w->ckpt_gen == gen) pkv_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
-    if (w->ckpt_ok == before) return pkv_err(PKV_EIO, "checkpoint not written");
+    if (w->ckpt_ok == before)
+        return pkv_err(w->ckpt_err ? w->ckpt_err : PKV_EIO,
+                       "checkpoint not written (%s); the cache goes on from the log",
+                       w->ckpt_err ? w->ckpt_msg : "no reason recorded");
     return 0;
 }
 

@@ -57,6 +57,8 @@ enum {
  * or DELTA_FLOOR (pkv_wal.delta_floor), whichever is larger: below that, a full
  * checkpoint is cheap anyway, and recovery reads at most that much more. */
 #define DELTA_CHAIN_MAX 64u
+#define CKPT_BACKOFF_MIN_MS 1000u
+#define CKPT_BACKOFF_MAX_MS 60000u
 #define DELTA_FLOOR (1ull << 20)
 #define CKPT_HDR 64u
 #define WAL_VERSION 1u
@@ -114,6 +116,17 @@ typedef struct pkv_wal {
     uint64_t ckpt_deltas; /* delta checkpoints written since open */
     uint64_t ckpt_ok;     /* checkpoints that succeeded: written, or the newest file
                              already held everything (pkv_wal_checkpoint) */
+    /* Checkpoints that failed before anything became visible (out of memory, or
+     * writing the temporary file: ENOSPC, EIO) do not fail the cache: the log still
+     * holds everything. ckpt_err / ckpt_msg: the latest attempt's error (0: it
+     * succeeded), which pkv_checkpoint returns; automatic attempts then back off
+     * (ckpt_backoff_ms, doubling from CKPT_BACKOFF_MIN_MS to CKPT_BACKOFF_MAX_MS)
+     * until ckpt_retry_ns (CLOCK_MONOTONIC). */
+    uint64_t ckpt_failures;
+    int ckpt_err;
+    char ckpt_msg[256];
+    uint32_t ckpt_backoff_ms;
+    uint64_t ckpt_retry_ns;
     uint64_t seg_size;
     uint64_t arena_secret;
     int arena_fd;
@@ -334,9 +347,12 @@ uint64_t pkv_ckpt_digest(const pkv_pool *p, uint32_t k);
 void pkv_ckpt_remove_stale(pkv_wal *w, uint64_t base);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
  * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
- * A full checkpoint then deletes every older checkpoint and delta file. */
+ * A full checkpoint then deletes every older checkpoint and delta file. On an
+ * error, *renamed says whether it came at the rename or after (the directory may
+ * then hold the new file: the caller fails the cache) or before, while only the
+ * temporary file was written (it is unlinked: nothing on disk changed). */
 int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
-                   const uint8_t *raw, size_t len, uint64_t *body_sum);
+                   const uint8_t *raw, size_t len, uint64_t *body_sum, bool *renamed);
 /* What a raw snapshot says about itself (pkv_ckpt_info). */
 typedef struct pkv_ckpt_meta {
     bool delta;
