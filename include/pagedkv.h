@@ -48,7 +48,9 @@ enum {
     PKV_EFULL     =  -3, /* no free block and nothing evictable; cache unchanged  */
     PKV_ENOSEQ    =  -4, /* unknown sequence id                                    */
     PKV_EEXIST    =  -5, /* sequence id already in use                             */
-    PKV_ERANGE    =  -6, /* index out of range, or output buffer too small         */
+    PKV_ERANGE    =  -6, /* index out of range, output buffer too small, or a log
+                              record of the call would exceed 256 MiB (a table of
+                              ~67M blocks); nothing changed                        */
     PKV_ESTATE    =  -7, /* call not valid in the sequence's current state         */
     PKV_EIO       =  -8, /* an operating-system I/O call failed                    */
     PKV_ENOSPC    =  -9, /* no space left on the device                            */

@@ -533,6 +533,8 @@ static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }
 
 /* Fast paths of the log calls every mutation makes (wal/log.c has the rest). */
 static inline int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+    /* REC_MAX_BYTES and PKV_WAL_CALL_MAX (wal.h): refused before any change */
+    if (pkv_unlikely(bytes > PKV_WAL_CALL_MAX)) return pkv_wal_too_big(c, bytes);
     /* the next record may first leave the last COMMIT's unused slot as slack */
     if (c->wal.tail_end > c->wal.len) bytes += c->wal.tail_end - c->wal.len;
     return pkv_likely(c->wal.cap - c->wal.len >= bytes) ? 0 : pkv_wal_grow(c, bytes);

@@ -663,3 +663,115 @@ Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
     pthread_mutex_destroy(&fs->mu);
     free(fs);
 }
+
+/* ---- REC_MAX_BYTES ------------------------------------------------------------------
+ * A record at the limit takes a table of 64 million blocks; the builders check
+ * pkv_rec_max, which the test lowers to 2 KiB: with blocks of 4 tokens a SEQ_SET
+ * then holds at most (2048 - 24 - 32 - 16) / 4 = 494 blocks. */
+
+static void commit_tokens(wu_wl *w, uint64_t id, size_t n, uint32_t base)
+{
+    uint32_t *t = malloc(n * sizeof *t);
+    cr_assert(t);
+    for (size_t i = 0; i < n; i++) t[i] = base + (uint32_t)i;
+    for (size_t i = 0; i < n; i += 128) /* then one commit: one COMMIT record */
+        WU_OK(wu_do_append(w, id, t + i, n - i < 128 ? n - i : 128, false));
+    WU_OK(wu_do_commit(w, id, n));
+    free(t);
+}
+
+Test(durability, record_limit_enforced_when_building)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "recmax");
+    pkv_options o;
+    wu_opts(&o, WU_BS, 2048, PKV_DURABLE_GROUP);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_rec_max = 2048;
+    wu_wl w;
+    wu_wl_init(&w, c, 41, NULL);
+    w.next_id = 100;
+    uint64_t a = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
+    commit_tokens(&w, a, 400 * WU_BS, 1000); /* one COMMIT of 400 blocks: 1.7 KiB */
+    uint64_t b = 0;
+    WU_OK(wu_do_fork(&w, a, &b)); /* SEQ_SET of 400 blocks: fits */
+    commit_tokens(&w, a, 200 * WU_BS, 5000); /* a is 600 blocks long now */
+    WU_OK(pkv_sync(c));
+    pkv_stats_t before = stats(c);
+
+    /* a fork's SEQ_SET of 600 blocks (2.5 KiB) */
+    int rc = pkv_seq_fork(c, a, 999);
+    cr_assert(rc == PKV_ERANGE, "fork of a 600-block table: %d (%s)", rc, pkv_last_error());
+    cr_assert(strstr(pkv_last_error(), "REC_MAX_BYTES"), "%s", pkv_last_error());
+    pkv_seq_info_t si;
+    cr_assert(pkv_seq_info(c, 999, &si) == PKV_ENOSEQ, "no child after the failed fork");
+    /* an open whose prompt could hit 600 blocks: its SEQ_SET may need them all */
+    uint32_t *prompt = malloc(600 * WU_BS * sizeof *prompt);
+    cr_assert(prompt);
+    for (size_t i = 0; i < 600 * WU_BS; i++) prompt[i] = (uint32_t)i;
+    size_t cached = 77;
+    rc = pkv_seq_open(c, 998, 0, prompt, 600 * WU_BS, &cached);
+    cr_assert(rc == PKV_ERANGE && cached == 77, "open of a 600-block prompt: %d", rc);
+    cr_assert(pkv_seq_info(c, 998, &si) == PKV_ENOSEQ);
+    /* one commit of 600 blocks: a COMMIT naming all of them */
+    uint64_t d = 0;
+    WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &d));
+    pkv_slot *slots = malloc(600 * WU_BS * sizeof *slots);
+    cr_assert(slots);
+    WU_OK(pkv_seq_append(c, d, prompt, 600 * WU_BS, slots));
+    WU_OK(pkv_seq_info(c, d, &si));
+    rc = pkv_seq_commit(c, d, 600 * WU_BS);
+    cr_assert(rc == PKV_ERANGE, "commit of 600 blocks at once: %d", rc);
+    pkv_seq_info_t si2;
+    WU_OK(pkv_seq_info(c, d, &si2));
+    cr_assert(si2.committed == 0 && si2.len == si.len, "the failed commit changed nothing");
+    pkv_stats_t after = stats(c);
+    cr_assert(after.last_lsn == before.last_lsn + 1, "only d's SEQ_SET was logged");
+    WU_CHECK(c, "after refused records");
+    WU_OK(wu_do_close(&w, d));
+
+    /* the same calls pass with the real limit; everything recovers */
+    pkv_rec_max = REC_MAX_BYTES;
+    uint64_t e = 0;
+    WU_OK(wu_do_fork(&w, a, &e));
+    WU_OK(pkv_sync(c));
+    wu_model want;
+    wu_model_copy(&want, &w.m);
+    wu_model_drop_pending(&want);
+    pkv_close(c);
+    c = wu_open_ok(dir, &o);
+    wu_verify_model(c, &want, "reopened");
+    pkv_close(c);
+    wu_model_free(&want);
+    wu_wl_free(&w);
+    free(prompt);
+    free(slots);
+}
+
+/* The reader: a SEQ_SET whose checksums would hold but which is larger than any
+ * writer makes is refused (256 MiB of zeros, untouched but for the header). */
+Test(durability, record_limit_enforced_when_reading)
+{
+    size_t payload = REC_MAX_BYTES; /* record = payload + 24 > REC_MAX_BYTES */
+    uint8_t *p = calloc(1, REC_HDR + payload + REC_TRAILER);
+    cr_assert(p);
+    pkv_put_u32(p, (uint32_t)(REC_HDR + payload + REC_TRAILER));
+    pkv_put_u32(p + 4, REC_SEQ_SET);
+    pkv_put_u64(p + 8, 5);
+    uint8_t *q = p + REC_HDR;
+    pkv_put_u64(q, 1);                                    /* seq */
+    pkv_put_u64(q + 16, (uint64_t)(payload - 32) / 4 * 4); /* committed */
+    pkv_put_u32(q + 24, (uint32_t)((payload - 32) / 4));  /* nblocks */
+    pkv_put_u32(q + 28, 0);                               /* ntail */
+    pkv_rec r;
+    int rc = pkv_rec_decode(p, payload, 4, &r);
+    cr_assert(rc == PKV_ECORRUPT, "decode of a record over REC_MAX_BYTES: %d", rc);
+    cr_assert(strstr(pkv_last_error(), "REC_MAX_BYTES"), "%s", pkv_last_error());
+    /* the largest allowed one decodes */
+    payload = REC_MAX_BYTES - REC_HDR - REC_TRAILER;
+    pkv_put_u64(q + 16, (uint64_t)(payload - 32) / 4 * 4);
+    pkv_put_u32(q + 24, (uint32_t)((payload - 32) / 4));
+    WU_OK(pkv_rec_decode(p, payload, 4, &r));
+    free(p);
+}

@@ -74,9 +74,21 @@ int pkv_wal_grow(pkv_cache *c, size_t bytes) {
     return 0;
 }
 
+int pkv_wal_too_big(pkv_cache *c, size_t bytes) {
+    (void)c;
+    if (bytes >= PKV_REC_TOO_BIG)
+        return pkv_err(PKV_ERANGE, "a log record of this call would exceed %u bytes "
+                       "(REC_MAX_BYTES; a sequence table of about %u blocks); nothing changed",
+                       pkv_rec_max, pkv_rec_max / 4);
+    return pkv_err(PKV_ERANGE, "the log records of this call would take %zu bytes, more "
+                   "than %llu; nothing changed", bytes, (unsigned long long)PKV_WAL_CALL_MAX);
+}
+
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     pkv_wal *w = &c->wal;
     size_t total = pkv_rec_size(payload);
+    /* REC_MAX_BYTES: the caller's reserve refused larger records (pkv_wal_reserve) */
+    pkv_assert(total <= REC_MAX_BYTES);
     if (w->tail_end > w->len) { /* keep the last COMMIT's slot: slack (record.c) */
         size_t k = w->tail_end - w->len;
         pkv_assert(k >= 8 && k % 8 == 0 && w->cap - w->len >= k);
@@ -314,6 +326,15 @@ static void flush_once(pkv_cache *c, bool hard) {
     pkv_unlock(c);
 
     if (slack) len = frame_squeeze(fb, len);
+    /* The frame's u32 length: PKV_WAL_CALL_MAX and the backlog throttle keep a
+     * frame far below it, so this cannot happen; if it did, fail loudly rather
+     * than write a length cut to 32 bits. */
+    if (len - FRAME_HDR > UINT32_MAX) {
+        pkv_lock(c);
+        io_fail(c, -EFBIG, "log frame over 4 GiB");
+        pkv_cond_broadcast(&w->cv_done);
+        return;
+    }
 
     int rc = 0;
     const char *what = NULL;

@@ -69,7 +69,25 @@ enum {
 #else
 #define SEG_SIZE_DEFAULT (32ull << 20)
 #endif
+/* The largest record, header and trailer included. Enforced where records are
+ * built (a call whose record would be larger fails with PKV_ERANGE before it
+ * changes anything: pkv_wal_reserve) and where they are read (pkv_rec_decode). */
 #define REC_MAX_BYTES (256u << 20)
+/* The most log bytes one call may reserve. With the backlog throttle (a call
+ * starts only below PKV_WAL_BACKLOG unflushed bytes) a frame stays far below the
+ * 4 GiB its u32 length field can say. */
+#define PKV_WAL_CALL_MAX (1ull << 30)
+/* The limit the builders check: REC_MAX_BYTES, lowered by tests (one 256 MiB
+ * record needs a table of 64 million blocks). Read under the cache lock. */
+extern uint32_t pkv_rec_max;
+/* What a *_size function below returns for a record above pkv_rec_max: larger than
+ * PKV_WAL_CALL_MAX, so pkv_wal_reserve refuses the call, and small enough that a
+ * caller's sum of a few sizes cannot wrap. */
+#define PKV_REC_TOO_BIG ((size_t)1 << 40)
+static inline size_t pkv_rec_size_checked(uint64_t payload) {
+    uint64_t total = (REC_HDR + payload + REC_TRAILER + 7) & ~(uint64_t)7;
+    return total <= pkv_rec_max ? (size_t)total : PKV_REC_TOO_BIG;
+}
 
 const char *pkv_rec_type_name(unsigned type);
 
@@ -205,6 +223,8 @@ typedef struct pkv_wal {
 /* pkv_wal_reserve (internal.h): room for `bytes` more record bytes, so appends
  * made next cannot fail; pkv_wal_grow is its slow path. */
 int pkv_wal_grow(pkv_cache *c, size_t bytes);
+/* pkv_wal_reserve of more than PKV_WAL_CALL_MAX bytes: PKV_ERANGE with a message. */
+int pkv_wal_too_big(pkv_cache *c, size_t bytes);
 /* Append a record header for a payload of `payload` bytes (reserved before);
  * returns the payload to fill. Cache lock held. */
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
@@ -277,7 +297,10 @@ static inline uint64_t pkv_wal_spare_strays(uint64_t mask) {
 }
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
-/* The *_size functions give the most bytes the matching encoder appends. */
+/* The *_size functions give the most bytes the matching encoder appends; those of
+ * records whose length grows with a table (SEQ_SET, COMMIT) give PKV_REC_TOO_BIG
+ * above pkv_rec_max. The others are bounded by the block size (a SEAL of
+ * PKV_BLOCK_SIZE_MAX tokens is about 4 KiB). */
 struct pkv_seq;
 static inline size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4ull * bs); }
 void pkv_log_seal(pkv_cache *c, uint32_t b);
@@ -285,11 +308,11 @@ static inline size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
 void pkv_log_evict(pkv_cache *c, uint32_t b);
 /* The committed part of a sequence's table, and its partial tail. */
 static inline size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+    return pkv_rec_size_checked(32 + 4 * nblocks + 4ull * bs);
 }
 void pkv_log_seq_set(pkv_cache *c, struct pkv_seq *s);
 static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+    return pkv_rec_size_checked(32 + 4 * nblocks + 4ull * bs);
 }
 /* Log a commit from old_committed to s->committed; coalesced into the sequence's
  * latest COMMIT while that record is still in the buffer (record.c). */
