@@ -228,7 +228,11 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
  * tokens (as pkv_seq_append, slots to slots[0..n); 0: append nothing, tokens and
  * slots may then be NULL). A decoder that has written the K/V of its last token
  * calls pkv_seq_commit_append(c, id, 1, &next, 1, &slot). All-or-nothing: on any
- * error nothing changed. When the append takes new blocks it needs one more
+ * error nothing changed, with one exception (as for every mutating call): under
+ * PKV_DURABLE_ALWAYS, PKV_EFAILED returned because the cache failed while the call
+ * waited for its records to become durable means the commit and append were
+ * applied in memory (the slots are set) but are not durable and are gone after the
+ * reopen; a call that finds the cache already failed changes nothing. When the append takes new blocks it needs one more
  * obtainable block per block the commit seals (a seal that dedupes takes a cached
  * block off the LRU), so with a cache that full it fails with PKV_EFULL where the
  * two separate calls might succeed. PKV_EINVAL if both counts are 0. */
@@ -249,8 +253,10 @@ typedef struct pkv_step {
  * batch stops at the first step that fails and returns that error, with *done (may
  * be NULL) the number of steps carried out: steps [0, *done) took effect and have
  * their slots, steps [*done, n) changed nothing. Name a sequence at most once per
- * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step. PKV_EINVAL if
- * steps is NULL or n is 0. */
+ * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step; if the cache
+ * fails during that wait it returns PKV_EFAILED (unless a step failed first: that
+ * error) with *done still the steps carried out, which took effect in memory but
+ * are not durable. PKV_EINVAL if steps is NULL or n is 0. */
 int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
 
 /* Create sequence `child` sharing every block of `parent`, the partial last block

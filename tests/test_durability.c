@@ -557,6 +557,7 @@ Test(durability, open_after_unclean_end_syncs_recovered_log_and_arena)
 typedef struct nospc {
     pthread_mutex_t mu;
     bool full;
+    bool log_eio; /* writes to log segments fail with EIO */
     int failed_writes;
     pkv_io_ops ops;
 } nospc;
@@ -578,8 +579,14 @@ static int ns_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, 
     pthread_mutex_lock(&fs->mu);
     bool fail = fs->full && fd_named(fd, "ckpt.tmp");
     if (fail) fs->failed_writes++;
+    char link[64], path[1024];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t k = fs->log_eio ? readlink(link, path, sizeof path - 1) : -1;
+    if (k > 0) path[k] = '\0';
+    bool eio = k > 0 && strstr(path, "/wal-") != NULL;
     pthread_mutex_unlock(&fs->mu);
     if (fail) return -ENOSPC;
+    if (eio) return -EIO;
     if (pwrite(fd, buf, n, (off_t)off) != (ssize_t)n) return -errno;
     return sync && fdatasync(fd) ? -errno : 0;
 }
@@ -774,4 +781,92 @@ Test(durability, record_limit_enforced_when_reading)
     pkv_put_u32(q + 24, (uint32_t)((payload - 32) / 4));
     WU_OK(pkv_rec_decode(p, payload, 4, &r));
     free(p);
+}
+
+/* ---- PKV_DURABLE_ALWAYS: the cache fails while a call waits for durability ----------
+ * pkv_seq_commit_append (and each mutating call) is all-or-nothing, with one
+ * exception that pagedkv.h and api.md name: in ALWAYS mode, a call that applied its
+ * change and then finds the cache failed while it waits for its records returns
+ * PKV_EFAILED with the change applied in memory, not durable. A call made once the
+ * cache has failed changes nothing. */
+static nospc *eio_fs(void)
+{
+    nospc *fs = calloc(1, sizeof *fs);
+    cr_assert(fs);
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+    return fs;
+}
+
+Test(durability, always_mode_efailed_while_waiting_applies_the_change)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "always");
+    nospc *fs = eio_fs(); /* leaked if the case fails: the cache uses it */
+    pkv_options o;
+    wu_opts(&o, WU_BS, 64, PKV_DURABLE_ALWAYS);
+    o.io = &fs->ops;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 51, NULL);
+    uint32_t prompt[3] = {5, 6, 7};
+    uint64_t id = 0;
+    WU_OK(wu_do_open(&w, 0, prompt, 3, 1, &id)); /* 2 committed, 1 pending */
+    pkv_seq_info_t a, b;
+    WU_OK(pkv_seq_info(c, id, &a));
+    cr_assert(a.len == 3 && a.committed == 2);
+
+    pthread_mutex_lock(&fs->mu);
+    fs->log_eio = true;
+    pthread_mutex_unlock(&fs->mu);
+    uint32_t next = 8;
+    pkv_slot slot = {0, 0};
+    int rc = pkv_seq_commit_append(c, id, 1, &next, 1, &slot);
+    cr_assert(rc == PKV_EFAILED, "commit_append while the log fails: %d", rc);
+    WU_OK(pkv_seq_info(c, id, &b));
+    cr_assert(b.committed == 3 && b.len == 4, "the change is applied in memory: %llu/%llu",
+              (unsigned long long)b.committed, (unsigned long long)b.len);
+    cr_assert(slot.block < 64 && slot.offset == 3, "its slot was handed out");
+    /* the cache has failed: the next call changes nothing */
+    rc = pkv_seq_commit_append(c, id, 1, &next, 1, &slot);
+    cr_assert(rc == PKV_EFAILED);
+    WU_OK(pkv_seq_info(c, id, &a));
+    cr_assert(a.committed == b.committed && a.len == b.len);
+    pkv_close(c);
+    wu_wl_free(&w);
+    /* not durable: the reopen has the state before the call */
+    o.io = NULL;
+    c = wu_open_ok(dir, &o);
+    WU_OK(pkv_seq_info(c, id, &a));
+    cr_assert(a.committed == 2 && a.len == 2, "recovered %llu/%llu",
+              (unsigned long long)a.committed, (unsigned long long)a.len);
+    pkv_close(c);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs);
+
+    /* a batch: every step was carried out (*done = n) and took effect in memory */
+    pt_path(dir, sizeof dir, "always-batch");
+    fs = eio_fs();
+    o.io = &fs->ops;
+    c = wu_open_ok(dir, &o);
+    wu_wl_init(&w, c, 52, NULL);
+    uint64_t ids[2];
+    WU_OK(wu_do_open(&w, 0, prompt, 3, 1, &ids[0]));
+    WU_OK(wu_do_open(&w, 0, prompt, 3, 1, &ids[1]));
+    pthread_mutex_lock(&fs->mu);
+    fs->log_eio = true;
+    pthread_mutex_unlock(&fs->mu);
+    pkv_step steps[2] = {{ids[0], 1, 9, {0, 0}}, {ids[1], 1, 9, {0, 0}}};
+    size_t done = 99;
+    rc = pkv_seq_step_batch(c, steps, 2, &done);
+    cr_assert(rc == PKV_EFAILED && done == 2, "batch: %d, done %zu", rc, done);
+    for (int i = 0; i < 2; i++) {
+        WU_OK(pkv_seq_info(c, ids[i], &a));
+        cr_assert(a.committed == 3 && a.len == 4);
+    }
+    pkv_close(c);
+    wu_wl_free(&w);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs);
 }
