@@ -328,14 +328,14 @@ typedef struct pkv_stats_t {
     uint64_t wal_max_delay_us; /* longest wait of a record from its append until it
                                   was durable (the first record of each group
                                   commit), since open; 0 in NONE mode */
-    /* Failed checkpoints. A checkpoint that fails before its file is in place (no
-     * space, an I/O error writing or syncing its temporary file, no memory) is
-     * discarded and the cache keeps serving from the log; automatic attempts then
-     * back off. (A failure at the rename, or of the log, fails the cache.) */
+    /* Failed checkpoints. A checkpoint that runs out of space (or quota) writing
+     * or syncing its temporary file, or out of memory, is discarded and the cache
+     * keeps serving from the log; automatic attempts then back off. (An EIO, a
+     * failure at the rename, or one of the log fails the cache.) */
     uint64_t checkpoint_failures;    /* discarded checkpoint attempts since open */
-    int32_t checkpoint_error;        /* the latest attempt's error (PKV_ENOSPC,
-                                        PKV_EIO, PKV_ENOMEM), 0 if it succeeded or
-                                        none was made */
+    int32_t checkpoint_error;        /* the latest attempt's error (PKV_ENOSPC or
+                                        PKV_ENOMEM), 0 if it succeeded or none was
+                                        made */
     uint32_t checkpoint_backoff_ms;  /* after failures: the delay before the next
                                         automatic attempt (1 s doubling to 60 s);
                                         0 when the latest attempt succeeded */
@@ -358,9 +358,9 @@ int pkv_sync(pkv_cache *cache);
 
 /* Write a checkpoint now (LZ4-compressed snapshot of all metadata, atomically
  * renamed into place) and recycle the log segments it covers. PKV_ENOSPC (no
- * space for the checkpoint file), PKV_EIO (writing or syncing it failed) or
- * PKV_ENOMEM: the checkpoint was discarded and the cache keeps serving from the
- * log (pkv_stats counts it; retry later). PKV_EFAILED: the cache failed. */
+ * space or quota for the checkpoint file) or PKV_ENOMEM: the checkpoint was
+ * discarded and the cache keeps serving from the log (pkv_stats counts it; retry
+ * later). PKV_EFAILED: the cache failed (an I/O error, also of the checkpoint). */
 int pkv_checkpoint(pkv_cache *cache);
 
 /* The ids of all open sequences, recovered ones included (cap entries at most);

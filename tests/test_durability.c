@@ -557,7 +557,8 @@ Test(durability, open_after_unclean_end_syncs_recovered_log_and_arena)
 typedef struct nospc {
     pthread_mutex_t mu;
     bool full;
-    bool log_eio; /* writes to log segments fail with EIO */
+    bool log_eio;  /* writes to log segments fail with EIO */
+    bool ckpt_eio; /* writes to ckpt.tmp fail with EIO */
     int failed_writes;
     pkv_io_ops ops;
 } nospc;
@@ -579,6 +580,7 @@ static int ns_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, 
     pthread_mutex_lock(&fs->mu);
     bool fail = fs->full && fd_named(fd, "ckpt.tmp");
     if (fail) fs->failed_writes++;
+    bool ckpt_eio = fs->ckpt_eio && fd_named(fd, "ckpt.tmp");
     char link[64], path[1024];
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t k = fs->log_eio ? readlink(link, path, sizeof path - 1) : -1;
@@ -586,7 +588,7 @@ static int ns_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, 
     bool eio = k > 0 && strstr(path, "/wal-") != NULL;
     pthread_mutex_unlock(&fs->mu);
     if (fail) return -ENOSPC;
-    if (eio) return -EIO;
+    if (eio || ckpt_eio) return -EIO;
     if (pwrite(fd, buf, n, (off_t)off) != (ssize_t)n) return -errno;
     return sync && fdatasync(fd) ? -errno : 0;
 }
@@ -666,6 +668,37 @@ Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
     wu_verify_model(c, &want, "reopened after a failed checkpoint");
     pkv_close(c);
     wu_model_free(&want);
+    wu_wl_free(&w);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs);
+}
+
+/* An EIO writing the checkpoint is a failing device, not a full one: the cache
+ * fails as for a log error (and the temporary file is still removed). */
+Test(durability, checkpoint_eio_fails_the_cache)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "ckpt-eio");
+    nospc *fs = calloc(1, sizeof *fs); /* leaked if the case fails: the cache uses it */
+    cr_assert(fs);
+    pthread_mutex_init(&fs->mu, NULL);
+    fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+    pkv_options o;
+    wu_opts(&o, WU_BS, 64, PKV_DURABLE_GROUP);
+    o.io = &fs->ops;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    wu_wl w;
+    wu_wl_init(&w, c, 61, NULL);
+    for (int i = 0; i < 20; i++) wu_step(&w);
+    pthread_mutex_lock(&fs->mu);
+    fs->ckpt_eio = true;
+    pthread_mutex_unlock(&fs->mu);
+    int rc = pkv_checkpoint(c);
+    cr_assert(rc == PKV_EFAILED, "checkpoint EIO: %d (%s)", rc, pkv_last_error());
+    cr_assert(wu_count(dir, "ckpt.tmp") == 0);
+    cr_assert(stats(c).checkpoint_failures == 0, "not a discarded checkpoint");
+    pkv_close(c);
     wu_wl_free(&w);
     pthread_mutex_destroy(&fs->mu);
     free(fs);

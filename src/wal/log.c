@@ -27,9 +27,10 @@
  * the checkpoint without the lock, and under the lock renames covered segments
  * into spares (which is why the flusher claims a spare under the lock too).
  * Any write or sync error of the log or the arena is final: the cache enters its
- * failed state (w->failed) and every later mutation fails. A checkpoint that fails
- * while only its temporary file was written is not: the file is discarded, the
- * log still holds everything, and automatic attempts back off (ckpt_discarded).
+ * failed state (w->failed) and every later mutation fails. A checkpoint that runs
+ * out of memory or space while only its temporary file was written does not: the
+ * file is discarded, the log still holds everything, and automatic attempts back
+ * off (ckpt_discarded).
  */
 #include "internal.h"
 
@@ -452,10 +453,11 @@ static bool ckpt_due(const pkv_wal *w) {
     return w->bytes_since_ckpt >= t;
 }
 
-/* A checkpoint failed before its file became visible (lock held): the temporary
- * file is gone, the log still holds every record, so the cache keeps serving; the
- * failure is kept for pkv_checkpoint and pkv_stats, and automatic attempts back off
- * (a full disk would otherwise be hit with a whole snapshot every group commit). */
+/* A checkpoint failed before its file became visible, for lack of memory or space
+ * (lock held): the temporary file is gone and the log still holds every record, so
+ * the cache keeps serving. The failure is kept for pkv_checkpoint and pkv_stats,
+ * and automatic attempts back off (a full disk would otherwise be handed a whole
+ * snapshot every group commit). */
 static void ckpt_discarded(pkv_wal *w, int rc) {
     w->ckpt_failures++;
     w->ckpt_err = rc;
@@ -518,11 +520,16 @@ static bool do_checkpoint(pkv_cache *c) {
     free(raw);
     pkv_lock(c);
     w->ckpt_busy = false;
-    if (rc && !renamed) { /* nothing visible changed: the log still holds it all */
+    /* Out of space (or quota) while only the temporary file was written: nothing
+     * visible changed, the log (preallocated) still holds it all, and space may
+     * return, so the cache goes on. Any other error -- an EIO from the device, or
+     * one at or after the rename, where the directory's state is unknown -- fails
+     * the cache as a log error would (the temporary file was unlinked either way). */
+    if (rc == PKV_ENOSPC && !renamed) {
         ckpt_discarded(w, rc);
         return false;
     }
-    if (rc) { /* rename or directory fsync: the directory's state is unknown */
+    if (rc) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return false;
     }

@@ -134,9 +134,9 @@ typedef struct pkv_wal {
     uint64_t ckpt_deltas; /* delta checkpoints written since open */
     uint64_t ckpt_ok;     /* checkpoints that succeeded: written, or the newest file
                              already held everything (pkv_wal_checkpoint) */
-    /* Checkpoints that failed before anything became visible (out of memory, or
-     * writing the temporary file: ENOSPC, EIO) do not fail the cache: the log still
-     * holds everything. ckpt_err / ckpt_msg: the latest attempt's error (0: it
+    /* Checkpoints that failed before anything became visible for lack of memory
+     * or space (ENOSPC, EDQUOT writing or syncing the temporary file) do not fail
+     * the cache: the log still holds everything. ckpt_err / ckpt_msg: the latest attempt's error (0: it
      * succeeded), which pkv_checkpoint returns; automatic attempts then back off
      * (ckpt_backoff_ms, doubling from CKPT_BACKOFF_MIN_MS to CKPT_BACKOFF_MAX_MS)
      * until ckpt_retry_ns (CLOCK_MONOTONIC). */
