@@ -62,7 +62,9 @@ enum {
     PKV_EFULL     = -31003, /* no free block and nothing evictable; cache unchanged  */
     PKV_ENOSEQ    = -31004, /* unknown sequence id                                    */
     PKV_EEXIST    = -31005, /* sequence id already in use                             */
-    PKV_ERANGE    = -31006, /* index out of range, or output buffer too small         */
+    PKV_ERANGE    = -31006, /* index out of range, output buffer too small, or a log
+                                 record of the call would exceed 256 MiB (a table of
+                                 ~67M blocks); nothing changed                        */
     PKV_ESTATE    = -31007, /* call not valid in the sequence's current state         */
     PKV_EIO       = -31008, /* an operating-system I/O call failed                    */
     PKV_ENOSPC    = -31009, /* no space left on the device                            */
@@ -100,8 +102,9 @@ typedef enum pkv_durability {
                                group) */
     PKV_DURABLE_NONE   = 1, /* the log is handed to the OS within group_commit_us and
                                synced only by pkv_sync(), checkpoints, pkv_close()
-                               and when a log segment is full: survives a process
-                               crash, not a power loss */
+                               and when a log segment is full (each of these syncs
+                               the arena first): survives a process crash; a power
+                               loss keeps only what was synced */
     PKV_DURABLE_ALWAYS = 2, /* each mutating call returns once durable (concurrent
                                callers still share fdatasyncs) */
 } pkv_durability;
@@ -154,7 +157,15 @@ typedef struct pkv_options {
                               N (at most 64): a pkv_seq_step_batch call, and a commit
                               that seals 2+ blocks, checksum them on up to N threads,
                               the caller's included (blocks of 256 KiB or more) */
+    uint64_t log_segment_bytes; /* size of each new log segment file, preallocated;
+                              0 = 32 MiB. PKV_LOG_SEGMENT_MIN..PKV_LOG_SEGMENT_MAX.
+                              Per open, not stored: each segment records its own
+                              size, so a reopen may use another value (a frame
+                              larger than a segment gets a segment of its own) */
 } pkv_options;
+
+#define PKV_LOG_SEGMENT_MIN (1ull << 20) /* 1 MiB */
+#define PKV_LOG_SEGMENT_MAX (16ull << 30) /* 16 GiB: the most recovery reads */
 
 typedef struct pkv_cache pkv_cache;
 
@@ -163,7 +174,9 @@ typedef struct pkv_cache pkv_cache;
 void pkv_options_init(pkv_options *opt);
 
 /* Create the cache directory `dir` (mode 0700) and its arena file (mode 0600) or
- * open an existing one. On reopen the stored geometry and model identity must
+ * open an existing one. A writable open fdatasyncs the arena and the recovered log
+ * before it counts the recovered records durable (a NONE-mode writer that crashed
+ * may have left them in the page cache only). On reopen the stored geometry and model identity must
  * equal `opt`'s, else PKV_EGEOMETRY / PKV_EMODEL and nothing on disk changes.
  * The arena is preallocated, so a full disk fails here with PKV_ENOSPC. A second
  * writable open of the same directory, in this or another process, fails with
@@ -232,7 +245,11 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
  * tokens (as pkv_seq_append, slots to slots[0..n); 0: append nothing, tokens and
  * slots may then be NULL). A decoder that has written the K/V of its last token
  * calls pkv_seq_commit_append(c, id, 1, &next, 1, &slot). All-or-nothing: on any
- * error nothing changed. When the append takes new blocks it needs one more
+ * error nothing changed, with one exception (as for every mutating call): under
+ * PKV_DURABLE_ALWAYS, PKV_EFAILED returned because the cache failed while the call
+ * waited for its records to become durable means the commit and append were
+ * applied in memory (the slots are set) but are not durable and are gone after the
+ * reopen; a call that finds the cache already failed changes nothing. When the append takes new blocks it needs one more
  * obtainable block per block the commit seals (a seal that dedupes takes a cached
  * block off the LRU), so with a cache that full it fails with PKV_EFULL where the
  * two separate calls might succeed. PKV_EINVAL if both counts are 0. */
@@ -253,8 +270,10 @@ typedef struct pkv_step {
  * batch stops at the first step that fails and returns that error, with *done (may
  * be NULL) the number of steps carried out: steps [0, *done) took effect and have
  * their slots, steps [*done, n) changed nothing. Name a sequence at most once per
- * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step. PKV_EINVAL if
- * steps is NULL or n is 0. */
+ * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step; if the cache
+ * fails during that wait it returns PKV_EFAILED (unless a step failed first: that
+ * error) with *done still the steps carried out, which took effect in memory but
+ * are not durable. PKV_EINVAL if steps is NULL or n is 0. */
 int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
 
 /* Create sequence `child` sharing every block of `parent`, the partial last block
@@ -326,6 +345,17 @@ typedef struct pkv_stats_t {
     uint64_t wal_max_delay_us; /* longest wait of a record from its append until it
                                   was durable (the first record of each group
                                   commit), since open; 0 in NONE mode */
+    /* Failed checkpoints. A checkpoint that runs out of space (or quota) writing
+     * or syncing its temporary file, or out of memory, is discarded and the cache
+     * keeps serving from the log; automatic attempts then back off. (An EIO, a
+     * failure at the rename, or one of the log fails the cache.) */
+    uint64_t checkpoint_failures;    /* discarded checkpoint attempts since open */
+    int32_t checkpoint_error;        /* the latest attempt's error (PKV_ENOSPC or
+                                        PKV_ENOMEM), 0 if it succeeded or none was
+                                        made */
+    uint32_t checkpoint_backoff_ms;  /* after failures: the delay before the next
+                                        automatic attempt (1 s doubling to 60 s);
+                                        0 when the latest attempt succeeded */
 } pkv_stats_t;
 
 int pkv_stats(pkv_cache *cache, pkv_stats_t *out);
@@ -344,7 +374,10 @@ int pkv_check(pkv_cache *cache, char *why, size_t why_len);
 int pkv_sync(pkv_cache *cache);
 
 /* Write a checkpoint now (LZ4-compressed snapshot of all metadata, atomically
- * renamed into place) and recycle the log segments it covers. */
+ * renamed into place) and recycle the log segments it covers. PKV_ENOSPC (no
+ * space or quota for the checkpoint file) or PKV_ENOMEM: the checkpoint was
+ * discarded and the cache keeps serving from the log (pkv_stats counts it; retry
+ * later). PKV_EFAILED: the cache failed (an I/O error, also of the checkpoint). */
 int pkv_checkpoint(pkv_cache *cache);
 
 /* The ids of all open sequences, recovered ones included (cap entries at most);

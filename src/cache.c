@@ -31,7 +31,11 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
     w->ckpt_adaptive = opt->checkpoint_bytes == 0;
     w->delta_floor = DELTA_FLOOR;
     w->full_only = opt->flags & PKV_OPEN_FULL_CHECKPOINTS;
-    w->seg_size = SEG_SIZE_DEFAULT;
+    w->seg_size = opt->log_segment_bytes ? opt->log_segment_bytes : SEG_SIZE_DEFAULT;
+    /* A frame larger than a segment gets a file of its own size: keep a busy log's
+     * frames within small segments (pkv_options.log_segment_bytes). */
+    w->kick = w->seg_size / 4 < PKV_WAL_KICK ? (size_t)(w->seg_size / 4) : PKV_WAL_KICK;
+    w->backlog = w->seg_size / 2 < PKV_WAL_BACKLOG ? (size_t)(w->seg_size / 2) : PKV_WAL_BACKLOG;
     w->arena_secret = c->arena.secret;
     w->arena_fd = c->arena.fd;
     w->seg_fd = -1;
@@ -58,6 +62,17 @@ static int check_options(const char *dir, const pkv_options *opt) {
     if (opt->seal_threads > PKV_SEAL_THREADS_MAX)
         return pkv_err(PKV_EINVAL, "seal_threads %u exceeds %u", opt->seal_threads,
                        PKV_SEAL_THREADS_MAX);
+    /* A segment must hold its header and the largest record of fixed size (a SEAL of
+     * PKV_BLOCK_SIZE_MAX tokens, ~4 KiB) with room to spare, and recovery reads no
+     * segment larger than 16 GiB (docs/format.md); larger frames get a segment of
+     * their own size (log.c seg_create). */
+    if (opt->log_segment_bytes &&
+        (opt->log_segment_bytes < PKV_LOG_SEGMENT_MIN ||
+         opt->log_segment_bytes > PKV_LOG_SEGMENT_MAX))
+        return pkv_err(PKV_EINVAL, "log_segment_bytes %llu outside %llu..%llu (0: 32 MiB)",
+                       (unsigned long long)opt->log_segment_bytes,
+                       (unsigned long long)PKV_LOG_SEGMENT_MIN,
+                       (unsigned long long)PKV_LOG_SEGMENT_MAX);
     const pkv_io_ops *io = opt->io;
     if (io && (!io->open || !io->close || !io->pread || !io->write || !io->sync ||
                !io->allocate || !io->rename || !io->unlink || !io->sync_dir))
@@ -221,6 +236,9 @@ int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
     out->cuda_mode = c->cuda_mode;
     out->seal_sums_ahead = c->seal_sums_ahead;
     out->wal_max_delay_us = w->max_delay_ns / 1000u;
+    out->checkpoint_failures = w->ckpt_failures;
+    out->checkpoint_error = w->ckpt_err;
+    out->checkpoint_backoff_ms = w->ckpt_backoff_ms;
     pkv_unlock(c);
     return 0;
 }

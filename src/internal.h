@@ -545,6 +545,8 @@ static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }
 
 /* Fast paths of the log calls every mutation makes (wal/log.c has the rest). */
 static inline int pkv_wal_reserve(pkv_cache *c, size_t bytes) {
+    /* REC_MAX_BYTES and PKV_WAL_CALL_MAX (wal.h): refused before any change */
+    if (pkv_unlikely(bytes > PKV_WAL_CALL_MAX)) return pkv_wal_too_big(c, bytes);
     /* the next record may first leave the last COMMIT's unused slot as slack */
     if (c->wal.tail_end > c->wal.len) bytes += c->wal.tail_end - c->wal.len;
     return pkv_likely(c->wal.cap - c->wal.len >= bytes) ? 0 : pkv_wal_grow(c, bytes);
@@ -553,7 +555,7 @@ static inline int pkv_wal_writable(pkv_cache *c) {
     return pkv_likely(!c->rdonly && !c->wal.failed) ? 0 : pkv_wal_unwritable(c);
 }
 static inline void pkv_wal_throttle(pkv_cache *c) {
-    if (pkv_unlikely(c->wal.len >= PKV_WAL_BACKLOG)) pkv_wal_backlog_wait(c);
+    if (pkv_unlikely(c->wal.len >= c->wal.backlog)) pkv_wal_backlog_wait(c);
 }
 static inline int pkv_wal_commit_point(pkv_cache *c) {
     if (c->wal.mode != PKV_DURABLE_ALWAYS) return 0;

@@ -333,8 +333,9 @@ static void remove_old(pkv_wal *w, uint64_t keep, bool keep_chain) {
 void pkv_ckpt_remove_stale(pkv_wal *w, uint64_t base) { remove_old(w, base, true); }
 
 int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
-                   const uint8_t *raw, size_t len, uint64_t *body_sum) {
+                   const uint8_t *raw, size_t len, uint64_t *body_sum, bool *renamed) {
     const pkv_io_ops *io = w->io;
+    *renamed = false;
     size_t nchunks = (len + CHUNK - 1) / CHUNK;
     size_t bound = CKPT_HDR + nchunks * 8 + (size_t)LZ4_compressBound(CHUNK) * nchunks;
     if (nchunks == 0) bound = CKPT_HDR;
@@ -377,6 +378,7 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
     int fd = io->open(io->ctx, tmp, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) {
         free(out);
+        (void)io->unlink(io->ctx, tmp); /* O_CREAT may have made it */
         return io_err(fd, "create", tmp);
     }
     /* Written and synced a piece at a time where the log is synced too (GROUP,
@@ -390,10 +392,11 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
         rc = io->write(io->ctx, fd, out + off, o - off < piece ? o - off : piece, off, 1);
     io->close(io->ctx, fd);
     free(out);
-    if (rc < 0) {
+    if (rc < 0) { /* the temporary file is discarded, never synced again (fsyncgate) */
         io->unlink(io->ctx, tmp);
         return io_err(rc, "write", tmp);
     }
+    *renamed = true; /* from here on a failure leaves the directory uncertain */
     if ((rc = io->rename(io->ctx, tmp, path)) < 0) return io_err(rc, "rename", path);
     if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_err(rc, "fsync", w->dir);
     if (!delta) remove_old(w, lsn, false);

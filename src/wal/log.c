@@ -26,8 +26,11 @@
  * cv_done until the flusher made everything the snapshot shows durable, writes
  * the checkpoint without the lock, and under the lock renames covered segments
  * into spares (which is why the flusher claims a spare under the lock too).
- * Any write or sync error is final: the cache enters its failed state
- * (w->failed) and every later mutation fails.
+ * Any write or sync error of the log or the arena is final: the cache enters its
+ * failed state (w->failed) and every later mutation fails. A checkpoint that runs
+ * out of memory or space while only its temporary file was written does not: the
+ * file is discarded, the log still holds everything, and automatic attempts back
+ * off (ckpt_discarded).
  */
 #include "internal.h"
 
@@ -72,9 +75,21 @@ int pkv_wal_grow(pkv_cache *c, size_t bytes) {
     return 0;
 }
 
+int pkv_wal_too_big(pkv_cache *c, size_t bytes) {
+    (void)c;
+    if (bytes >= PKV_REC_TOO_BIG)
+        return pkv_err(PKV_ERANGE, "a log record of this call would exceed %u bytes "
+                       "(REC_MAX_BYTES; a sequence table of about %u blocks); nothing changed",
+                       pkv_rec_max, pkv_rec_max / 4);
+    return pkv_err(PKV_ERANGE, "the log records of this call would take %zu bytes, more "
+                   "than %llu; nothing changed", bytes, (unsigned long long)PKV_WAL_CALL_MAX);
+}
+
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     pkv_wal *w = &c->wal;
     size_t total = pkv_rec_size(payload);
+    /* REC_MAX_BYTES: the caller's reserve refused larger records (pkv_wal_reserve) */
+    pkv_assert(total <= REC_MAX_BYTES);
     if (w->tail_end > w->len) { /* keep the last COMMIT's slot: slack (record.c) */
         size_t k = w->tail_end - w->len;
         pkv_assert(k >= 8 && k % 8 == 0 && w->cap - w->len >= k);
@@ -97,7 +112,7 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     w->next_lsn++;
     w->len += total;
     w->records++;
-    if (pkv_unlikely(w->len >= PKV_WAL_KICK) && !w->kicked) { /* big group: go */
+    if (pkv_unlikely(w->len >= w->kick) && !w->kicked) { /* big group: go */
         w->kicked = true;
         pkv_cond_signal(&w->cv_work);
     }
@@ -206,7 +221,8 @@ static int seg_create(pkv_cache *c, uint64_t no, uint64_t start, uint64_t min_si
         return rc;
     }
     /* In NONE mode the old segment's frames were written unsynced, and a later
-     * pkv_sync syncs only the current segment: sync them before leaving it. */
+     * pkv_sync syncs only the current segment: sync them before leaving it (the
+     * arena was flushed before, flush_once). */
     if (w->seg_fd >= 0 && w->mode == PKV_DURABLE_NONE &&
         (rc = io->sync(io->ctx, w->seg_fd)) < 0) {
         io->close(io->ctx, fd);
@@ -285,7 +301,13 @@ static void flush_once(pkv_cache *c, bool hard) {
     /* The arena is flushed before a frame that seals blocks in every mode: in NONE
      * mode too, or a frame reaching the disk ahead of the payload it checksums
      * would turn blocks (and the synced tokens in them) into verification misses. */
-    bool arena_sync = dirty && (sync || w->seal_dirty);
+    /* Payload durable before the record that names it, whenever a record is made
+     * durable: in NONE mode, leaving a full segment fdatasyncs it (seg_create), which
+     * makes the COMMITs of partial tails in it durable, so the arena goes first then
+     * too. (w->seg_off and seg_cap are the flusher's; len before squeezing is an
+     * upper bound, so no rotation is missed.) */
+    bool leaving = nrec && w->seg_fd >= 0 && w->seg_off + len > w->seg_cap;
+    bool arena_sync = dirty && (sync || w->seal_dirty || leaving);
     if (nrec == 0 && (!sync || w->durable_lsn >= w->written_lsn) && !(hard && dirty))
         return;
     /* Swap buffers: appenders continue into the other one. */
@@ -305,6 +327,15 @@ static void flush_once(pkv_cache *c, bool hard) {
     pkv_unlock(c);
 
     if (slack) len = frame_squeeze(fb, len);
+    /* The frame's u32 length: PKV_WAL_CALL_MAX and the backlog throttle keep a
+     * frame far below it, so this cannot happen; if it did, fail loudly rather
+     * than write a length cut to 32 bits. */
+    if (len - FRAME_HDR > UINT32_MAX) {
+        pkv_lock(c);
+        io_fail(c, -EFBIG, "log frame over 4 GiB");
+        pkv_cond_broadcast(&w->cv_done);
+        return;
+    }
 
     int rc = 0;
     const char *what = NULL;
@@ -369,9 +400,9 @@ static void *flusher_main(void *arg) {
     uint64_t started = realtime_ns(); /* start of the last group (or of the thread) */
     pkv_lock(c);
     for (;;) {
-        /* (a buffer past PKV_WAL_KICK goes at once: its wake-up may have come
+        /* (a buffer past w->kick goes at once: its wake-up may have come
          * while this thread was busy, and it is sent once per buffer) */
-        if (!w->stop && !w->sync_req && (w->len < PKV_WAL_KICK || w->failed)) {
+        if (!w->stop && !w->sync_req && (w->len < w->kick || w->failed)) {
             uint64_t now = realtime_ns();
             uint64_t due = w->nrec == 0 ? now + interval_ns : started + interval_ns;
             if (due > now) {
@@ -403,9 +434,24 @@ static void *flusher_main(void *arg) {
  * and a full checkpoint costs at most about one byte per byte of log (a delta,
  * far less; wal/checkpoint.c). */
 static bool ckpt_due(const pkv_wal *w) {
+    if (w->ckpt_retry_ns && pkv_now_ns() < w->ckpt_retry_ns) return false; /* backing off */
     uint64_t t = w->ckpt_bytes;
     if (w->ckpt_adaptive && w->ckpt_raw > t) t = w->ckpt_raw;
     return w->bytes_since_ckpt >= t;
+}
+
+/* A checkpoint failed before its file became visible, for lack of memory or space
+ * (lock held): the temporary file is gone and the log still holds every record, so
+ * the cache keeps serving. The failure is kept for pkv_checkpoint and pkv_stats,
+ * and automatic attempts back off (a full disk would otherwise be handed a whole
+ * snapshot every group commit). */
+static void ckpt_discarded(pkv_wal *w, int rc) {
+    w->ckpt_failures++;
+    w->ckpt_err = rc;
+    snprintf(w->ckpt_msg, sizeof w->ckpt_msg, "%s", pkv_last_error());
+    uint32_t b = w->ckpt_backoff_ms ? 2 * w->ckpt_backoff_ms : CKPT_BACKOFF_MIN_MS;
+    w->ckpt_backoff_ms = b < CKPT_BACKOFF_MAX_MS ? b : CKPT_BACKOFF_MAX_MS;
+    w->ckpt_retry_ns = pkv_now_ns() + (uint64_t)w->ckpt_backoff_ms * 1000000u;
 }
 
 /* One checkpoint, on the checkpoint thread; lock held on entry and exit. The
@@ -440,7 +486,8 @@ static bool do_checkpoint(pkv_cache *c) {
     uint64_t lsn = 0, end = 0, sum = 0, full_len = 0;
     if (pkv_ckpt_serialize(c, delta, &raw, &rawlen, &lsn, &end, &full_len)) { /* out of memory: */
         w->ckpt_busy = false;                  /* the log stays valid, try again */
-        return false;                          /* later (with a full checkpoint) */
+        ckpt_discarded(w, PKV_ENOMEM);         /* later (with a full checkpoint) */
+        return false;
     }
     /* The snapshot may show records up to `end` (and the payload they checksum):
      * wait until the log holds them durably, the arena flushed before them. */
@@ -455,15 +502,27 @@ static bool do_checkpoint(pkv_cache *c) {
         return false;
     }
     pkv_unlock(c);
-    int rc = pkv_ckpt_write(w, delta, lsn, end, raw, rawlen, &sum);
+    bool renamed;
+    int rc = pkv_ckpt_write(w, delta, lsn, end, raw, rawlen, &sum, &renamed);
     free(raw);
     pkv_lock(c);
     w->ckpt_busy = false;
-    if (rc == PKV_ENOMEM) return false; /* nothing written: the log still holds it all */
+    /* Out of space (or quota) while only the temporary file was written: nothing
+     * visible changed, the log (preallocated) still holds it all, and space may
+     * return, so the cache goes on. Any other error -- an EIO from the device, or
+     * one at or after the rename, where the directory's state is unknown -- fails
+     * the cache as a log error would (the temporary file was unlinked either way). */
+    if (rc == PKV_ENOSPC && !renamed) {
+        ckpt_discarded(w, rc);
+        return false;
+    }
     if (rc) {
         io_fail(c, rc == PKV_ENOSPC ? -ENOSPC : -EIO, "write checkpoint");
         return false;
     }
+    w->ckpt_err = 0;
+    w->ckpt_backoff_ms = 0;
+    w->ckpt_retry_ns = 0;
     if (delta) {
         w->chain_len++;
         w->chain_raw += rawlen;
@@ -549,7 +608,8 @@ static void *ckpt_main(void *arg) {
             continue;
         }
         /* Woken by the flusher (each cycle while a checkpoint is due, so a failed
-         * attempt is retried a cycle later), a request, or pkv_close. */
+         * attempt is retried once its back-off has passed: ckpt_due), a request,
+         * or pkv_close. */
         pkv_cond_wait(&w->cv_ckpt, &c->lock);
         last_failed = false;
     }
@@ -578,12 +638,72 @@ static void drop_stray_spares(pkv_wal *w) {
     w->stray_spares = false;
 }
 
+/* Spares are recycled by rename without being reallocated, so each must have the
+ * size this open gives new segments (pkv_options.log_segment_bytes, which a reopen
+ * may change; a segment written with one frame larger than the segment size is
+ * larger too). A spare's header is still that of its previous life and says its
+ * allocated size: when a spare's size differs, or its header cannot be read,
+ * every spare is deleted (the run must stay 0..nspare-1; there are at most two),
+ * and new segments are allocated instead. Best effort, like drop_stray_spares. */
+static void drop_misfit_spares(pkv_wal *w) {
+    const pkv_io_ops *io = w->io;
+    bool misfit = false;
+    for (uint64_t k = 0; k < w->nspare && !misfit; k++) {
+        char path[4200];
+        uint8_t h[SEG_HDR];
+        if (pkv_wal_path(w, path, sizeof path, "wal-spare-", k)) return;
+        int fd = io->open(io->ctx, path, O_RDONLY, 0);
+        long r = fd >= 0 ? io->pread(io->ctx, fd, h, SEG_HDR, 0) : -EIO;
+        if (fd >= 0) io->close(io->ctx, fd);
+        misfit = r != (long)SEG_HDR || memcmp(h, SEG_MAGIC, 8) != 0 ||
+                 !pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56)) ||
+                 pkv_get_u64(h + 40) != w->seg_size;
+    }
+    if (!misfit) return;
+    for (uint64_t k = 0; k < w->nspare; k++) {
+        char path[4200];
+        if (!pkv_wal_path(w, path, sizeof path, "wal-spare-", k))
+            (void)io->unlink(io->ctx, path);
+    }
+    w->nspare = 0;
+}
+
+/* Recovery read records that may be only in the page cache: a NONE-mode writer
+ * syncs neither its frames nor the arena until a sync point, and a process crash
+ * leaves them there. pkv_wal_start marks every recovered record durable, after
+ * which this open (in any mode) reports durability -- pkv_sync returns, limbo
+ * drains -- for them, so make them durable first: the arena, then every live
+ * segment (payload before the records that name it). Whether the last writer
+ * closed cleanly is not recorded, so this runs at every writable open that
+ * recovered a segment; on files with nothing dirty the syncs cost little. A
+ * failed sync fails the open and is not retried (fsyncgate). */
+static int sync_recovered(pkv_cache *c) {
+    pkv_wal *w = &c->wal;
+    const pkv_io_ops *io = w->io;
+    if (w->nsegs == 0) return 0;
+    int rc;
+    if (w->arena_fd >= 0 && (rc = io->sync(io->ctx, w->arena_fd)) < 0)
+        return io_fail(c, rc, "flush arena at open");
+    for (size_t i = 0; i < w->nsegs; i++) {
+        char path[4200];
+        if ((rc = pkv_wal_path(w, path, sizeof path, "wal-", w->segs[i].no))) return rc;
+        int fd = io->open(io->ctx, path, O_RDONLY, 0);
+        if (fd < 0) return io_fail(c, fd, "open recovered log segment");
+        rc = io->sync(io->ctx, fd);
+        io->close(io->ctx, fd);
+        if (rc < 0) return io_fail(c, rc, "fdatasync recovered log segment");
+    }
+    return 0;
+}
+
 int pkv_wal_start(pkv_cache *c, uint64_t next_lsn, uint64_t next_seg) {
     pkv_wal *w = &c->wal;
     drop_stray_spares(w);
+    drop_misfit_spares(w);
+    int rc = sync_recovered(c);
+    if (rc) return rc;
     w->next_lsn = next_lsn;
-    w->written_lsn = w->durable_lsn = next_lsn - 1;
-    int rc;
+    w->written_lsn = w->durable_lsn = next_lsn - 1; /* synced just above */
     w->buf = malloc(1u << 16);
     w->fbuf = malloc(1u << 16);
     if (!w->buf || !w->fbuf) return pkv_err(PKV_ENOMEM, "log buffers");
@@ -623,7 +743,7 @@ int pkv_wal_unwritable(pkv_cache *c) {
 
 void pkv_wal_backlog_wait(pkv_cache *c) {
     pkv_wal *w = &c->wal;
-    while (w->len >= PKV_WAL_BACKLOG && !w->failed && !w->stop) {
+    while (w->len >= w->backlog && !w->failed && !w->stop) {
         pkv_cond_signal(&w->cv_work);
         pkv_cond_wait(&w->cv_done, &c->lock);
     }
@@ -660,7 +780,10 @@ int pkv_wal_checkpoint(pkv_cache *c) {
     pkv_cond_signal(&w->cv_ckpt);
     while (w->ckpt_gen == gen) pkv_cond_wait(&w->cv_done, &c->lock);
     if (w->failed) return pkv_wal_writable(c);
-    if (w->ckpt_ok == before) return pkv_err(PKV_EIO, "checkpoint not written");
+    if (w->ckpt_ok == before)
+        return pkv_err(w->ckpt_err ? w->ckpt_err : PKV_EIO,
+                       "checkpoint not written (%s); the cache goes on from the log",
+                       w->ckpt_err ? w->ckpt_msg : "no reason recorded");
     return 0;
 }
 

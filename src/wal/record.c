@@ -42,14 +42,20 @@ const char *pkv_rec_type_name(unsigned type) {
                            len, (size_t)(n));                                     \
     } while (0)
 
+uint32_t pkv_rec_max = REC_MAX_BYTES;
+
 int pkv_rec_decode(const uint8_t *p, size_t len, uint32_t bs, pkv_rec *r) {
     /* p points at the record start; len is its payload length (without header
      * and trailer, padding included). */
-    uint32_t rlen = pkv_get_u32(p);
     memset(r, 0, sizeof *r);
     r->type = pkv_get_u32(p + 4) & 0xffff;
     r->lsn = pkv_get_u64(p + 8);
-    (void)rlen;
+    /* REC_MAX_BYTES: no writer makes a larger record, so one is damage or forgery */
+    if (len > REC_MAX_BYTES - REC_HDR - REC_TRAILER)
+        return pkv_err(PKV_ECORRUPT, "%s record at LSN %llu: %zu bytes, more than "
+                       "REC_MAX_BYTES (%u)", pkv_rec_type_name(r->type),
+                       (unsigned long long)r->lsn, len + REC_HDR + REC_TRAILER,
+                       REC_MAX_BYTES);
     const uint8_t *q = p + REC_HDR;
     switch (r->type) {
     case REC_SEAL:

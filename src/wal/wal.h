@@ -57,6 +57,8 @@ enum {
  * or DELTA_FLOOR (pkv_wal.delta_floor), whichever is larger: below that, a full
  * checkpoint is cheap anyway, and recovery reads at most that much more. */
 #define DELTA_CHAIN_MAX 64u
+#define CKPT_BACKOFF_MIN_MS 1000u
+#define CKPT_BACKOFF_MAX_MS 60000u
 #define DELTA_FLOOR (1ull << 20)
 #define CKPT_HDR 64u
 #define WAL_VERSION 1u
@@ -67,7 +69,25 @@ enum {
 #else
 #define SEG_SIZE_DEFAULT (32ull << 20)
 #endif
+/* The largest record, header and trailer included. Enforced where records are
+ * built (a call whose record would be larger fails with PKV_ERANGE before it
+ * changes anything: pkv_wal_reserve) and where they are read (pkv_rec_decode). */
 #define REC_MAX_BYTES (256u << 20)
+/* The most log bytes one call may reserve. With the backlog throttle (a call
+ * starts only below PKV_WAL_BACKLOG unflushed bytes) a frame stays far below the
+ * 4 GiB its u32 length field can say. */
+#define PKV_WAL_CALL_MAX (1ull << 30)
+/* The limit the builders check: REC_MAX_BYTES, lowered by tests (one 256 MiB
+ * record needs a table of 64 million blocks). Read under the cache lock. */
+extern uint32_t pkv_rec_max;
+/* What a *_size function below returns for a record above pkv_rec_max: larger than
+ * PKV_WAL_CALL_MAX, so pkv_wal_reserve refuses the call, and small enough that a
+ * caller's sum of a few sizes cannot wrap. */
+#define PKV_REC_TOO_BIG ((size_t)1 << 40)
+static inline size_t pkv_rec_size_checked(uint64_t payload) {
+    uint64_t total = (REC_HDR + payload + REC_TRAILER + 7) & ~(uint64_t)7;
+    return total <= pkv_rec_max ? (size_t)total : PKV_REC_TOO_BIG;
+}
 
 const char *pkv_rec_type_name(unsigned type);
 
@@ -114,6 +134,17 @@ typedef struct pkv_wal {
     uint64_t ckpt_deltas; /* delta checkpoints written since open */
     uint64_t ckpt_ok;     /* checkpoints that succeeded: written, or the newest file
                              already held everything (pkv_wal_checkpoint) */
+    /* Checkpoints that failed before anything became visible for lack of memory
+     * or space (ENOSPC, EDQUOT writing or syncing the temporary file) do not fail
+     * the cache: the log still holds everything. ckpt_err / ckpt_msg: the latest attempt's error (0: it
+     * succeeded), which pkv_checkpoint returns; automatic attempts then back off
+     * (ckpt_backoff_ms, doubling from CKPT_BACKOFF_MIN_MS to CKPT_BACKOFF_MAX_MS)
+     * until ckpt_retry_ns (CLOCK_MONOTONIC). */
+    uint64_t ckpt_failures;
+    int ckpt_err;
+    char ckpt_msg[256];
+    uint32_t ckpt_backoff_ms;
+    uint64_t ckpt_retry_ns;
     uint64_t seg_size;
     uint64_t arena_secret;
     int arena_fd;
@@ -169,7 +200,10 @@ typedef struct pkv_wal {
 
     pthread_t thr;
     bool running, stop, sync_req, hard_req, ckpt_req;
-    bool kicked; /* the buffer reached PKV_WAL_KICK and the flusher was woken */
+    bool kicked; /* the buffer reached `kick` and the flusher was woken */
+    size_t kick;    /* PKV_WAL_KICK, or a quarter of a smaller segment, and */
+    size_t backlog; /* PKV_WAL_BACKLOG, or half of a smaller segment: so that the
+                       frames of a busy log fit small segments */
     uint64_t ckpt_gen; /* incremented when a requested checkpoint finished */
     pkv_cond cv_work, cv_done;
     /* The checkpoint thread: snapshots under the lock in short slices, then
@@ -189,6 +223,8 @@ typedef struct pkv_wal {
 /* pkv_wal_reserve (internal.h): room for `bytes` more record bytes, so appends
  * made next cannot fail; pkv_wal_grow is its slow path. */
 int pkv_wal_grow(pkv_cache *c, size_t bytes);
+/* pkv_wal_reserve of more than PKV_WAL_CALL_MAX bytes: PKV_ERANGE with a message. */
+int pkv_wal_too_big(pkv_cache *c, size_t bytes);
 /* Append a record header for a payload of `payload` bytes (reserved before);
  * returns the payload to fill. Cache lock held. */
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
@@ -223,10 +259,12 @@ int pkv_wal_unwritable(pkv_cache *c);
  * PKV_WAL_BACKLOG bytes or more waits (lock released) until the flusher has taken
  * it, so a producer faster than the disk cannot grow the buffer, or the log
  * between two checkpoints, without bound. Called before the call looks at any
- * state; pkv_wal_throttle (internal.h) is the inline test. */
+ * state; pkv_wal_throttle (internal.h) is the inline test. With segments smaller
+ * than 16 MiB, half the segment size (pkv_wal.backlog). */
 #define PKV_WAL_BACKLOG (8u << 20)
 /* A buffer this full is flushed at once, not at the end of the group interval:
- * the append that crosses it wakes the flusher (once per buffer). */
+ * the append that crosses it wakes the flusher (once per buffer). With segments
+ * smaller than 4 MiB, a quarter of the segment size (pkv_wal.kick). */
 #define PKV_WAL_KICK (1u << 20)
 void pkv_wal_backlog_wait(pkv_cache *c);
 /* pkv_wal_commit_point (internal.h): after a mutating call appended its records
@@ -259,7 +297,10 @@ static inline uint64_t pkv_wal_spare_strays(uint64_t mask) {
 }
 
 /* ---- wal/record.c: encoders (cache lock held, room reserved) ---- */
-/* The *_size functions give the most bytes the matching encoder appends. */
+/* The *_size functions give the most bytes the matching encoder appends; those of
+ * records whose length grows with a table (SEQ_SET, COMMIT) give PKV_REC_TOO_BIG
+ * above pkv_rec_max. The others are bounded by the block size (a SEAL of
+ * PKV_BLOCK_SIZE_MAX tokens is about 4 KiB). */
 struct pkv_seq;
 static inline size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4ull * bs); }
 void pkv_log_seal(pkv_cache *c, uint32_t b);
@@ -267,11 +308,11 @@ static inline size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
 void pkv_log_evict(pkv_cache *c, uint32_t b);
 /* The committed part of a sequence's table, and its partial tail. */
 static inline size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+    return pkv_rec_size_checked(32 + 4 * nblocks + 4ull * bs);
 }
 void pkv_log_seq_set(pkv_cache *c, struct pkv_seq *s);
 static inline size_t pkv_log_commit_size(uint64_t nblocks, uint32_t bs) {
-    return pkv_rec_size(32 + 4 * nblocks + 4ull * bs);
+    return pkv_rec_size_checked(32 + 4 * nblocks + 4ull * bs);
 }
 /* Log a commit from old_committed to s->committed; coalesced into the sequence's
  * latest COMMIT while that record is still in the buffer (record.c). */
@@ -328,9 +369,12 @@ uint64_t pkv_ckpt_digest(const pkv_pool *p, uint32_t k);
 void pkv_ckpt_remove_stale(pkv_wal *w, uint64_t base);
 /* Compress and write ckpt-<lsn> (or delta-<lsn>) atomically (no lock needed);
  * *body_sum receives the XXH3-64 of the file's body, which the next delta names.
- * A full checkpoint then deletes every older checkpoint and delta file. */
+ * A full checkpoint then deletes every older checkpoint and delta file. On an
+ * error, *renamed says whether it came at the rename or after (the directory may
+ * then hold the new file: the caller fails the cache) or before, while only the
+ * temporary file was written (it is unlinked: nothing on disk changed). */
 int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
-                   const uint8_t *raw, size_t len, uint64_t *body_sum);
+                   const uint8_t *raw, size_t len, uint64_t *body_sum, bool *renamed);
 /* What a raw snapshot says about itself (pkv_ckpt_info). */
 typedef struct pkv_ckpt_meta {
     bool delta;
