@@ -10,7 +10,11 @@
  * fdatasync is final (fsyncgate), the caller enters its failed state.
  *
  * Rings are per thread (the log flusher is the only thread that writes), created
- * on first use and torn down at thread exit.
+ * on first use and torn down at thread exit. A ring is not inherited through
+ * fork(): the child's copy shares the parent's ring memory but not its view of
+ * the queue heads, so a child that used it would corrupt both. Each ring carries
+ * the fork generation it was made in (bumped in every child by pthread_atfork),
+ * and a thread that finds one of an earlier generation sets up its own.
  */
 #include "internal.h"
 
@@ -21,32 +25,48 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+typedef struct thread_ring_t {
+    struct io_uring u;
+    unsigned gen; /* fork_gen when it was set up */
+} thread_ring_t;
+
 static pthread_key_t ring_key;
 static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
+static _Atomic unsigned fork_gen;
 
 static void ring_destroy(void *p) {
-    io_uring_queue_exit(p);
+    io_uring_queue_exit(&((thread_ring_t *)p)->u);
     free(p);
 }
-static void ring_key_init(void) { pthread_key_create(&ring_key, ring_destroy); }
+static void after_fork_in_child(void) { atomic_fetch_add(&fork_gen, 1); }
+static void ring_key_init(void) {
+    pthread_key_create(&ring_key, ring_destroy);
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
 
 static struct io_uring *thread_ring(int *err) {
     pthread_once(&ring_once, ring_key_init);
-    struct io_uring *r = pthread_getspecific(ring_key);
-    if (r) return r;
+    thread_ring_t *r = pthread_getspecific(ring_key);
+    unsigned gen = atomic_load(&fork_gen);
+    if (r && r->gen == gen) return &r->u;
+    if (r) { /* inherited through fork(): unmap and close this process's copy */
+        pthread_setspecific(ring_key, NULL);
+        ring_destroy(r);
+    }
     r = calloc(1, sizeof *r);
     if (!r) {
         *err = -ENOMEM;
         return NULL;
     }
-    int rc = io_uring_queue_init(8, r, 0);
+    int rc = io_uring_queue_init(8, &r->u, 0);
     if (rc < 0) {
         free(r);
         *err = rc;
         return NULL;
     }
+    r->gen = gen;
     pthread_setspecific(ring_key, r);
-    return r;
+    return &r->u;
 }
 
 static int d_open(void *ctx, const char *path, int flags, int mode) {
@@ -77,11 +97,13 @@ static long d_pread(void *ctx, int fd, void *buf, size_t n, uint64_t off) {
 static long uring_round(struct io_uring *r, int fd, const void *buf, size_t n,
                         uint64_t off, int sync, int *sync_res) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(r);
+    if (!sqe) return -EIO; /* every round is reaped before the next: a broken ring */
     io_uring_prep_write(sqe, fd, buf, (unsigned)n, off);
     sqe->user_data = 1;
     if (sync) {
         sqe->flags |= IOSQE_IO_LINK;
         sqe = io_uring_get_sqe(r);
+        if (!sqe) return -EIO;
         io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
         sqe->user_data = 2;
     }
