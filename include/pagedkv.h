@@ -424,6 +424,12 @@ typedef struct pkv_io_ops {
     int (*rename)(void *ctx, const char *from, const char *to);
     int (*unlink)(void *ctx, const char *path);
     int (*sync_dir)(void *ctx, const char *dir);
+    /* Optional (NULL: the default's). An identity of the machine's current boot,
+     * NUL-terminated in out[0..cap), or a negative errno if unknown. The default
+     * reads /proc/sys/kernel/random/boot_id. A new boot means the page cache may
+     * have been lost (docs/format.md, "The unsynced marker"); a test backend
+     * simulates a restart with it. */
+    int (*boot_id)(void *ctx, char *out, size_t cap);
 } pkv_io_ops;
 
 /* The default backend (writes and syncs through io_uring, linked). */

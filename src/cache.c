@@ -125,6 +125,9 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
             pkv_unlock(c);
             if (rc) goto fail;
         }
+        /* Rule D8: from here on, a NONE-mode writer's records and payload may sit
+         * in the page cache only; the marker tells recovery after a restart. */
+        if ((rc = pkv_unsynced_begin(c))) goto fail;
     }
     *out = c;
     return 0;
@@ -138,7 +141,8 @@ fail: {
 
 void pkv_close(pkv_cache *c) {
     if (!c) return;
-    pkv_wal_stop(c); /* flushes and syncs what is left */
+    /* flushes and syncs what is left; a clean end removes the unsynced marker */
+    if (pkv_wal_stop(c) == 0) pkv_unsynced_end(c);
     pkv_wal_free(&c->wal);
     pkv_seqmap_free(&c->seqs);
     pkv_index_free(&c->index);

@@ -639,7 +639,7 @@ void pt_syncio_init(pt_syncio *io)
     memset(io, 0, sizeof *io);
     io->err = EIO;
     io->ops = (pkv_io_ops){io,       sio_open,     sio_close,  sio_pread,  sio_write,
-                           sio_sync, sio_allocate, sio_rename, sio_unlink, sio_sync_dir};
+                           sio_sync, sio_allocate, sio_rename, sio_unlink, sio_sync_dir, NULL};
 }
 
 void pt_syncio_fail(pt_syncio *io, int err)

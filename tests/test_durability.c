@@ -362,7 +362,7 @@ static void plfs_init(plfs *fs, const char *dir, const char *img)
     fs->arena_ino = path_ino(arena);
     fs->durable = wu_read_file(arena, &fs->arena_len);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  pl_write,
-                           pl_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+                           pl_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
 }
 
 static void plfs_free(plfs *fs)
@@ -482,7 +482,7 @@ static void recfs_init(recfs *fs, const char *dir)
     snprintf(arena, sizeof arena, "%s/arena", dir);
     fs->arena_ino = path_ino(arena);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  rf_write,
-                           rf_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+                           rf_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
 }
 
 /* A NONE-mode writer ends without pkv_close (a process crash: its frames and
@@ -614,7 +614,7 @@ Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
     pkv_options o;
     wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
     o.io = &fs->ops;
@@ -683,7 +683,7 @@ Test(durability, checkpoint_eio_fails_the_cache)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
     pkv_options o;
     wu_opts(&o, WU_BS, 64, PKV_DURABLE_GROUP);
     o.io = &fs->ops;
@@ -828,7 +828,7 @@ static nospc *eio_fs(void)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir};
+                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
     return fs;
 }
 

@@ -918,7 +918,7 @@ void wu_oracle_intent(wu_oracle *o, char kind, uint64_t id, uint64_t arg)
     o->it[o->nit++] = (wu_intent){kind, id, arg};
 }
 
-void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *out,
+void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool tails_lost, wu_model *out,
                      const char *what)
 {
     pkv_cache_info inf;
@@ -953,8 +953,9 @@ void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *o
         /* Without power-loss durability (PKV_DURABLE_NONE) a partial block acknowledged by
          * pkv_sync may later be filled and sealed; if that SEAL reaches the disk but the new
          * payload does not, recovery drops the whole block (see
-         * crash::none_mode_sync_survives_a_later_seal, which checks the exact bound). */
-        size_t need = kv_full ? lim : lim / bs * bs;
+         * crash::none_mode_sync_survives_a_later_seal, which checks the exact bound); and
+         * after a restart recovery cuts every open tail (rule D8). */
+        size_t need = tails_lost ? lim / bs * bs : lim;
         if (!closed)
             WU_ASSERT(s->committed >= need,
                       "%s: seq %llu recovered with %zu committed tokens, acknowledged %zu "
@@ -980,15 +981,7 @@ void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *o
     /* K/V of recovered sequences. */
     for (size_t i = 0; i < r.n; i++) {
         const wu_seq *s = &r.s[i];
-        size_t upto = s->committed;
-        if (!kv_full) {
-            /* acknowledged partial blocks may be moved (copy-on-write) or refilled by
-             * later, unsynced changes: only sealed blocks, which recovery verifies, are
-             * certain */
-            upto = s->committed / bs * bs;
-            if (upto > s->committed) upto = s->committed;
-        }
-        wu_verify_seq(c, s, upto, what);
+        wu_verify_seq(c, s, s->committed, what);
     }
     if (out) *out = r;
     else wu_model_free(&r);

@@ -240,12 +240,13 @@ void wu_oracle_intent(wu_oracle *o, char kind, uint64_t id, uint64_t arg);
  *    at least its acknowledged committed tokens (cut to the smallest truncation
  *    issued afterwards), and a closed one, if present, agrees on that prefix;
  *  - every other recovered sequence was opened or forked after the acknowledgement;
- *  - K/V: kv_full: every committed position of every recovered sequence holds the
- *    K/V of its prefix; else (no power-loss durability, PKV_DURABLE_NONE) only the
- *    full (sealed, checksummed) blocks, and acknowledged prefixes are only required
- *    down to a block boundary.
+ *  - K/V: every committed position of every recovered sequence holds the K/V of its
+ *    prefix (the first law, in every mode);
+ *  - tails_lost (a power loss after PKV_DURABLE_NONE, which cuts open tails: rule
+ *    D8 of docs/format.md): acknowledged prefixes are only required down to a
+ *    block boundary.
  * Returns the recovered model in *out if out != NULL. */
-void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool kv_full, wu_model *out,
+void wu_oracle_check(const wu_oracle *o, pkv_cache *c, bool tails_lost, wu_model *out,
                      const char *what);
 
 /* ---- Files ---------------------------------------------------------------------- */

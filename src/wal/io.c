@@ -196,6 +196,19 @@ static int d_sync_dir(void *ctx, const char *dir) {
     return rc;
 }
 
+static int d_boot_id(void *ctx, char *out, size_t cap) {
+    (void)ctx;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    ssize_t n = read(fd, out, cap - 1);
+    int e = errno;
+    close(fd);
+    if (n <= 0) return n < 0 ? -e : -ENODATA;
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) n--;
+    out[n] = '\0';
+    return n > 0 ? 0 : -ENODATA;
+}
+
 static const pkv_io_ops default_ops = {
     .ctx = NULL,
     .open = d_open,
@@ -207,6 +220,7 @@ static const pkv_io_ops default_ops = {
     .rename = d_rename,
     .unlink = d_unlink,
     .sync_dir = d_sync_dir,
+    .boot_id = d_boot_id,
 };
 
 const pkv_io_ops *pkv_io_default(void) { return &default_ops; }

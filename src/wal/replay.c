@@ -693,8 +693,9 @@ static void drop_broken_chains(pkv_cache *c, uint32_t *d, uint32_t *stack) {
  * salt, a pending one that is sealed, or a block the table already names. For
  * the last test each block holds the ordinal of the table that named it last
  * (stamp: capacity entries of scratch), one look-up per entry: a scan of the
- * table so far made recovery quadratic in a sequence's length. */
-static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
+ * table so far made recovery quadratic in a sequence's length. With cut_tails,
+ * also at an open tail that holds committed tokens (rule D8). */
+static void cut_tables(pkv_cache *c, uint64_t valid_blocks, bool cut_tails, uint32_t *stamp) {
     const pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size;
     pkv_assert(valid_blocks <= p->capacity);
@@ -720,6 +721,10 @@ static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
                     why = "was lost: it is not sealed in the sequence's chain";
             } else if (p->b[b].state == BLK_SEALED)
                 why = "is sealed, but the table holds it as pending";
+            else if (cut_tails && s->committed % bs)
+                why = "holds committed tokens of a partial block, which a writer without "
+                      "syncs (PKV_DURABLE_NONE) may not have written before the machine "
+                      "restarted (rule D8)";
             if (why) {
                 seq_cut(c, s, j, why);
                 break;
@@ -733,7 +738,7 @@ static void cut_tables(pkv_cache *c, uint64_t valid_blocks, uint32_t *stamp) {
  * entries survive (replay wrote block records and tables as the log said, marking
  * nothing else), then let the pool give every block the state that implies
  * (pkv_pool_rebuild). drop_block() and seq_cut() only mark what does not survive. */
-static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
+static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all, bool cut_tails) {
     pkv_pool *p = &c->pool;
     const uint32_t bs = p->block_size, cap = p->capacity;
     uint32_t *d = malloc((size_t)cap * sizeof *d), *stack = malloc((size_t)(cap + 1) * sizeof *stack);
@@ -795,7 +800,7 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all) {
         if (any) drop_broken_chains(c, d, stack);
     }
     if (!drop_all) {
-        cut_tables(c, valid_blocks, d);
+        cut_tables(c, valid_blocks, cut_tails, d);
     } else {
         c->rec.sequences_dropped = c->seqs.count;
         pkv_seqmap_free(&c->seqs);
@@ -1028,7 +1033,14 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
         c->wal.tail_ok = false;
         c->wal.io->sync_dir(c->wal.io->ctx, dir);
     }
-    rc = rebuild(c, c->arena.valid_blocks, drop_all);
+    /* Rule D8: after a writer without syncs and a restart of the machine, open
+     * tails may name K/V that never reached the disk. */
+    int restarted = pkv_unsynced_restarted(c->wal.io, dir);
+    if (restarted < 0) {
+        rc = restarted;
+        goto out;
+    }
+    rc = rebuild(c, c->arena.valid_blocks, drop_all, restarted == 1);
     if (rc) goto out;
     /* The adaptive threshold: what a full snapshot of the recovered state takes
      * (as after a checkpoint at run time), not the chain's bytes. */
@@ -1109,7 +1121,7 @@ pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, si
 }
 
 int pkv_replay_rebuild(pkv_cache *c) {
-    int rc = rebuild(c, c->arena.valid_blocks, false);
+    int rc = rebuild(c, c->arena.valid_blocks, false, false);
     if (!rc) verify_seqs(c);
     return rc;
 }

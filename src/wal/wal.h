@@ -131,6 +131,7 @@ typedef struct pkv_wal {
     uint64_t prev_lsn, prev_sum;
     uint64_t delta_floor; /* DELTA_FLOOR (tests lower it) */
     bool full_only;       /* PKV_OPEN_FULL_CHECKPOINTS */
+    bool marked;          /* this NONE-mode writer wrote the unsynced marker */
     uint64_t ckpt_deltas; /* delta checkpoints written since open */
     uint64_t ckpt_ok;     /* checkpoints that succeeded: written, or the newest file
                              already held everything (pkv_wal_checkpoint) */
@@ -416,5 +417,16 @@ typedef enum pkv_scan_res { PKV_SCAN_NONE, PKV_SCAN_FOUND, PKV_SCAN_TOO_MUCH } p
 pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
                              uint64_t lsn, bool holding, uint64_t *first, size_t *at);
 int pkv_replay_rebuild(pkv_cache *c);
+
+/* ---- wal/unsynced.c: the marker of a writer without syncs ---- */
+/* Did a NONE-mode writer run on another (or an unknown) boot of the machine since
+ * the files were last synced? 1: recovery cuts every open tail (rule D8); 0: no;
+ * PKV_EIO / PKV_ENOSPC when the marker cannot be read. */
+int pkv_unsynced_restarted(const pkv_io_ops *io, const char *dir);
+/* Writable open, after recovery synced what it recovered: a NONE-mode writer
+ * writes the marker, any other removes a stale one. PKV_EIO / PKV_ENOSPC. */
+int pkv_unsynced_begin(pkv_cache *c);
+/* Clean close of a NONE-mode writer, after its last synced flush: remove it. */
+void pkv_unsynced_end(pkv_cache *c);
 
 #endif /* PKV_WAL_H */
