@@ -31,8 +31,8 @@
  * the dirty bits of what it changed, wal/replay.c chain_continue), and after a
  * checkpoint that failed once it had begun clearing dirty bits.
  *
- * Atomicity: write ckpt.tmp, fdatasync it, rename to ckpt-<lsn>, fsync the
- * directory, then delete older checkpoints. A crash at any point leaves either
+ * Atomicity (rule D6 of docs/format.md): write ckpt.tmp, fdatasync it, rename to
+ * ckpt-<lsn>, fsync the directory, then delete older checkpoints. A crash at any point leaves either
  * the old or the new checkpoint complete. Loading checks every count and length
  * against the bytes present before reading them.
  */

@@ -141,7 +141,7 @@ static int io_fail(pkv_cache *c, int neg_errno, const char *what) {
     int e = -neg_errno;
     int code = (e == ENOSPC || e == EDQUOT) ? PKV_ENOSPC : PKV_EIO;
     pkv_err(code, "%s: %s", what, strerror(e));
-    if (!c->wal.failed) { /* first failure wins; never retried (fsyncgate) */
+    if (!c->wal.failed) { /* first failure wins; never retried (rule D7, fsyncgate) */
         c->wal.failed = code;
         snprintf(c->wal.fail_msg, sizeof c->wal.fail_msg, "%s: %s", what, strerror(e));
     }
@@ -301,8 +301,8 @@ static void flush_once(pkv_cache *c, bool hard) {
     /* The arena is flushed before a frame that seals blocks in every mode: in NONE
      * mode too, or a frame reaching the disk ahead of the payload it checksums
      * would turn blocks (and the synced tokens in them) into verification misses. */
-    /* Payload durable before the record that names it, whenever a record is made
-     * durable: in NONE mode, leaving a full segment fdatasyncs it (seg_create), which
+    /* Rule D1: payload durable before the record that names it, whenever a record
+     * is made durable: in NONE mode, leaving a full segment fdatasyncs it (seg_create), which
      * makes the COMMITs of partial tails in it durable, so the arena goes first then
      * too. (w->seg_off and seg_cap are the flusher's; len before squeezing is an
      * upper bound, so no rotation is missed.) */
@@ -310,7 +310,8 @@ static void flush_once(pkv_cache *c, bool hard) {
     bool arena_sync = dirty && (sync || w->seal_dirty || leaving);
     if (nrec == 0 && (!sync || w->durable_lsn >= w->written_lsn) && !(hard && dirty))
         return;
-    /* Swap buffers: appenders continue into the other one. */
+    /* Swap buffers: appenders continue into the other one. Every record of a call
+     * was appended under one lock hold, so it is all in this frame (rule D5). */
     uint8_t *fb = w->buf;
     size_t fcap = w->cap;
     w->buf = w->fbuf;

@@ -310,7 +310,8 @@ static int seg_open(pkv_cache *c, const char *dir, uint64_t no, seg *s, rdbuf *r
     return 0;
 }
 
-/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. On true
+/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. A frame
+ * is applied whole or not at all, so recovery ends between calls (rule D5). On true
  * the whole frame is in the window (seg_at(s, off, FRAME_HDR + bytes) is cheap). */
 static bool frame_ok(seg *s, uint64_t off, uint64_t *first, uint32_t *nrec,
                      uint32_t *bytes) {
