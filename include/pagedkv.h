@@ -350,16 +350,16 @@ int pkv_seq_truncate(pkv_cache *cache, uint64_t id, size_t new_len);
  * Errors: mutating, PKV_EINVAL (cache NULL), PKV_ENOSEQ. Blocks: lock, log. */
 int pkv_seq_close(pkv_cache *cache, uint64_t id);
 
-typedef struct pkv_seq_info_t {
+typedef struct pkv_seq_info {
     uint64_t len;       /* tokens, pending included */
     uint64_t committed; /* tokens whose K/V is committed */
     uint64_t n_blocks;  /* entries in the block table */
     uint64_t salt;
-} pkv_seq_info_t;
+} pkv_seq_info;
 
 /* Errors: PKV_EINVAL (cache or out NULL), PKV_ENOSEQ; *out untouched on error.
  * Blocks: lock. */
-int pkv_seq_info(pkv_cache *cache, uint64_t id, pkv_seq_info_t *out);
+int pkv_seq_get_info(pkv_cache *cache, uint64_t id, pkv_seq_info *out);
 
 /* Copy the block table (cap entries at most) to out; *n (may be NULL) receives its
  * length. PKV_ERANGE when cap is too small (the first cap entries are copied).
@@ -372,7 +372,7 @@ int pkv_seq_tokens(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, siz
 
 /* ---- Introspection ------------------------------------------------------ */
 
-typedef struct pkv_stats_t {
+typedef struct pkv_stats {
     uint64_t capacity;
     uint64_t blocks_free;   /* free: on the free list, or in limbo until the log
                                record that freed them is durable */
@@ -417,10 +417,10 @@ typedef struct pkv_stats_t {
     uint32_t checkpoint_backoff_ms;  /* after failures: the delay before the next
                                         automatic attempt (1 s doubling to 60 s);
                                         0 when the latest attempt succeeded */
-} pkv_stats_t;
+} pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
-int pkv_stats(pkv_cache *cache, pkv_stats_t *out);
+int pkv_get_stats(pkv_cache *cache, pkv_stats *out);
 
 /* Verify every invariant (refcounts equal block-table references, free + cached +
  * used = capacity, lists, prefix index, child counts, chained hashes, block tables).
@@ -441,7 +441,7 @@ int pkv_sync(pkv_cache *cache);
 /* Write a checkpoint now (LZ4-compressed snapshot of all metadata, atomically
  * renamed into place) and recycle the log segments it covers. PKV_ENOSPC (no
  * space or quota for the checkpoint file) or PKV_ENOMEM: the checkpoint was
- * discarded and the cache keeps serving from the log (pkv_stats counts it; retry
+ * discarded and the cache keeps serving from the log (pkv_get_stats counts it; retry
  * later). PKV_EFAILED: the cache failed (an I/O error, also of the checkpoint).
  * Errors: PKV_EINVAL (cache NULL), PKV_ERDONLY, PKV_EFAILED, PKV_ENOSPC,
  * PKV_ENOMEM. Blocks: lock (per snapshot slice), log (the snapshot's records
@@ -456,7 +456,7 @@ int pkv_checkpoint(pkv_cache *cache);
 int pkv_seq_list(pkv_cache *cache, uint64_t *ids, size_t cap, size_t *n);
 
 /* What the last pkv_open recovered. */
-typedef struct pkv_recovery_t {
+typedef struct pkv_recovery {
     uint64_t checkpoint_lsn;     /* 0: no checkpoint */
     uint64_t checkpoint_deltas;  /* delta checkpoints applied on the full one */
     uint64_t records_replayed;   /* log records applied after the checkpoint */
@@ -474,10 +474,10 @@ typedef struct pkv_recovery_t {
                                     written at open (read-only: not written) */
     double ms_checkpoint, ms_replay, ms_rebuild, ms_verify; /* time split */
     char note[256];              /* what happened, for humans ("" if nothing odd) */
-} pkv_recovery_t;
+} pkv_recovery;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
-int pkv_recovery(pkv_cache *cache, pkv_recovery_t *out);
+int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
 
 /* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
 
@@ -647,7 +647,7 @@ typedef struct pkv_cuda pkv_cuda;
 
 /* Attach device opt->device to `cache` (any open mode; a read-only cache cannot
  * take write-backs): register the arena (read-write, else a read-only view, else
- * staging; see pkv_cuda_stats_t.mode_note for why a better mode failed), allocate
+ * staging; see pkv_cuda_stats.mode_note for why a better mode failed), allocate
  * the device pool (one cudaMalloc). PKV_ENOTSUP, PKV_ENOMEM (device or pinned
  * memory), PKV_EIO (another CUDA error), PKV_EINVAL (NULL cache or out, unknown
  * flags, an arena that maps no block). On failure *out is NULL (when out is not
@@ -658,7 +658,7 @@ int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out)
  * the handle's device work; takes the cache lock briefly. */
 void pkv_cuda_close(pkv_cuda *g);
 
-typedef struct pkv_cuda_stats_t {
+typedef struct pkv_cuda_stats {
     pkv_cuda_mode mode;
     char mode_name[16];
     char mode_note[512];      /* why better modes were not obtained ("" if none) */
@@ -676,11 +676,11 @@ typedef struct pkv_cuda_stats_t {
     uint64_t blocks_copied, blocks_recopied, evictions;
     uint64_t bytes_h2d;
     uint64_t writebacks, tokens_written_back, bytes_d2h;
-} pkv_cuda_stats_t;
+} pkv_cuda_stats;
 
 /* Errors: PKV_EINVAL (g or out NULL). Blocks: the handle's own mutex, never the
  * cache lock. */
-int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out);
+int pkv_cuda_get_stats(pkv_cuda *g, pkv_cuda_stats *out);
 
 typedef struct pkv_cuda_batch pkv_cuda_batch;
 
@@ -718,16 +718,16 @@ typedef struct pkv_cuda_seqs {
     uint32_t split_len;    /* tokens per context split; 0: chosen for the device */
 } pkv_cuda_seqs;
 
-typedef struct pkv_cuda_batch_info_t {
+typedef struct pkv_cuda_batch_info {
     pkv_kv_view view;      /* the device pool: base is a device pointer, block ids
                               are slot ids, num_blocks = pool slots */
     pkv_cuda_seqs seqs;    /* the batch's device tables and lengths, ids order */
     uint64_t blocks;       /* distinct blocks */
     uint64_t blocks_hit, blocks_copied;
-} pkv_cuda_batch_info_t;
+} pkv_cuda_batch_info;
 
 /* Errors: PKV_EINVAL (b or out NULL). Blocks: never. */
-int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out);
+int pkv_cuda_batch_get_info(const pkv_cuda_batch *b, pkv_cuda_batch_info *out);
 
 /* Write the K/V of every token each sequence of the batch had pending at page-in
  * (tokens committed..len) from the device slots to the arena, after the work
