@@ -456,8 +456,8 @@ typedef struct workload_counts {
 typedef struct run_result {
     double m[M_COUNT];
     workload_counts wl;
-    pkv_stats_t st_workload; /* right after the workload */
-    pkv_stats_t st_final;    /* at the end of the run */
+    pkv_stats st_workload; /* right after the workload */
+    pkv_stats st_final;    /* at the end of the run */
     uint64_t attach_blocks;  /* blocks attached per 32k open */
 } run_result;
 
@@ -682,8 +682,8 @@ static void micro_prefix_fork(bench *b, unsigned run, run_result *res) {
     PKV(pkv_seq_open(b->c, parent, 0, prompt, n, &n_cached));
     prefill(b, parent, prompt + n_cached, n - n_cached, false);
     for (unsigned i = 0; i < FORK_EXTRA; i++) decode_step(b, parent, prompt[n + i], false);
-    pkv_seq_info_t pi;
-    PKV(pkv_seq_info(b->c, parent, &pi));
+    pkv_seq_info pi;
+    PKV(pkv_seq_get_info(b->c, parent, &pi));
 
     uint64_t kids = FORK_CHILDREN;
     if (kids > micro_block_budget() / 2) kids = micro_block_budget() / 2;
@@ -734,8 +734,8 @@ static void micro_decode(bench *b, unsigned run, double *out, const char *when,
     /* Start with nothing of the previous loop in flight: its log and the arena
      * pages it dirtied are written back here, not during this loop. */
     PKV(pkv_sync(b->c));
-    pkv_stats_t st0, st1;
-    PKV(pkv_stats(b->c, &st0));
+    pkv_stats st0, st1;
+    PKV(pkv_get_stats(b->c, &st0));
     uint64_t t0 = now_ns();
     if (step) {
         pkv_slot slot;
@@ -748,7 +748,7 @@ static void micro_decode(bench *b, unsigned run, double *out, const char *when,
         for (uint64_t i = 0; i < ntok; i++) decode_step(b, id, tok[i], payload);
     }
     uint64_t t1 = now_ns();
-    PKV(pkv_stats(b->c, &st1));
+    PKV(pkv_get_stats(b->c, &st1));
     PKV(pkv_seq_close(b->c, id));
     if (repeat && st1.dedupes - st0.dedupes != ntok / cfg.block_size) {
         fprintf(stderr, "pkv-bench: %s: %llu of %llu blocks deduped\n", g_phase,
@@ -985,14 +985,14 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_decode(b, run, &res->m[M_STEP_KV_NS_TOKEN],
                  "in one call per step, empty cache, K/V written", 10, true, true, false);
     if (cfg.decode_only) {
-        PKV(pkv_stats(b->c, &res->st_workload));
-        PKV(pkv_stats(b->c, &res->st_final));
+        PKV(pkv_get_stats(b->c, &res->st_workload));
+        PKV(pkv_get_stats(b->c, &res->st_final));
         close_cache(b);
         return;
     }
     run_workload(b, run, res);
     snprintf(g_phase, sizeof g_phase, "run %u, after the workload", run);
-    PKV(pkv_stats(b->c, &res->st_workload));
+    PKV(pkv_get_stats(b->c, &res->st_workload));
     if (cfg.check) run_check(b, "after the workload");
     micro_prefix_fork(b, run, res);
     micro_decode(b, run, &res->m[M_DECODE_NS_TOKEN], "on the cache the workload left", 7,
@@ -1004,7 +1004,7 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
     micro_step_batch(b, run, res);
-    PKV(pkv_stats(b->c, &res->st_final));
+    PKV(pkv_get_stats(b->c, &res->st_final));
     if (cfg.check) run_check(b, "after the micro-benchmarks");
     close_cache(b);
 }
@@ -1132,7 +1132,7 @@ static void json_num(FILE *f, double v) {
     else fprintf(f, "%.6g", v);
 }
 
-static void print_stats_text(FILE *f, const char *title, const pkv_stats_t *st) {
+static void print_stats_text(FILE *f, const char *title, const pkv_stats *st) {
     fprintf(f, "%s\n", title);
     fprintf(f, "  prompt hit rate   %.2f%% of tokens (%" PRIu64 " hit, %" PRIu64
                " miss), %.2f%% of full blocks (%" PRIu64 " hit, %" PRIu64 " miss)\n",
@@ -1148,7 +1148,7 @@ static void print_stats_text(FILE *f, const char *title, const pkv_stats_t *st) 
             st->capacity, st->sequences);
 }
 
-static void json_stats(FILE *f, const pkv_stats_t *st) {
+static void json_stats(FILE *f, const pkv_stats *st) {
     fprintf(f,
             "{\"capacity\": %" PRIu64 ", \"blocks_free\": %" PRIu64 ", \"blocks_cached\": %" PRIu64
             ", \"blocks_used\": %" PRIu64 ", \"blocks_sealed\": %" PRIu64 ", \"sequences\": %" PRIu64
@@ -1219,11 +1219,11 @@ static void report_text(const run_result *res, unsigned runs, bool deterministic
             pct(w->cached_tokens, w->prompt_tokens), w->prefill_tokens, w->decode_tokens,
             w->calls);
     fputc('\n', f);
-    print_stats_text(f, "pkv_stats after the workload (last run):", &last->st_workload);
-    print_stats_text(f, "pkv_stats at the end of the run, micro-benchmarks included (last run):",
+    print_stats_text(f, "pkv_get_stats after the workload (last run):", &last->st_workload);
+    print_stats_text(f, "pkv_get_stats at the end of the run, micro-benchmarks included (last run):",
                      &last->st_final);
     if (!deterministic)
-        fprintf(f, "\nnote: pkv_stats after the workload differed between runs (the workload "
+        fprintf(f, "\nnote: pkv_get_stats after the workload differed between runs (the workload "
                    "itself is deterministic)\n");
     if (cfg.block_size != 16)
         fprintf(f, "\ntargets: not judged (they are set for 16-token blocks)\n");
@@ -1305,7 +1305,7 @@ static void report_json(const machine *mc, const char *cmd, const run_result *re
 
 /* The counters a deterministic workload must reproduce exactly (timing-dependent
  * ones, such as log writes, are left out). */
-static bool same_core_stats(const pkv_stats_t *a, const pkv_stats_t *b) {
+static bool same_core_stats(const pkv_stats *a, const pkv_stats *b) {
     return a->blocks_free == b->blocks_free && a->blocks_cached == b->blocks_cached &&
            a->blocks_used == b->blocks_used && a->blocks_sealed == b->blocks_sealed &&
            a->hit_tokens == b->hit_tokens && a->miss_tokens == b->miss_tokens &&

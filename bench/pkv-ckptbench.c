@@ -71,8 +71,8 @@ static void options(pkv_options *o, uint64_t cap, bool full) {
 }
 
 static void print_reopen(pkv_cache *c, double ms) {
-    pkv_recovery_t rec;
-    OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    OK(pkv_get_recovery(c, &rec));
     printf("reopen: %.1f ms (checkpoint load %.1f ms, %llu deltas applied, %llu records "
            "replayed)\n", ms, rec.ms_checkpoint, (unsigned long long)rec.checkpoint_deltas,
            (unsigned long long)rec.records_replayed);
@@ -91,13 +91,13 @@ static void decode_round(pkv_cache *c, uint64_t id, uint64_t tokens, uint32_t *n
  * wall and process CPU ms, file MB. */
 static void timed_checkpoint(pkv_cache *c, const char *what, double *wall, double *cpu,
                              double *mb) {
-    pkv_stats_t s0, s1;
-    OK(pkv_stats(c, &s0));
+    pkv_stats s0, s1;
+    OK(pkv_get_stats(c, &s0));
     double w0 = now_ms(), c0 = cpu_ms();
     OK(pkv_checkpoint(c));
     *wall = now_ms() - w0;
     *cpu = cpu_ms() - c0;
-    OK(pkv_stats(c, &s1));
+    OK(pkv_get_stats(c, &s1));
     bool delta = s1.checkpoint_deltas > s0.checkpoint_deltas;
     *mb = file_size(delta ? "delta-" : "ckpt-", s1.checkpoint_lsn) / 1e6;
     printf("%s checkpoint %-5s: %8.1f ms wall, %8.1f ms CPU (process), file %8.2f MB\n", what,

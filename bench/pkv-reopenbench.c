@@ -12,7 +12,7 @@
  * L blocks and S-1 forks of it (S x L table entries over L blocks). The
  * sequences stay open, so recovery must rebuild every table. With --checkpoint
  * a checkpoint is taken before the close, so the reopens load the tables from
- * it instead of replaying the log. Then closes the cache and times R reopens (default 5): pkv_open's wall time and pkv_recovery's
+ * it instead of replaying the log. Then closes the cache and times R reopens (default 5): pkv_open's wall time and pkv_get_recovery's
  * split (checkpoint load, log replay, rebuild of tables/refcounts/index, payload
  * verification of held blocks), medians printed. pkv_check runs after the first
  * reopen. The cache directory is created under DIR (default /tmp) and removed
@@ -130,13 +130,13 @@ int main(int argc, char **argv) {
             seqs, blocks, forks ? "forks of one" : "distinct", (now_ms() - t0) / 1e3, runs);
 
     double open_ms[MAX_RUNS], ck[MAX_RUNS], rp[MAX_RUNS], rb[MAX_RUNS], vf[MAX_RUNS];
-    pkv_recovery_t rec;
+    pkv_recovery rec;
     o.capacity = 0;
     for (uint64_t r = 0; r < runs; r++) {
         double a = now_ms();
         OK(pkv_open(g_dir, &o, &c));
         open_ms[r] = now_ms() - a;
-        OK(pkv_recovery(c, &rec));
+        OK(pkv_get_recovery(c, &rec));
         if (rec.sequences != seqs || rec.sequences_cut || rec.blocks_dropped) {
             fprintf(stderr, "pkv-reopenbench: reopen %" PRIu64 " recovered %" PRIu64 " sequences "
                             "(%" PRIu64 " cut, %" PRIu64 " blocks dropped), expected %" PRIu64

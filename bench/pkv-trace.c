@@ -12,7 +12,7 @@
  *    head, head_dim 8, f16), and K/V payload is not written unless --payload: what
  *    is measured is the metadata path (lookup, block tables, refcounts, hashing,
  *    prefix index, LRU, log records and checkpoints) and the first touch of each
- *    arena slot. Hit rates come from pkv_stats();
+ *    arena slot. Hit rates come from pkv_get_stats();
  *  - the simulator (trace_sim.c) replays the same operations for each policy:
  *    leaf-first LRU (must reproduce the engine's counters exactly: checked and
  *    reported), plain LRU, Belady, and the frequency-aware leaf policies.
@@ -246,7 +246,7 @@ static bool parse_capacity(const char *s, uint64_t distinct, uint64_t *out, doub
 /* ---- Engine replay ------------------------------------------------------------ */
 
 typedef struct engine_result {
-    pkv_stats_t st;
+    pkv_stats st;
     trace_replay_stats rs;
     double open_s, close_s;
 } engine_result;
@@ -301,7 +301,7 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
         cleanup();
         exit(1);
     }
-    PKV(pkv_stats(g_cache, &er->st), er->rs.requests);
+    PKV(pkv_get_stats(g_cache, &er->st), er->rs.requests);
     if (cfg.check) {
         char why[512];
         rc = pkv_check(g_cache, why, sizeof why);
@@ -332,7 +332,7 @@ static void csv_row(const char *label, uint64_t cap, double share, const char *p
     fflush(g_csv);
 }
 
-static bool sim_equals_engine(const sim_result *s, const pkv_stats_t *e) {
+static bool sim_equals_engine(const sim_result *s, const pkv_stats *e) {
     return s->hit_tokens == e->hit_tokens && s->miss_tokens == e->miss_tokens &&
            s->hit_blocks == e->hit_blocks && s->miss_blocks == e->miss_blocks &&
            s->evictions == e->evictions && s->seals == e->seals && s->dedupes == e->dedupes;
@@ -593,7 +593,7 @@ int main(int argc, char **argv) {
             engine_result er;
             fflush(stdout);
             engine_replay(&t, cap, &er);
-            const pkv_stats_t *st = &er.st;
+            const pkv_stats *st = &er.st;
             double th = pct(st->hit_tokens, st->hit_tokens + st->miss_tokens);
             if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
             else printf("%10s %7s  ", "", "");

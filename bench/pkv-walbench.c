@@ -32,7 +32,7 @@
  *     blocks come from eviction), leaving 64 sequences open; pkv_close(). The build
  *     runs in PKV_DURABLE_NONE (same log format; pkv_close syncs) with automatic
  *     checkpoints off. Then --runs times: pkv_open() (page cache warm: the files
- *     were just written and are read back from memory), pkv_recovery()'s split, and
+ *     were just written and are read back from memory), pkv_get_recovery()'s split, and
  *     pkv_close().
  *
  * Figures are medians over --runs runs (min and max alongside). Targets: GROUP with
@@ -496,7 +496,7 @@ static inline uint64_t seen_pack(uint64_t t, uint64_t base, uint64_t ckpts) {
 }
 
 /* Resolve samples [*head, n) whose LSN is durable as of an observation at time t. */
-static void resolve(sample *smp, size_t *head, size_t n, const pkv_stats_t *st, uint64_t t,
+static void resolve(sample *smp, size_t *head, size_t n, const pkv_stats *st, uint64_t t,
                     uint64_t base) {
     t = seen_pack(t, base, st->checkpoints);
     uint64_t durable = st->durable_lsn;
@@ -600,9 +600,9 @@ static void *tp_worker(void *arg) {
                 next_sample = calls + SAMPLE_CALLS;
                 size_t n = atomic_load_explicit(&x->nsamples, memory_order_relaxed);
                 if (n < MAX_SAMPLES) {
-                    pkv_stats_t st;
+                    pkv_stats st;
                     uint64_t t = now_ns();
-                    PKVW(pkv_stats(c, &st));
+                    PKVW(pkv_get_stats(c, &st));
                     uint64_t t_obs = now_ns();
                     x->samples[n].t = t;
                     x->samples[n].lsn = st.last_lsn;
@@ -638,8 +638,8 @@ static void *tp_poller(void *arg) {
     for (;;) {
         bool last = atomic_load(&x->poll_stop);
         size_t n = atomic_load_explicit(&x->nsamples, memory_order_acquire);
-        pkv_stats_t st;
-        if (pkv_stats(x->c, &st) < 0) break; /* cannot fail on a valid handle */
+        pkv_stats st;
+        if (pkv_get_stats(x->c, &st) < 0) break; /* cannot fail on a valid handle */
         uint64_t t = now_ns();
         if (prev && t - prev > x->poll_gap_max) x->poll_gap_max = t - prev;
         prev = t;
@@ -685,8 +685,8 @@ static void tp_run(const tp_config *tc, unsigned run, tp_result *res, FILE *info
         x.samples = xmalloc(MAX_SAMPLES * sizeof *x.samples);
     }
     x.w = xcalloc(tc->threads, sizeof *x.w);
-    pkv_stats_t st0, st1;
-    PKV(pkv_stats(c, &st0));
+    pkv_stats st0, st1;
+    PKV(pkv_get_stats(c, &st0));
 
     snprintf(g_phase, sizeof g_phase, "%s, run %u", tc->title, run);
     if (pthread_barrier_init(&x.start, NULL, tc->threads + 1)) die("pthread_barrier_init failed");
@@ -731,7 +731,7 @@ static void tp_run(const tp_config *tc, unsigned run, tp_result *res, FILE *info
         }
     check_stop();
     if (sync_rc) die_pkv_msg(sync_rc, "pkv_sync(c)", __LINE__, sync_msg);
-    PKV(pkv_stats(c, &st1));
+    PKV(pkv_get_stats(c, &st1));
     snprintf(g_phase, sizeof g_phase, "%s, run %u: pkv_checkpoint after the run", tc->title, run);
     uint64_t tc0 = now_ns();
     PKV(pkv_checkpoint(c));
@@ -849,8 +849,8 @@ typedef struct rc_build {
     double create_ms, fill_s, ckpt_s, records_s, close_ms;
     uint64_t fill_seqs, fill_calls, sealed, ckpt_lsn, records, last_lsn, log_bytes, calls;
     uint64_t evictions, open_seqs, ckpt_file_bytes, log_files, log_file_bytes;
-    pkv_recovery_t rec; /* of the first timed open */
-    pkv_stats_t st;     /* after the first timed open */
+    pkv_recovery rec; /* of the first timed open */
+    pkv_stats st;     /* after the first timed open */
 } rc_build;
 
 static void dir_sizes(const char *dir, rc_build *b) {
@@ -933,8 +933,8 @@ static void recovery(rc_result *res, rc_build *b, FILE *info) {
     }
     b->fill_s = (double)(now_ns() - t0) / 1e9;
     b->fill_seqs = nfill;
-    pkv_stats_t st;
-    PKV(pkv_stats(c, &st));
+    pkv_stats st;
+    PKV(pkv_get_stats(c, &st));
     b->sealed = st.blocks_sealed;
     fprintf(stderr, "pkv-walbench: recovery: %" PRIu64 " blocks sealed in %.1f s; "
                     "checkpoint...\n", st.blocks_sealed, b->fill_s);
@@ -944,7 +944,7 @@ static void recovery(rc_result *res, rc_build *b, FILE *info) {
     t0 = now_ns();
     PKV(pkv_checkpoint(c));
     b->ckpt_s = (double)(now_ns() - t0) / 1e9;
-    PKV(pkv_stats(c, &st));
+    PKV(pkv_get_stats(c, &st));
     b->ckpt_lsn = st.checkpoint_lsn;
     const uint64_t bytes0 = st.wal_bytes, ev0 = st.evictions;
     if (st.last_lsn != b->ckpt_lsn)
@@ -990,7 +990,7 @@ static void recovery(rc_result *res, rc_build *b, FILE *info) {
                 open[s] = false;
             }
         }
-        PKV(pkv_stats(c, &st));
+        PKV(pkv_get_stats(c, &st));
         if (st.last_lsn >= target) break;
         if (st.last_lsn - b->ckpt_lsn >= report) {
             fprintf(stderr, "pkv-walbench: recovery: %" PRIu64 " records logged (%.1f s)\n",
@@ -1029,9 +1029,9 @@ static void recovery(rc_result *res, rc_build *b, FILE *info) {
         t0 = now_ns();
         PKV(pkv_open(dir, &opt, &g_cache));
         uint64_t t1 = now_ns();
-        pkv_recovery_t rec;
-        PKV(pkv_recovery(g_cache, &rec));
-        PKV(pkv_stats(g_cache, &st));
+        pkv_recovery rec;
+        PKV(pkv_get_recovery(g_cache, &rec));
+        PKV(pkv_get_stats(g_cache, &st));
         if (run == 1) {
             b->rec = rec;
             b->st = st;

@@ -7,7 +7,7 @@
  *  - a request opens with its prompt: the longest chain of cached blocks matching
  *    the prompt's first maxb = (n - 1) / bs blocks (the last prompt token is always
  *    computed) is attached (pinned); hit/miss tokens and blocks are counted as
- *    pkv_stats counts them;
+ *    pkv_get_stats counts them;
  *  - the rest of the prompt and then the output are appended and committed in
  *    batches of `batch` tokens: each append takes the blocks it needs (a free one,
  *    else an eviction), each commit seals the blocks it fills; a sealed block whose
@@ -75,7 +75,7 @@ typedef struct sim_params {
 
 typedef struct sim_result {
     uint64_t requests;
-    uint64_t hit_tokens, miss_tokens; /* as pkv_stats */
+    uint64_t hit_tokens, miss_tokens; /* as pkv_get_stats */
     uint64_t hit_blocks, miss_blocks;
     uint64_t evictions, seals, dedupes;
     uint64_t strands;      /* evictions of a block that had cached children */

@@ -78,8 +78,8 @@ static void compare(pkv_cache *c, const char *when) {
     static uint32_t tok[MAXTOK + 1], blk[MAXTOK + 1];
     for (int i = 0; i < NIDS; i++) {
         const mseq *m = &model[i];
-        pkv_seq_info_t si;
-        rc = pkv_seq_info(c, (uint64_t)i + 1, &si);
+        pkv_seq_info si;
+        rc = pkv_seq_get_info(c, (uint64_t)i + 1, &si);
         if (!m->open) {
             FZ_ASSERT(rc == PKV_ENOSEQ, "after %s: closed sequence %d: info -> %d", when, i + 1, rc);
             continue;

@@ -36,8 +36,8 @@ static void snap_take(pkv_cache *c, snap *s) {
     FZ_ASSERT(s->ids && s->len && s->tok, "oom");
     FZ_ASSERT(pkv_seq_list(c, s->ids, n + 1, &s->n) == 0, "pkv_seq_list");
     for (size_t i = 0; i < s->n; i++) {
-        pkv_seq_info_t si;
-        FZ_ASSERT(pkv_seq_info(c, s->ids[i], &si) == 0, "pkv_seq_info");
+        pkv_seq_info si;
+        FZ_ASSERT(pkv_seq_get_info(c, s->ids[i], &si) == 0, "pkv_seq_get_info");
         s->len[i] = si.committed;
         s->tok[i] = malloc((si.len + 1) * sizeof **s->tok);
         FZ_ASSERT(s->tok[i], "oom");
@@ -76,15 +76,15 @@ static bool open_error_ok(int rc) {
 
 static void exercise(pkv_cache *c, const char *what) {
     fz_check(c, what);
-    pkv_stats_t st;
-    FZ_ASSERT(pkv_stats(c, &st) == 0, "pkv_stats");
+    pkv_stats st;
+    FZ_ASSERT(pkv_get_stats(c, &st) == 0, "pkv_get_stats");
     FZ_ASSERT(st.blocks_free + st.blocks_cached + st.blocks_used == st.capacity,
               "stats do not add up after %s", what);
     snap s;
     snap_take(c, &s);
     for (size_t i = 0; i < s.n; i++) {
-        pkv_seq_info_t si;
-        FZ_ASSERT(pkv_seq_info(c, s.ids[i], &si) == 0 && si.len == si.committed,
+        pkv_seq_info si;
+        FZ_ASSERT(pkv_seq_get_info(c, s.ids[i], &si) == 0 && si.len == si.committed,
                   "recovered sequence with pending tokens");
         uint32_t *blk = malloc((si.n_blocks + 1) * sizeof *blk);
         size_t nb;

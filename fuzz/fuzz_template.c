@@ -56,8 +56,8 @@ void fz_exercise(pkv_cache *c, const char *what) {
     fz_check(c, what);
     pkv_cache_info inf;
     FZ_ASSERT(pkv_info(c, &inf) == 0, "pkv_info");
-    pkv_stats_t st;
-    FZ_ASSERT(pkv_stats(c, &st) == 0, "pkv_stats");
+    pkv_stats st;
+    FZ_ASSERT(pkv_get_stats(c, &st) == 0, "pkv_get_stats");
     FZ_ASSERT(st.blocks_free + st.blocks_cached + st.blocks_used == st.capacity,
               "stats do not add up after %s", what);
     size_t n = 0;
@@ -68,8 +68,8 @@ void fz_exercise(pkv_cache *c, const char *what) {
     size_t n2 = 0;
     FZ_ASSERT(pkv_seq_list(c, ids, n + 1, &n2) == 0 && n2 == n, "pkv_seq_list twice");
     for (size_t i = 0; i < n; i++) {
-        pkv_seq_info_t si;
-        FZ_ASSERT(pkv_seq_info(c, ids[i], &si) == 0, "pkv_seq_info of a listed sequence");
+        pkv_seq_info si;
+        FZ_ASSERT(pkv_seq_get_info(c, ids[i], &si) == 0, "pkv_seq_get_info of a listed sequence");
         /* After recovery a sequence holds exactly its committed tokens. */
         FZ_ASSERT(si.len == si.committed, "recovered sequence %llu: len %llu != committed %llu",
                   (unsigned long long)ids[i], (unsigned long long)si.len,
@@ -96,6 +96,6 @@ void fz_exercise(pkv_cache *c, const char *what) {
         free(blk);
     }
     free(ids);
-    pkv_recovery_t r;
-    FZ_ASSERT(pkv_recovery(c, &r) == 0, "pkv_recovery");
+    pkv_recovery r;
+    FZ_ASSERT(pkv_get_recovery(c, &r) == 0, "pkv_get_recovery");
 }

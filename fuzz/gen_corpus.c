@@ -72,8 +72,8 @@ static void workload(pkv_cache *c, uint32_t bs, int steps, bool kv) {
     pkv_slot slot[64];
     for (int s = 0; s < steps; s++) {
         uint64_t id = 1 + rnd(5);
-        pkv_seq_info_t si;
-        bool open = pkv_seq_info(c, id, &si) == 0;
+        pkv_seq_info si;
+        bool open = pkv_seq_get_info(c, id, &si) == 0;
         switch (rnd(7)) {
         case 0: {
             size_t n = rnd(3 * bs + 2), hit;
@@ -227,18 +227,18 @@ static void gen_geo(unsigned geo) {
              * the workload between them goes on until something was logged. */
             pkv_checkpoint(c);
             for (int k = 0; k < var_deltas[variant]; k++) {
-                pkv_stats_t st0, st1;
-                pkv_stats(c, &st0);
+                pkv_stats st0, st1;
+                pkv_get_stats(c, &st0);
                 do {
                     workload(c, fz_geo_bs[geo], variant == 3 ? 25 : 6, false);
-                    pkv_stats(c, &st1);
+                    pkv_get_stats(c, &st1);
                 } while (st1.last_lsn == st0.last_lsn);
                 pkv_checkpoint(c);
             }
             workload(c, fz_geo_bs[geo], variant == 3 ? 20 : 6, false);
         }
-        pkv_stats_t st;
-        pkv_stats(c, &st);
+        pkv_stats st;
+        pkv_get_stats(c, &st);
         if (st.checkpoint_deltas != (uint64_t)var_deltas[variant])
             fz_fail("gen_corpus: geometry %u variant %d wrote %llu delta checkpoints, not %d",
                     geo, variant, (unsigned long long)st.checkpoint_deltas,

@@ -14,6 +14,21 @@
  *    immutable geometry, and pkv_close(), which must not run concurrently with any
  *    other call on the same handle. Writing K/V into appended slots needs no lock
  *    (each slot belongs to exactly one sequence until it is committed).
+ *  - "Errors:" lists the codes a call returns (docs/api.md says when). The
+ *    mutating calls (pkv_seq_open, _append, _commit, _commit_append, _step_batch,
+ *    _fork, _truncate, _close) can all also return PKV_ERDONLY (read-only handle),
+ *    PKV_EFAILED (the cache failed; reopen), PKV_ENOMEM (the log buffer cannot
+ *    grow) and PKV_ERANGE (their log records would exceed 256 MiB); "mutating" in
+ *    an Errors: line stands for these four. Argument checks come first, then
+ *    PKV_ERDONLY, then PKV_EFAILED, then the errors that depend on the contents.
+ *  - "Blocks:" says what a call may wait for. "lock": the cache's lock, which
+ *    other calls hold briefly (longest: a commit checksumming the blocks it seals,
+ *    pkv_check, a checkpoint's snapshot slice). "log": the log flusher, with the
+ *    lock released -- every mutating call first waits while 8 MiB of records (or
+ *    half a log segment) are unflushed (backpressure), and under
+ *    PKV_DURABLE_ALWAYS returns only once its records are durable (a log write and
+ *    fdatasync). "I/O": file I/O in the call itself. "never": returns without
+ *    waiting for anything.
  *
  * Arena layout (see docs/design.md): one file "arena" in the cache directory; a
  * 4096-byte header page, then `capacity` block slots, each rounded up to the page
@@ -78,11 +93,13 @@ enum {
     PKV_EFAILED   = -31017, /* the cache hit an I/O error and refuses changes; reopen */
 };
 
-/* Static description of an error code ("unknown error" for unknown codes). */
+/* Static description of an error code ("unknown error" for unknown codes). Never
+ * fails, never blocks. */
 const char *pkv_strerror(int err);
 
 /* Detailed message of the last failing call on this thread ("" if none). The
- * string stays valid until the next pagedkv call on the same thread. */
+ * string stays valid until the next pagedkv call on the same thread. Never fails,
+ * never blocks. */
 const char *pkv_last_error(void);
 
 /* ---- Opening and closing ------------------------------------------------ */
@@ -170,7 +187,8 @@ typedef struct pkv_options {
 typedef struct pkv_cache pkv_cache;
 
 /* Fill `opt` with defaults (dtype f16, block_size 16); the caller
- * must still set the geometry, capacity and model_id. */
+ * must still set the geometry, capacity and model_id. NULL is ignored. Never
+ * blocks. */
 void pkv_options_init(pkv_options *opt);
 
 /* Create the cache directory `dir` (mode 0700) and its arena file (mode 0600) or
@@ -180,10 +198,20 @@ void pkv_options_init(pkv_options *opt);
  * equal `opt`'s, else PKV_EGEOMETRY / PKV_EMODEL and nothing on disk changes.
  * The arena is preallocated, so a full disk fails here with PKV_ENOSPC. A second
  * writable open of the same directory, in this or another process, fails with
- * PKV_EBUSY (PKV_OPEN_RDONLY opens take no lock). */
+ * PKV_EBUSY (PKV_OPEN_RDONLY opens take no lock). On failure *out is NULL.
+ * Errors: PKV_EINVAL (bad options or dir, found before anything is created; an
+ * arena_dir that does not match dir/arena), PKV_EBUSY, PKV_EGEOMETRY, PKV_EMODEL,
+ * PKV_ECORRUPT, PKV_EVERSION, PKV_ENOSPC, PKV_EIO, PKV_ENOMEM, PKV_EFAILED (the
+ * repair checkpoint hit an I/O error).
+ * Blocks: I/O (creates and preallocates the arena, loads the checkpoint, replays
+ * the log, fdatasyncs, may write a repair checkpoint); never waits for another
+ * writer (PKV_EBUSY instead). */
 int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
 
-/* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine. */
+/* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine.
+ * Cannot fail: an I/O error of its last flush is lost, as in a crash. Blocks: log
+ * and I/O (a last group commit, synced in every mode; a checkpoint if one is
+ * due), then joins the background threads. */
 void pkv_close(pkv_cache *cache);
 
 /* ---- Geometry and payload addresses ------------------------------------- */
@@ -199,13 +227,15 @@ typedef struct pkv_cache_info {
     char model_id[PKV_MODEL_ID_MAX + 1];
 } pkv_cache_info;
 
+/* Errors: PKV_EINVAL (cache or out NULL). Blocks: never (no lock). */
 int pkv_info(const pkv_cache *cache, pkv_cache_info *out);
 
 /* Address of the contiguous run [token][head_dim] of (block, layer, kind, head)
  * inside the mapped arena, or NULL if an argument is out of range. Valid until
  * pkv_close(). Its bytes are stable while the block is referenced; once a block is
  * freed or evicted the slot may be reused for other K/V. Writing to a sealed block,
- * or to a slot pkv_seq_append() did not hand out, is undefined. */
+ * or to a slot pkv_seq_append() did not hand out, is undefined. Blocks: never (no
+ * lock, pure address arithmetic). */
 void *pkv_kv(const pkv_cache *cache, uint32_t block, uint32_t layer, pkv_kind kind,
              uint32_t head);
 
@@ -223,21 +253,33 @@ typedef struct pkv_slot {
  * of prompt tokens already cached; the new sequence holds exactly those tokens,
  * committed. The caller then appends prompt[*n_cached..n). n may be 0 (an empty
  * sequence; prompt may then be NULL). Sequences with different `salt` never share
- * a block (salt 0 is the default trust domain). */
+ * a block (salt 0 is the default trust domain).
+ * Errors: mutating, PKV_EINVAL (cache NULL, or prompt NULL with n > 0),
+ * PKV_EEXIST, PKV_ENOMEM (the sequence). Never PKV_EFULL: it takes no block.
+ * Blocks: lock, log; reads the payload of a recovered block it hits first (its
+ * checksum). */
 int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached);
 
 /* Reserve room for n > 0 new tokens after the sequence's current end and write, for
  * each, its slot to slots[0..n) (the caller's array). If the last block is shared it
  * is first copied (copy-on-write). All-or-nothing: on PKV_EFULL nothing changed.
- * Appends may be repeated before a commit; they accumulate as pending tokens. */
+ * Appends may be repeated before a commit; they accumulate as pending tokens.
+ * Errors: mutating, PKV_EINVAL (cache, tokens or slots NULL; n == 0),
+ * PKV_ENOSEQ, PKV_EFULL (also n > capacity * block_size, or a table past 2^32
+ * entries), PKV_ENOMEM (the block table).
+ * Blocks: lock, log; short of free blocks it waits for the log to release freed
+ * ones from limbo before evicting (not with PKV_OPEN_NO_LIMBO_WAIT), and before
+ * evicting a block whose SEAL is not yet durable (rule D3). */
 int pkv_seq_append(pkv_cache *cache, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots);
 
 /* Declare the K/V of the next n > 0 pending tokens written. Each block that becomes
  * full is sealed: immutable, hashed and entered in the prefix index; if an identical
  * sealed block exists the sequence switches to it and frees its own copy (dedupe).
- * PKV_ESTATE if n exceeds the pending tokens. */
+ * Errors: mutating, PKV_EINVAL (cache NULL, n == 0), PKV_ENOSEQ, PKV_ESTATE (n
+ * exceeds the pending tokens). Takes no block, so never PKV_EFULL.
+ * Blocks: lock (held while it checksums the blocks it seals), log. */
 int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
 
 /* A decode step in one call (one lock acquisition instead of two): commit the next
@@ -252,7 +294,10 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
  * reopen; a call that finds the cache already failed changes nothing. When the append takes new blocks it needs one more
  * obtainable block per block the commit seals (a seal that dedupes takes a cached
  * block off the LRU), so with a cache that full it fails with PKV_EFULL where the
- * two separate calls might succeed. PKV_EINVAL if both counts are 0. */
+ * two separate calls might succeed.
+ * Errors: mutating, PKV_EINVAL (cache NULL; both counts 0; n > 0 with tokens or
+ * slots NULL), PKV_ENOSEQ, PKV_ESTATE, PKV_EFULL, PKV_ENOMEM (the block table).
+ * Blocks: as pkv_seq_append (lock, log, limbo waits). */
 int pkv_seq_commit_append(pkv_cache *cache, uint64_t id, size_t n_commit,
                           const uint32_t *tokens, size_t n, pkv_slot *slots);
 
@@ -273,12 +318,20 @@ typedef struct pkv_step {
  * batch. Under PKV_DURABLE_ALWAYS it waits once, after the last step; if the cache
  * fails during that wait it returns PKV_EFAILED (unless a step failed first: that
  * error) with *done still the steps carried out, which took effect in memory but
- * are not durable. PKV_EINVAL if steps is NULL or n is 0. */
+ * are not durable.
+ * Errors: mutating, PKV_EINVAL (cache or steps NULL, n == 0; *done = 0), else
+ * the first failing step's, as pkv_seq_commit_append.
+ * Blocks: lock (once; released while a step waits for the log), log
+ * (backpressure before each step, limbo waits, one ALWAYS wait at the end); with
+ * seal_threads > 1, starts and joins checksum threads. */
 int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
 
 /* Create sequence `child` sharing every block of `parent`, the partial last block
  * included, with the parent's salt. The parent must have no pending tokens
- * (PKV_ESTATE otherwise). */
+ * (PKV_ESTATE otherwise).
+ * Errors: mutating, PKV_EINVAL (cache NULL), PKV_ENOSEQ (no parent), PKV_EEXIST
+ * (child exists, also child == parent), PKV_ESTATE, PKV_ENOMEM (the sequence).
+ * Blocks: lock, log. */
 int pkv_seq_fork(pkv_cache *cache, uint64_t parent, uint64_t child);
 
 /* Drop tokens from the end so the sequence holds new_len <= its length (pending
@@ -286,32 +339,40 @@ int pkv_seq_fork(pkv_cache *cache, uint64_t parent, uint64_t child);
  * copied, never changed in place, when it is shared, sealed, or loses committed
  * tokens (the log may name them until the truncation is durable); cutting only
  * pending tokens copies nothing. A copy needs a block, so this can fail with
- * PKV_EFULL (and then changes nothing). */
+ * PKV_EFULL (and then changes nothing).
+ * Errors: mutating, PKV_EINVAL (cache NULL), PKV_ENOSEQ, PKV_ERANGE (new_len
+ * above the length), PKV_EFULL.
+ * Blocks: lock, log; a copy may wait for limbo as pkv_seq_append does. */
 int pkv_seq_truncate(pkv_cache *cache, uint64_t id, size_t new_len);
 
 /* Release the sequence. Its sealed blocks whose refcount drops to 0 stay cached
- * and become evictable; its other blocks return to the free list. */
+ * and become evictable; its other blocks return to the free list.
+ * Errors: mutating, PKV_EINVAL (cache NULL), PKV_ENOSEQ. Blocks: lock, log. */
 int pkv_seq_close(pkv_cache *cache, uint64_t id);
 
-typedef struct pkv_seq_info_t {
+typedef struct pkv_seq_info {
     uint64_t len;       /* tokens, pending included */
     uint64_t committed; /* tokens whose K/V is committed */
     uint64_t n_blocks;  /* entries in the block table */
     uint64_t salt;
-} pkv_seq_info_t;
+} pkv_seq_info;
 
-int pkv_seq_info(pkv_cache *cache, uint64_t id, pkv_seq_info_t *out);
+/* Errors: PKV_EINVAL (cache or out NULL), PKV_ENOSEQ; *out untouched on error.
+ * Blocks: lock. */
+int pkv_seq_get_info(pkv_cache *cache, uint64_t id, pkv_seq_info *out);
 
 /* Copy the block table (cap entries at most) to out; *n (may be NULL) receives its
- * length. PKV_ERANGE when cap is too small (the first cap entries are copied). */
+ * length. PKV_ERANGE when cap is too small (the first cap entries are copied).
+ * Errors: PKV_EINVAL (cache NULL, out NULL with cap > 0), PKV_ENOSEQ, PKV_ERANGE.
+ * Blocks: lock. */
 int pkv_seq_blocks(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, size_t *n);
 
-/* Same for the sequence's token ids (pending tokens included). */
+/* Same for the sequence's token ids (pending tokens included); same errors. */
 int pkv_seq_tokens(pkv_cache *cache, uint64_t id, uint32_t *out, size_t cap, size_t *n);
 
 /* ---- Introspection ------------------------------------------------------ */
 
-typedef struct pkv_stats_t {
+typedef struct pkv_stats {
     uint64_t capacity;
     uint64_t blocks_free;   /* free: on the free list, or in limbo until the log
                                record that freed them is durable */
@@ -356,36 +417,46 @@ typedef struct pkv_stats_t {
     uint32_t checkpoint_backoff_ms;  /* after failures: the delay before the next
                                         automatic attempt (1 s doubling to 60 s);
                                         0 when the latest attempt succeeded */
-} pkv_stats_t;
+} pkv_stats;
 
-int pkv_stats(pkv_cache *cache, pkv_stats_t *out);
+/* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
+int pkv_get_stats(pkv_cache *cache, pkv_stats *out);
 
 /* Verify every invariant (refcounts equal block-table references, free + cached +
  * used = capacity, lists, prefix index, child counts, chained hashes, block tables).
  * Returns 0, or PKV_ECORRUPT with the first broken invariant named in why[0..why_len)
  * (why may be NULL). Rehashes every sealed block: O(capacity * block_size + total
- * block-table length). */
+ * block-table length). Errors: PKV_EINVAL (cache NULL), PKV_ENOMEM (scratch),
+ * PKV_ECORRUPT. Blocks: lock, held for the whole walk. */
 int pkv_check(pkv_cache *cache, char *why, size_t why_len);
 
 /* ---- Durability and recovery -------------------------------------------- */
 
 /* Barrier: returns once every mutation made before the call is durable (arena
- * payload flushed, log records synced), in every durability mode. */
+ * payload flushed, log records synced), in every durability mode.
+ * Errors: PKV_EINVAL (cache NULL), PKV_ERDONLY, PKV_EFAILED.
+ * Blocks: lock, log (an arena and a log fdatasync, with the lock released). */
 int pkv_sync(pkv_cache *cache);
 
 /* Write a checkpoint now (LZ4-compressed snapshot of all metadata, atomically
  * renamed into place) and recycle the log segments it covers. PKV_ENOSPC (no
  * space or quota for the checkpoint file) or PKV_ENOMEM: the checkpoint was
- * discarded and the cache keeps serving from the log (pkv_stats counts it; retry
- * later). PKV_EFAILED: the cache failed (an I/O error, also of the checkpoint). */
+ * discarded and the cache keeps serving from the log (pkv_get_stats counts it; retry
+ * later). PKV_EFAILED: the cache failed (an I/O error, also of the checkpoint).
+ * Errors: PKV_EINVAL (cache NULL), PKV_ERDONLY, PKV_EFAILED, PKV_ENOSPC,
+ * PKV_ENOMEM. Blocks: lock (per snapshot slice), log (the snapshot's records
+ * made durable), I/O (the checkpoint thread writes and renames the file; the
+ * call waits for it). */
 int pkv_checkpoint(pkv_cache *cache);
 
 /* The ids of all open sequences, recovered ones included (cap entries at most);
- * *n receives their number. PKV_ERANGE when cap is too small. */
+ * *n (may be NULL) receives their number. PKV_ERANGE when cap is too small.
+ * Errors: PKV_EINVAL (cache NULL, ids NULL with cap > 0), PKV_ERANGE.
+ * Blocks: lock. */
 int pkv_seq_list(pkv_cache *cache, uint64_t *ids, size_t cap, size_t *n);
 
 /* What the last pkv_open recovered. */
-typedef struct pkv_recovery_t {
+typedef struct pkv_recovery {
     uint64_t checkpoint_lsn;     /* 0: no checkpoint */
     uint64_t checkpoint_deltas;  /* delta checkpoints applied on the full one */
     uint64_t records_replayed;   /* log records applied after the checkpoint */
@@ -403,9 +474,10 @@ typedef struct pkv_recovery_t {
                                     written at open (read-only: not written) */
     double ms_checkpoint, ms_replay, ms_rebuild, ms_verify; /* time split */
     char note[256];              /* what happened, for humans ("" if nothing odd) */
-} pkv_recovery_t;
+} pkv_recovery;
 
-int pkv_recovery(pkv_cache *cache, pkv_recovery_t *out);
+/* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
+int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
 
 /* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
 
@@ -432,7 +504,8 @@ typedef struct pkv_io_ops {
     int (*boot_id)(void *ctx, char *out, size_t cap);
 } pkv_io_ops;
 
-/* The default backend (writes and syncs through io_uring, linked). */
+/* The default backend (writes and syncs through io_uring, linked). Never fails,
+ * never blocks. */
 const pkv_io_ops *pkv_io_default(void);
 
 /* ==== CPU paged decode attention (src/attention.c) ======================== */
@@ -441,14 +514,15 @@ const pkv_io_ops *pkv_io_default(void);
  * block size, the block table and the thread count. */
 
 /* f32 <-> storage element conversion. Round to nearest even; NaN stays NaN
- * (quieted), f16 overflow gives +-inf, subnormals are kept. */
+ * (quieted), f16 overflow gives +-inf, subnormals are kept. Never fail, never
+ * block. */
 uint16_t pkv_f32_to_f16(float x);
 float    pkv_f16_to_f32(uint16_t h);
 uint16_t pkv_f32_to_bf16(float x);
 float    pkv_bf16_to_f32(uint16_t h);
 
 /* Convert n elements between f32 and `dtype` storage (PKV_F32 copies).
- * PKV_EINVAL on an unknown dtype or NULL buffers with n > 0. */
+ * Errors: PKV_EINVAL (unknown dtype, or a NULL buffer with n > 0). Blocks: never. */
 int pkv_kv_store(pkv_dtype dtype, void *dst, const float *src, size_t n);
 int pkv_kv_load(pkv_dtype dtype, float *dst, const void *src, size_t n);
 
@@ -467,7 +541,8 @@ typedef struct pkv_kv_view {
     size_t block_stride, layer_stride, kind_stride, head_stride, token_stride;
 } pkv_kv_view;
 
-/* Describe the arena of `cache` (valid until pkv_close). */
+/* Describe the arena of `cache` (valid until pkv_close). Errors: PKV_EINVAL
+ * (cache or out NULL). Blocks: never (no lock). */
 int pkv_kv_view_of(const pkv_cache *cache, pkv_kv_view *out);
 
 /* One sequence of a batch: token t (0 <= t < len) lives at offset t % block_size of
@@ -499,7 +574,9 @@ typedef struct pkv_attn_params {
  * overlap it otherwise. Reads only the len token rows of each sequence, nothing
  * else. n_seqs == 0 does nothing. Returns 0, PKV_EINVAL (NULL pointer, bad view,
  * params or len 0), PKV_ERANGE (a table shorter than len needs, or a block id
- * >= num_blocks) or PKV_ENOMEM; out is unspecified after an error. */
+ * >= num_blocks) or PKV_ENOMEM; out is unspecified after an error. Blocks: never
+ * (no lock; the caller keeps the blocks referenced); num_threads > 1 starts and
+ * joins that many threads. */
 int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
                     const pkv_attn_seq *seqs, size_t n_seqs, const float *q,
                     float *out);
@@ -526,7 +603,8 @@ int pkv_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
 
 /* 0 if this build has the CUDA layer and CUDA device `device` is usable, else
  * PKV_ENOTSUP with the reason in why[0..len) (why may be NULL): built without
- * CUDA, no driver, driver older than the runtime, no device, ... */
+ * CUDA, no driver, driver older than the runtime, no device, ...
+ * Blocks: initializes the CUDA runtime on first use (can take seconds). */
 int pkv_cuda_probe(int device, char *why, size_t len);
 
 /* How the device reaches the arena, best first. */
@@ -540,7 +618,8 @@ typedef enum pkv_cuda_mode {
                                         into pinned staging buffers, DMAed from there */
 } pkv_cuda_mode;
 
-/* "none", "registered", "registered-ro", "staging" ("?" for other values). */
+/* "none", "registered", "registered-ro", "staging" ("?" for other values). Never
+ * fails, never blocks. */
 const char *pkv_cuda_mode_name(pkv_cuda_mode mode);
 
 /* pkv_cuda_options.flags */
@@ -561,21 +640,25 @@ typedef struct pkv_cuda_options {
                                       0: min(8, online CPUs) */
 } pkv_cuda_options;
 
+/* Defaults: device 0, every other field 0. Never blocks. */
 void pkv_cuda_options_init(pkv_cuda_options *opt);
 
 typedef struct pkv_cuda pkv_cuda;
 
 /* Attach device opt->device to `cache` (any open mode; a read-only cache cannot
  * take write-backs): register the arena (read-write, else a read-only view, else
- * staging; see pkv_cuda_stats_t.mode_note for why a better mode failed), allocate
+ * staging; see pkv_cuda_stats.mode_note for why a better mode failed), allocate
  * the device pool (one cudaMalloc). PKV_ENOTSUP, PKV_ENOMEM (device or pinned
  * memory), PKV_EIO (another CUDA error), PKV_EINVAL (NULL cache or out, unknown
- * flags). On failure *out is NULL (when out is not NULL). */
+ * flags, an arena that maps no block). On failure *out is NULL (when out is not
+ * NULL). Blocks: takes the cache lock briefly; CUDA device setup and registration
+ * of the arena (seconds for a large one); I/O (writes dir/cuda.status). */
 int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out);
-/* Wait for the handle's work, release everything. NULL is fine. */
+/* Wait for the handle's work, release everything. NULL is fine. Blocks: waits for
+ * the handle's device work; takes the cache lock briefly. */
 void pkv_cuda_close(pkv_cuda *g);
 
-typedef struct pkv_cuda_stats_t {
+typedef struct pkv_cuda_stats {
     pkv_cuda_mode mode;
     char mode_name[16];
     char mode_note[512];      /* why better modes were not obtained ("" if none) */
@@ -593,10 +676,11 @@ typedef struct pkv_cuda_stats_t {
     uint64_t blocks_copied, blocks_recopied, evictions;
     uint64_t bytes_h2d;
     uint64_t writebacks, tokens_written_back, bytes_d2h;
-} pkv_cuda_stats_t;
+} pkv_cuda_stats;
 
-/* PKV_EINVAL when g or out is NULL. */
-int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out);
+/* Errors: PKV_EINVAL (g or out NULL). Blocks: the handle's own mutex, never the
+ * cache lock. */
+int pkv_cuda_get_stats(pkv_cuda *g, pkv_cuda_stats *out);
 
 typedef struct pkv_cuda_batch pkv_cuda_batch;
 
@@ -613,7 +697,10 @@ typedef struct pkv_cuda_batch pkv_cuda_batch;
  * its slots until pkv_cuda_release. All-or-nothing: PKV_EFULL when the pool cannot
  * hold the batch beside the slots other batches pin (nothing changes);
  * PKV_ENOSEQ, PKV_EINVAL (NULL g, ids or out, n == 0, unknown flags, an empty
- * sequence), PKV_EIO; on failure *out is NULL (when out is not NULL). The
+ * sequence), PKV_ERANGE (a sequence of 2^32 tokens or more), PKV_ENOMEM (host,
+ * pinned or device memory), PKV_EIO; on failure *out is NULL (when out is not
+ * NULL). Blocks: the cache lock while it reads the tables, the handle's mutex;
+ * the copies are asynchronous (staging mode: the CPU fills staging buffers). The
  * sequences must not change (append, commit, truncate, close) until the batch is
  * released, except as pkv_cuda_writeback allows. */
 int pkv_cuda_page_in(pkv_cuda *g, const uint64_t *ids, size_t n, uint32_t flags, void *stream,
@@ -631,36 +718,40 @@ typedef struct pkv_cuda_seqs {
     uint32_t split_len;    /* tokens per context split; 0: chosen for the device */
 } pkv_cuda_seqs;
 
-typedef struct pkv_cuda_batch_info_t {
+typedef struct pkv_cuda_batch_info {
     pkv_kv_view view;      /* the device pool: base is a device pointer, block ids
                               are slot ids, num_blocks = pool slots */
     pkv_cuda_seqs seqs;    /* the batch's device tables and lengths, ids order */
     uint64_t blocks;       /* distinct blocks */
     uint64_t blocks_hit, blocks_copied;
-} pkv_cuda_batch_info_t;
+} pkv_cuda_batch_info;
 
-/* PKV_EINVAL when b or out is NULL. */
-int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out);
+/* Errors: PKV_EINVAL (b or out NULL). Blocks: never. */
+int pkv_cuda_batch_get_info(const pkv_cuda_batch *b, pkv_cuda_batch_info *out);
 
 /* Write the K/V of every token each sequence of the batch had pending at page-in
  * (tokens committed..len) from the device slots to the arena, after the work
  * enqueued on `stream` before the call; returns once it is in the arena, so the
  * caller may then pkv_seq_commit (which seals and checksums the arena bytes). The
- * device copies stay valid (no re-copy on the next page-in). PKV_EINVAL (g or b
- * NULL), PKV_ERDONLY, PKV_EIO. */
+ * device copies stay valid (no re-copy on the next page-in). Errors: PKV_EINVAL
+ * (g or b NULL), PKV_ERDONLY, PKV_ENOMEM (host memory), PKV_EIO. Blocks: waits
+ * for `stream`'s work and the device-to-host copies; not the cache lock. */
 int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
 
 /* The batch's kernels are enqueued on `stream`: unpin its slots (they become
  * evictable once that work is done) and free the batch. PKV_EINVAL when g or b is
  * NULL; PKV_EIO when the release could not be ordered after the stream's work (the
- * call then synchronizes instead; the batch is freed either way). */
+ * call then synchronizes instead; the batch is freed either way). Blocks: never
+ * waits for the device, except in that PKV_EIO case; takes the handle's mutex. */
 int pkv_cuda_release(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
 
 /* pkv_attn_decode on the device pool for the batch: q and out are device pointers
  * to f32 [n][num_q_heads][head_dim] (ids order); out may equal q. Asynchronous on
  * `stream`. params->num_threads and PKV_ATTN_PORTABLE are ignored. PKV_EINVAL (g, b,
  * params, q or out NULL, params invalid for the pool's view as in
- * pkv_attn_decode), PKV_ENOMEM / PKV_EIO (workspace allocation, launch). */
+ * pkv_attn_decode), PKV_ENOMEM / PKV_EIO (workspace allocation, launch).
+ * Blocks: never (asynchronous), except that growing the batch's workspace
+ * (cudaFree, cudaMalloc) synchronizes the device. */
 int pkv_cuda_attn(pkv_cuda *g, pkv_cuda_batch *b, const pkv_attn_params *params,
                   const float *q, float *out, void *stream);
 
@@ -673,7 +764,8 @@ int pkv_cuda_attn(pkv_cuda *g, pkv_cuda_batch *b, const pkv_attn_params *params,
  * yields NaN for that sequence (never a stray read). PKV_EINVAL, PKV_ERANGE
  * (seqs->table_stride < ceil(max_len / block_size)), PKV_ENOTSUP
  * (head_dim above 1024 when rows are not 16-byte aligned or head_dim is not 64,
- * 128 or 256), PKV_EIO (launch failure). */
+ * 128 or 256), PKV_EIO (launch failure). Blocks: never (no lock; asynchronous).
+ * pkv_cuda_attn_workspace: the same argument errors; it launches nothing. */
 int pkv_cuda_attn_workspace(const pkv_kv_view *view, const pkv_attn_params *params,
                             const pkv_cuda_seqs *seqs, size_t *work_bytes);
 int pkv_cuda_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,

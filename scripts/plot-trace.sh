@@ -55,7 +55,7 @@ adddiff() {
 }
 add belady.dat "Belady (offline optimum)" "with linespoints lw 2.5 dt 2 pt 7 ps 0.6 lc rgb '#000000'"
 add leaf-lru.dat "leaf-first LRU (engine policy, simulated)" "with linespoints lw 2 pt 7 ps 0.6 lc rgb '#1f77b4'"
-add engine.dat "engine replay (pkv_stats)" "with points pt 6 ps 1.8 lw 1.5 lc rgb '#1f77b4'"
+add engine.dat "engine replay (pkv_get_stats)" "with points pt 6 ps 1.8 lw 1.5 lc rgb '#1f77b4'"
 add lru.dat "plain LRU (parents may go first)" "with linespoints lw 1.5 pt 5 ps 0.5 lc rgb '#ff7f0e'"
 add leaf-slru.dat "leaf-first SLRU + ghosts" "with linespoints lw 1.5 pt 9 ps 0.7 lc rgb '#2ca02c'"
 add leaf-mq.dat "leaf-first 4-level MQ + ghosts" "with linespoints lw 1.5 pt 11 ps 0.7 lc rgb '#9467bd'"

@@ -169,7 +169,7 @@ int pkv_checkpoint(pkv_cache *c) {
     return rc;
 }
 
-int pkv_recovery(pkv_cache *c, pkv_recovery_t *out) {
+int pkv_get_recovery(pkv_cache *c, pkv_recovery *out) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
     pkv_lock(c);
     *out = c->rec;
@@ -206,7 +206,7 @@ void *pkv_kv(const pkv_cache *c, uint32_t block, uint32_t layer, pkv_kind kind,
     return pkv_arena_run(&c->arena, block, layer, (uint32_t)kind, head);
 }
 
-int pkv_stats(pkv_cache *c, pkv_stats_t *out) {
+int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
     pkv_lock(c);
     const pkv_pool *p = &c->pool;

@@ -510,13 +510,13 @@ struct pkv_cache {
     pkv_seqmap seqs;
     pkv_counters ctr;
     pkv_wal wal;
-    pkv_recovery_t rec;
+    pkv_recovery rec;
     bool rdonly;
     bool no_limbo_wait; /* PKV_OPEN_NO_LIMBO_WAIT: evict rather than wait for limbo */
-    uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_stats) */
+    uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_get_stats) */
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
     uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */
-    uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_stats) */
+    uint64_t seal_sums_ahead; /* checksums sealsum.c computed (pkv_get_stats) */
     uint32_t presum_calls;    /* calls whose BLKF_PRESUM marks are out (sealsum.c) */
     /* Recovery's first sequence cut, for the recovery note (replay.c); last, so
      * that the hot fields above keep their offsets. */

@@ -691,7 +691,7 @@ out:
     return rc;
 }
 
-int pkv_seq_info(pkv_cache *c, uint64_t id, pkv_seq_info_t *out) {
+int pkv_seq_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out) {
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
     LOCKED_ENTRY(c);
     int rc = 0;

@@ -200,21 +200,21 @@ bool pt_token_ok(pkv_cache *c, const pkv_cache_info *inf, uint32_t block,
 
 /* ---- Sequence helpers -------------------------------------------------------- */
 
-pkv_stats_t pt_stats(pkv_cache *c)
+pkv_stats pt_stats(pkv_cache *c)
 {
-    pkv_stats_t st;
+    pkv_stats st;
     memset(&st, 0, sizeof st);
-    int r = pkv_stats(c, &st);
-    cr_assert_eq(r, 0, "pkv_stats -> %d", r);
+    int r = pkv_get_stats(c, &st);
+    cr_assert_eq(r, 0, "pkv_get_stats -> %d", r);
     return st;
 }
 
-pkv_seq_info_t pt_seq_info_at(const char *file, int line, pkv_cache *c, uint64_t id)
+pkv_seq_info pt_seq_info_at(const char *file, int line, pkv_cache *c, uint64_t id)
 {
-    pkv_seq_info_t si;
+    pkv_seq_info si;
     memset(&si, 0, sizeof si);
-    int r = pkv_seq_info(c, id, &si);
-    cr_assert_eq(r, 0, "%s%s:%d: pkv_seq_info(%llu) -> %d (%s)", pt_ctx, file, line,
+    int r = pkv_seq_get_info(c, id, &si);
+    cr_assert_eq(r, 0, "%s%s:%d: pkv_seq_get_info(%llu) -> %d (%s)", pt_ctx, file, line,
                  (unsigned long long)id, r, pkv_strerror(r));
     return si;
 }
@@ -289,7 +289,7 @@ void pt_verify_at(const char *file, int line, pkv_cache *c, uint64_t id, uint64_
 {
     pkv_cache_info inf = pt_info(c);
     uint32_t bs = inf.block_size;
-    pkv_seq_info_t si = pt_seq_info_at(file, line, c, id);
+    pkv_seq_info si = pt_seq_info_at(file, line, c, id);
     size_t want_blocks = (len + bs - 1) / bs;
     cr_assert_eq(si.len, (uint64_t)len, "%s%s:%d: seq %llu len %llu, expected %zu", pt_ctx,
                  file, line, (unsigned long long)id, (unsigned long long)si.len, len);
@@ -345,8 +345,8 @@ void pt_verify_at(const char *file, int line, pkv_cache *c, uint64_t id, uint64_
     X(sequences) X(hit_tokens) X(miss_tokens) X(hit_blocks) X(miss_blocks)            \
     X(evictions) X(cow_copies) X(dedupes) X(seals)
 
-void pt_stats_eq_at(const char *file, int line, const pkv_stats_t *a,
-                    const pkv_stats_t *b, const char *what)
+void pt_stats_eq_at(const char *file, int line, const pkv_stats *a,
+                    const pkv_stats *b, const char *what)
 {
 #define PT_CMP(f)                                                                      \
     cr_assert_eq(a->f, b->f, "%s%s:%d: %s: stats." #f " %llu -> %llu", pt_ctx, file,  \
@@ -388,11 +388,11 @@ void pt_snap_take(pt_snap *s, pkv_cache *c, const uint64_t *ids, size_t n)
 void pt_snap_same_at(const char *file, int line, const pt_snap *s, pkv_cache *c,
                      const char *what)
 {
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_stats_eq_at(file, line, &s->st, &st, what);
     for (size_t i = 0; i < s->n; i++) {
         const pt_snap_seq *q = &s->seq[i];
-        pkv_seq_info_t si = pt_seq_info_at(file, line, c, q->id);
+        pkv_seq_info si = pt_seq_info_at(file, line, c, q->id);
         cr_assert(si.len == q->info.len && si.committed == q->info.committed &&
                       si.n_blocks == q->info.n_blocks && si.salt == q->info.salt,
                   "%s%s:%d: %s: seq %llu info changed (len %llu->%llu committed %llu->%llu "

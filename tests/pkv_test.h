@@ -107,8 +107,8 @@ size_t pt_blocks_at(const char *file, int line, pkv_cache *c, uint64_t id,
                     uint32_t *out, size_t cap);
 #define PT_BLOCKS(c, id, out, cap) pt_blocks_at(__FILE__, __LINE__, (c), (id), (out), (cap))
 
-pkv_stats_t pt_stats(pkv_cache *c);
-pkv_seq_info_t pt_seq_info_at(const char *file, int line, pkv_cache *c, uint64_t id);
+pkv_stats pt_stats(pkv_cache *c);
+pkv_seq_info pt_seq_info_at(const char *file, int line, pkv_cache *c, uint64_t id);
 #define PT_SEQ_INFO(c, id) pt_seq_info_at(__FILE__, __LINE__, (c), (id))
 
 /* Open `id` with `prompt`, assert success and return n_cached. */
@@ -118,15 +118,15 @@ size_t pt_seq_open_at(const char *file, int line, pkv_cache *c, uint64_t id,
     pt_seq_open_at(__FILE__, __LINE__, (c), (id), (salt), (prompt), (n))
 
 /* Compare two stats structs field by field (`what` names the situation). */
-void pt_stats_eq_at(const char *file, int line, const pkv_stats_t *a,
-                    const pkv_stats_t *b, const char *what);
+void pt_stats_eq_at(const char *file, int line, const pkv_stats *a,
+                    const pkv_stats *b, const char *what);
 #define PT_STATS_EQ(a, b, what) pt_stats_eq_at(__FILE__, __LINE__, (a), (b), (what))
 
 /* ---- Whole-cache snapshots (for "failed call changed nothing") -------------- */
 
 typedef struct pt_snap_seq {
     uint64_t id;
-    pkv_seq_info_t info;
+    pkv_seq_info info;
     uint32_t *blocks;
     size_t n_blocks;
     uint32_t *tokens;
@@ -134,7 +134,7 @@ typedef struct pt_snap_seq {
 } pt_snap_seq;
 
 typedef struct pt_snap {
-    pkv_stats_t st;
+    pkv_stats st;
     size_t n;
     pt_snap_seq *seq;
     uint8_t *payload; /* every block's payload, capacity * block_bytes */

@@ -67,22 +67,22 @@ static void sealed_same(const sealed_set *a, pkv_cache *c, const char *what) {
 
 /* ---- Helpers ------------------------------------------------------------------- */
 
-static pkv_stats_t stats(pkv_cache *c) {
-    pkv_stats_t st;
-    PT_OK(pkv_stats(c, &st));
+static pkv_stats stats(pkv_cache *c) {
+    pkv_stats st;
+    PT_OK(pkv_get_stats(c, &st));
     return st;
 }
 
-static pkv_recovery_t recovery(pkv_cache *c) {
-    pkv_recovery_t r;
-    PT_OK(pkv_recovery(c, &r));
+static pkv_recovery recovery(pkv_cache *c) {
+    pkv_recovery r;
+    PT_OK(pkv_get_recovery(c, &r));
     return r;
 }
 
 /* Recovery found nothing to repair: a stale block a chain wrongly brought back
  * would be dropped by the rebuild's hash check and show here. */
 static void clean_recovery(pkv_cache *c, const char *what) {
-    pkv_recovery_t r = recovery(c);
+    pkv_recovery r = recovery(c);
     cr_assert(r.blocks_dropped == 0 && r.sequences_dropped == 0 && r.sequences_cut == 0 &&
                   r.seq_blocks_bad == 0 && !r.repaired,
               "%s: recovery repaired something (dropped %llu blocks, %llu sequences; "
@@ -116,7 +116,7 @@ static uint64_t file_size(const char *dir, const char *pre, uint64_t lsn) {
 static bool checkpoint(pkv_cache *c) {
     uint64_t d0 = stats(c).checkpoint_deltas, n0 = stats(c).checkpoints;
     PT_OK(pkv_checkpoint(c));
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert_eq(st.checkpoints, n0 + 1, "pkv_checkpoint wrote no file");
     return st.checkpoint_deltas == d0 + 1;
 }
@@ -195,7 +195,7 @@ Test(checkpoint, a_delta_holds_only_the_changed_blocks)
     sealed_set want = sealed_take(c);
     pt_close(c);
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t r = recovery(c);
+    pkv_recovery r = recovery(c);
     cr_assert_eq(r.checkpoint_lsn, d1);
     cr_assert_eq(r.checkpoint_deltas, 1);
     sealed_same(&want, c, "reopened on ckpt + delta");
@@ -236,7 +236,7 @@ Test(checkpoint, an_evicted_block_stays_evicted)
     clean_recovery(ci, "crash image");
     sealed_same(&want, ci, "crash image");
     for (uint64_t id = 100; id < last - 1; id++) {
-        pkv_seq_info_t si = PT_SEQ_INFO(ci, id);
+        pkv_seq_info si = PT_SEQ_INFO(ci, id);
         cr_assert(si.committed == 10, "seq %llu: %llu committed", (unsigned long long)id,
                   (unsigned long long)si.committed);
     }
@@ -325,7 +325,7 @@ Test(checkpoint, sequences_come_from_the_newest_file)
     PT_OK(pkv_seq_list(ci, ids, 4, &n));
     cr_assert(n == 1 && ids[0] == 2, "%zu sequences recovered, first %llu", n,
               (unsigned long long)(n ? ids[0] : 0));
-    pkv_seq_info_t si = PT_SEQ_INFO(ci, 2);
+    pkv_seq_info si = PT_SEQ_INFO(ci, 2);
     cr_assert(si.len == 37 && si.committed == 37 && si.salt == 9);
     uint32_t got[40];
     PT_OK(pkv_seq_tokens(ci, 2, got, 40, &n));
@@ -343,7 +343,7 @@ Test(checkpoint, a_checkpoint_with_nothing_new_writes_no_file)
     cr_assert(!checkpoint(c));
     prompt_cached(c, 2, 2, 3, 16);
     cr_assert(checkpoint(c));
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     PT_OK(pkv_checkpoint(c)); /* nothing logged since: succeeds, writes nothing */
     cr_assert_eq(stats(c).checkpoints, st.checkpoints);
     cr_assert_eq(stats(c).checkpoint_lsn, st.checkpoint_lsn);
@@ -419,7 +419,7 @@ Test(checkpoint, the_chain_continues_across_an_open)
     wu_copy_dir(dir, img); /* a crash: the open below replays the log */
     pt_close(c);
     c = wu_open_ok(img, &o);
-    pkv_recovery_t r = recovery(c);
+    pkv_recovery r = recovery(c);
     cr_assert_eq(r.checkpoint_deltas, 3);
     cr_assert(r.records_replayed > 0);
     clean_recovery(c, "crash image");

@@ -20,9 +20,9 @@ TestSuite(ckpt_policy, .init = pt_setup, .fini = pt_teardown);
 #define BS 16u
 #define NPROMPT 1500u  /* distinct cached 2-block prompts: a snapshot of ~0.4 MB */
 
-static pkv_stats_t stats(pkv_cache *c) {
-    pkv_stats_t st;
-    PT_OK(pkv_stats(c, &st));
+static pkv_stats stats(pkv_cache *c) {
+    pkv_stats st;
+    PT_OK(pkv_get_stats(c, &st));
     return st;
 }
 
@@ -90,7 +90,7 @@ Test(ckpt_policy, default_threshold_follows_the_snapshot_size)
     PT_OK(pkv_sync(c));
     PT_OK(pkv_checkpoint(c));
     PT_CHECK(c);
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     pkv_lock(c);
     uint64_t raw = c->wal.ckpt_raw;
     pkv_unlock(c);

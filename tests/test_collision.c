@@ -114,7 +114,7 @@ Test(collision, random_prompts_small_alphabet, .timeout = 280)
         }
         PT_VERIFY(c, id, salt, p, n, n);
 
-        pkv_stats_t st = pt_stats(c);
+        pkv_stats st = pt_stats(c);
         cr_assert_eq(st.dedupes, exp_dedupes, "%sdedupes %llu, reference %llu", pt_ctx,
                      (unsigned long long)st.dedupes, (unsigned long long)exp_dedupes);
         cr_assert_eq(st.blocks_sealed, sealed.n, "%sblocks_sealed %llu, reference %zu",
@@ -146,7 +146,7 @@ Test(collision, random_prompts_small_alphabet, .timeout = 280)
             PT_CHECK(c);
         }
     }
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.hit_tokens, exp_hit_tokens);
     cr_assert_eq(st.miss_tokens, exp_miss_tokens);
     cr_assert_eq(st.hit_blocks, exp_hit_blocks);
@@ -186,7 +186,7 @@ Test(collision, exhaustive_single_blocks_and_parent_check)
             PT_OK(pkv_seq_close(c, id));
             PT_CHECK(c);
         }
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_sealed, 3 * 81 + 3 * 40);
     cr_assert_eq(st.dedupes, 0);
     cr_assert_eq(st.evictions, 0);

@@ -22,17 +22,17 @@ TestSuite(corrupt, .init = pt_setup, .fini = pt_teardown);
 
 #define CAP 128u
 
-static pkv_stats_t stats(pkv_cache *c)
+static pkv_stats stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
-static pkv_recovery_t recovery(pkv_cache *c)
+static pkv_recovery recovery(pkv_cache *c)
 {
-    pkv_recovery_t r;
-    WU_OK(pkv_recovery(c, &r));
+    pkv_recovery r;
+    WU_OK(pkv_get_recovery(c, &r));
     return r;
 }
 
@@ -179,7 +179,7 @@ static void after_repair(pkv_cache *c, const char *dir, const pkv_options *o,
     pkv_options plain = *o;
     plain.flags = 0;
     c = wu_open_ok(dir, &plain);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     snprintf(ctx, sizeof ctx, "%s: normal reopen after repair", what);
     cr_assert(rec.torn_bytes == 0 && rec.corrupt_lsn == 0,
               "%s: torn %llu corrupt %llu (note: %s)", ctx, (unsigned long long)rec.torn_bytes,
@@ -261,7 +261,7 @@ Test(corrupt, torn_tail)
             cr_assert_eq(rc, 0, "%s: open -> %d (%s: %s)", what, rc, pkv_strerror(rc),
                          pkv_last_error());
             WU_CHECK(c, what);
-            pkv_recovery_t rec = recovery(c);
+            pkv_recovery rec = recovery(c);
             cr_assert_eq(rec.last_lsn, before, "%s: recovered up to LSN %llu, expected %llu",
                          what, (unsigned long long)rec.last_lsn, (unsigned long long)before);
             cr_assert(rec.torn_bytes > 0 || cuts[k] < fo + 32,
@@ -297,7 +297,7 @@ Test(corrupt, lost_last_frame)
         wu_write_file(sp, b, len);
         free(b);
         pkv_cache *c = wu_open_ok(dir, &h.o);
-        pkv_recovery_t rec = recovery(c);
+        pkv_recovery rec = recovery(c);
         cr_assert(rec.last_lsn == f->first_lsn - 1 && rec.torn_bytes == 0 && rec.corrupt_lsn == 0,
                   "%s: last %llu torn %llu corrupt %llu", what, (unsigned long long)rec.last_lsn,
                   (unsigned long long)rec.torn_bytes, (unsigned long long)rec.corrupt_lsn);
@@ -356,7 +356,7 @@ static void corrupt_frame_case(const history *h, const char *seg, const wu_frame
     cr_assert_eq(rc, 0, "%s: PKV_OPEN_POINT_IN_TIME -> %d (%s: %s)", what, rc, pkv_strerror(rc),
                  pkv_last_error());
     WU_CHECK(c, what);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert_eq(rec.corrupt_lsn, f->first_lsn, "%s: corrupt_lsn %llu", what,
                  (unsigned long long)rec.corrupt_lsn);
     cr_assert_eq(rec.last_lsn, f->first_lsn - 1, "%s: last_lsn %llu", what,
@@ -516,11 +516,11 @@ static void arena_deleted_case(bool with_ckpt)
     snprintf(arena, sizeof arena, "%s/arena", h.dir);
     cr_assert_eq(unlink(arena), 0);
     pkv_cache *c = wu_open_ok(h.dir, &h.o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert(rec.note[0], "arena deleted: recovery note is empty");
     wu_model none = {0};
     wu_verify_model(c, &none, "arena deleted");
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.sequences == 0 && st.blocks_sealed == 0 && st.blocks_used == 0 &&
                   st.blocks_free == st.capacity,
               "arena deleted: %llu sequences, %llu sealed, %llu used, %llu free",
@@ -625,7 +625,7 @@ static void arena_truncated_case(uint64_t seed, bool open_tail_only)
     cr_assert_eq(truncate(arena, (off_t)(4096 + (uint64_t)valid * inf.slot_bytes)), 0);
 
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert(rec.note[0], "arena cut after slot %u: no recovery note", valid);
     /* The short arena explains any sequence it cut: its note is the one kept. */
     cr_assert(!strncmp(rec.note, "arena file was short", 20), "arena cut after slot %u: note '%s'",
@@ -729,7 +729,7 @@ Test(corrupt, sequence_block_payload_overwritten)
     pkv_close(c);
     smash_block(dir, tab[4], &inf);
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert_eq(rec.seq_blocks_bad, 1);
     wu_model want;
     wu_model_copy(&want, &w.m);
@@ -767,7 +767,7 @@ Test(corrupt, a_cut_sequence_is_named_in_the_recovery_note)
     pkv_close(c);
     smash_block(dir, tab[3], &inf);
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert_eq(rec.sequences_cut, 1);
     cr_assert(rec.note[0], "a sequence was cut, but the recovery note is empty");
     char want[128];
@@ -865,7 +865,7 @@ Test(corrupt, a_second_bad_copy_is_dropped_at_recovery)
     uint64_t sealed = stats(c).blocks_sealed;
     pkv_close(c);
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     /* One of the two BAD copies, and its two full children. */
     cr_assert_eq(rec.blocks_dropped, 3, "dropped %llu", (unsigned long long)rec.blocks_dropped);
     cr_assert_eq(stats(c).blocks_sealed, sealed - 3);
@@ -944,7 +944,7 @@ Test(corrupt, stale_recycled_segments)
         pkv_close(c);
         c = wu_open_ok(dir, &o);
         wu_wl_reattach(&w, c);
-        pkv_recovery_t rec = recovery(c);
+        pkv_recovery rec = recovery(c);
         cr_assert(rec.torn_bytes == 0 && rec.corrupt_lsn == 0 && rec.note[0] == 0,
                   "%s: torn %llu corrupt %llu note '%s'", what, (unsigned long long)rec.torn_bytes,
                   (unsigned long long)rec.corrupt_lsn, rec.note);
@@ -1004,7 +1004,7 @@ Test(corrupt, stray_lookalike_names_are_ignored)
         wu_write_file(path, (const uint8_t *)"not a pagedkv file\n", 19);
     }
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert(rec.note[0] == 0 && !rec.repaired && rec.checkpoint_lsn > 0,
               "note '%s', repaired %d, checkpoint %llu", rec.note, rec.repaired,
               (unsigned long long)rec.checkpoint_lsn);
@@ -1090,7 +1090,7 @@ Test(corrupt, overlapping_frame_candidates_are_bounded)
     cr_assert(strstr(pkv_last_error(), "overlapping frame candidates"), "%s", pkv_last_error());
     o.flags |= PKV_OPEN_POINT_IN_TIME;
     c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert_eq(rec.corrupt_lsn, last + 1);
     cr_assert_eq(rec.last_lsn, last);
     wu_wl_reattach(&w, c);

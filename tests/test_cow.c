@@ -29,10 +29,10 @@ Test(cow, fork_shares_every_block_including_partial)
     PT_APPEND(c, 1, 5, p, 0, 6);
     PT_OK(pkv_seq_commit(c, 1, 6));
     PT_CHECK(c);
-    pkv_stats_t before = pt_stats(c);
+    pkv_stats before = pt_stats(c);
     PT_OK(pkv_seq_fork(c, 1, 2));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_used, before.blocks_used, "fork allocates nothing");
     cr_assert_eq(st.blocks_free, before.blocks_free);
     cr_assert_eq(st.cow_copies, 0);
@@ -73,7 +73,7 @@ Test(cow, parent_and_child_diverge)
 
     /* Child appends into the shared partial block: it gets a copy. */
     PT_APPEND(c, 2, 0, b, 6, 3);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, 1);
     cr_assert_eq(PT_BLOCKS(c, 2, t2, 4), 3);
     cr_assert_eq(t2[0], t1[0], "full sealed block stays shared");
@@ -191,7 +191,7 @@ Test(cow, fork_chain_three_way)
     }
     for (uint64_t id = 1; id <= 3; id++)
         PT_VERIFY(c, id, 0, t[id - 1], 5, 5);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_used, 6);
 }
 
@@ -227,7 +227,7 @@ Test(cow, many_children_diverge)
     }
     for (int k = 0; k <= KIDS; k++)
         PT_VERIFY(c, 100 + (uint64_t)k, 3, t[k], LEN, k % 2 == 0 ? LEN : 7);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, KIDS, "the shared partial block is copied once per sharer but the last");
 }
 
@@ -280,7 +280,7 @@ Test(cow, fork_errors)
     PT_ERR(pkv_seq_fork(c, 1, 2), PKV_ESTATE); /* 2 pending tokens */
     PT_CHECK(c);
     PT_SNAP_SAME(&s, c, "fork with pending tokens");
-    PT_ERR(pkv_seq_info(c, 2, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+    PT_ERR(pkv_seq_get_info(c, 2, &(pkv_seq_info){0}), PKV_ENOSEQ);
 
     PT_ERR(pkv_seq_fork(c, 3, 1), PKV_EEXIST);
     PT_CHECK(c);
@@ -330,7 +330,7 @@ Test(cow, fork_of_hit_sequence_and_close_order)
     PT_VERIFY(c, 3, 0, a, 8, 8);
     PT_OK(pkv_seq_close(c, 2));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_used, 2);
     PT_OK(pkv_seq_close(c, 3));
     PT_CHECK(c);

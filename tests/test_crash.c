@@ -74,10 +74,10 @@ TestSuite(crash, .init = pt_setup, .fini = pt_teardown);
 
 #define CAP 256u
 
-static pkv_recovery_t recovery(pkv_cache *c)
+static pkv_recovery recovery(pkv_cache *c)
 {
-    pkv_recovery_t r;
-    WU_OK(pkv_recovery(c, &r));
+    pkv_recovery r;
+    WU_OK(pkv_get_recovery(c, &r));
     return r;
 }
 
@@ -1190,7 +1190,7 @@ static void verify_recovery(const char *dir, pkv_durability mode, const wu_oracl
     /* the repaired state is the new base: a plain reopen recovers it unchanged */
     op.flags = 0;
     c = track(wu_open_ok(dir, &op));
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     WU_ASSERT(rec.corrupt_lsn == 0 && rec.torn_bytes == 0,
               "%s: second reopen still finds damage (torn %llu, corrupt %llu): %s", what,
               (unsigned long long)rec.torn_bytes, (unsigned long long)rec.corrupt_lsn, rec.note);
@@ -1498,8 +1498,8 @@ static void fault_run(const phase1 *p1, int k, int err, int *calls_out)
         bool failed = faulty_workload(c, &o, &ps, 2000 + (uint64_t)k, 40, what);
         snprintf(w2, sizeof w2, "%s (%s)", what, fs.fired_op >= 0 ? op_name[fs.fired_op] : "-");
         /* a checkpoint without space is discarded and counted, the cache serves on */
-        pkv_stats_t st;
-        WU_OK(pkv_stats(c, &st));
+        pkv_stats st;
+        WU_OK(pkv_get_stats(c, &st));
         bool discarded = err == ENOSPC && st.checkpoint_failures > 0;
         if (fs.fired_op >= 0 && !tolerable(fs.fired_op))
             WU_ASSERT(failed || discarded, "%s: the injected failure of a %s call was never "
@@ -1595,9 +1595,9 @@ Test(crash, none_mode_sync_survives_a_later_seal)
     o.io = NULL;
     o.group_commit_us = 0;
     c = wu_open_ok(dir, &o);
-    pkv_seq_info_t si;
-    WU_OK(pkv_seq_info(c, id, &si));
-    pkv_recovery_t rec = recovery(c);
+    pkv_seq_info si;
+    WU_OK(pkv_seq_get_info(c, id, &si));
+    pkv_recovery rec = recovery(c);
     pkv_close(c);
     crashfs_free(fs);
     free(fs);
@@ -1700,8 +1700,8 @@ static void child_stale_dedupe(const char *dir, int arg)
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
     det_fill(&w, b, bt, 4 * DET_CAP); /* every block: A's slot reused */
     WU_ASSERT(det_table_has(c, b, blk), "A's slot %u was not reused by B", blk);
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     WU_ASSERT(st.evictions == 1 && st.durable_lsn < st.last_lsn,
               "evictions %llu, durable LSN %llu, last %llu", (unsigned long long)st.evictions,
               (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
@@ -1721,12 +1721,12 @@ Test(crash, seal_dedupe_never_attaches_a_stale_recovered_block)
     det_opts(&o);
     o.group_commit_us = 0;
     pkv_cache *c = wu_open_ok(dir, &o);
-    pkv_stats_t st0 = pt_stats(c);
-    pkv_recovery_t rec = recovery(c);
+    pkv_stats st0 = pt_stats(c);
+    pkv_recovery rec = recovery(c);
     cr_assert_geq(rec.blocks_sealed, 1, "A's SEAL was synced: it must be recovered (blocks_sealed %llu)",
                   (unsigned long long)rec.blocks_sealed);
     wu_recompute(c, 0, det_a, 4, "block A recomputed after the kill");
-    pkv_stats_t st1 = pt_stats(c);
+    pkv_stats st1 = pt_stats(c);
     cr_log_info("stale dedupe: verify_failures %llu -> %llu, dedupes %llu -> %llu",
                 (unsigned long long)st0.verify_failures, (unsigned long long)st1.verify_failures,
                 (unsigned long long)st0.dedupes, (unsigned long long)st1.dedupes);
@@ -1764,8 +1764,8 @@ static void child_seal_reuse(const char *dir, int variant)
     if (variant == 0) WU_OK(wu_do_close(&w, s));
     else WU_OK(wu_do_truncate(&w, s, 1));
     WU_CHECK(c, variant ? "S truncated" : "S closed");
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     WU_ASSERT(st.blocks_cached == 1, "b is not cached after the %s (cached %llu)",
               variant ? "truncation" : "close", (unsigned long long)st.blocks_cached);
     uint32_t n = (uint32_t)(st.blocks_free + st.blocks_cached) * WU_BS;
@@ -1774,7 +1774,7 @@ static void child_seal_reuse(const char *dir, int variant)
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &t));
     det_fill(&w, t, tt, n); /* evicts b, writes T's K/V over S's */
     WU_ASSERT(det_table_has(c, t, b), "b (slot %u) was not reused by T", b);
-    WU_OK(pkv_stats(c, &st));
+    WU_OK(pkv_get_stats(c, &st));
     WU_ASSERT(st.durable_lsn < st.last_lsn, "durable LSN %llu, last %llu: the window closed",
               (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
 }
@@ -1923,8 +1923,8 @@ Test(crash, open_tails_of_a_none_writer_are_cut_after_a_restart)
     size_t n = 0;
     WU_OK(pkv_seq_list(c, ids, 4, &n));
     cr_assert_eq(n, 1);
-    pkv_seq_info_t si;
-    WU_OK(pkv_seq_info(c, ids[0], &si));
+    pkv_seq_info si;
+    WU_OK(pkv_seq_get_info(c, ids[0], &si));
     cr_assert_eq(si.committed, 6, "same boot: %llu committed", (unsigned long long)si.committed);
     pkv_close(c);
     /* another boot: the tail is cut (a read-only view, then a writer) */
@@ -1932,10 +1932,10 @@ Test(crash, open_tails_of_a_none_writer_are_cut_after_a_restart)
     for (int k = 0; k < 2; k++) {
         o.flags = k ? 0 : PKV_OPEN_RDONLY;
         c = wu_open_ok(dir, &o);
-        WU_OK(pkv_seq_info(c, ids[0], &si));
+        WU_OK(pkv_seq_get_info(c, ids[0], &si));
         cr_assert_eq(si.committed, 4, "after a restart: %llu committed, the tail of 2 kept",
                      (unsigned long long)si.committed);
-        pkv_recovery_t rec = recovery(c);
+        pkv_recovery rec = recovery(c);
         cr_assert_eq(rec.sequences_cut, 1);
         cr_assert(strstr(rec.note, "rule D8"), "note: %s", rec.note);
         pkv_close(c);
@@ -1943,7 +1943,7 @@ Test(crash, open_tails_of_a_none_writer_are_cut_after_a_restart)
     cr_assert(!marker_exists(dir), "a GROUP-mode writer kept the marker");
     o.io = NULL;
     c = wu_open_ok(dir, &o);
-    WU_OK(pkv_seq_info(c, ids[0], &si));
+    WU_OK(pkv_seq_get_info(c, ids[0], &si));
     cr_assert_eq(si.committed, 4, "the cut is persisted");
     pkv_close(c);
     /* a clean close of a NONE-mode writer removes its marker */

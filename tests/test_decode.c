@@ -25,10 +25,10 @@ TestSuite(decode, .init = pt_setup, .fini = pt_teardown);
 
 #define CAP 64u
 
-static pkv_stats_t stats(pkv_cache *c)
+static pkv_stats stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
@@ -228,8 +228,8 @@ static void recover_check(const char *dir, const pkv_options *o, const wu_model 
     cr_assert_eq(rc, 0, "%s: open -> %d (%s: %s)", what, rc, pkv_strerror(rc),
                  pkv_last_error());
     WU_CHECK(c, what);
-    pkv_recovery_t rec;
-    WU_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    WU_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.last_lsn, want_lsn, "%s: recovered up to LSN %llu, expected %llu", what,
                  (unsigned long long)rec.last_lsn, (unsigned long long)want_lsn);
     cr_assert(rec.seq_blocks_bad == 0 && rec.sequences_cut == 0 && rec.blocks_dropped == 0,
@@ -268,7 +268,7 @@ static void sweep(uint64_t seed, int steps)
             img_lsn[nimg++] = stats(c).last_lsn;
         }
     }
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.last_lsn < d.commits + st.seals,
               "seed %llu: %llu records for %llu committing calls and %llu seals: no COMMIT "
               "was coalesced", (unsigned long long)seed, (unsigned long long)st.last_lsn,
@@ -356,7 +356,7 @@ Test(decode, one_commit_record_per_block)
             else WU_OK(wu_do_commit_append(&w, id, i ? 1 : 0, &t, 1));
         }
         if (mode == 1) WU_OK(wu_do_commit(&w, id, 1));
-        pkv_stats_t st = stats(c);
+        pkv_stats st = stats(c);
         uint64_t recs = st.last_lsn - before, blocks = ntok / WU_BS;
         cr_assert_eq(st.seals, blocks);
         /* per block: its SEAL, the sealing COMMIT (which the next block's commits
@@ -400,7 +400,7 @@ Test(decode, repeated_generation_dedupes_into_one_commit)
         WU_OK(wu_do_close(&w, first));
         WU_OK(pkv_sync(c)); /* the repeat starts a frame of its own */
         WU_CHECK(c, "first run");
-        pkv_stats_t st0 = stats(c);
+        pkv_stats st0 = stats(c);
         WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &again));
         uint64_t lsn0 = stats(c).last_lsn;
         for (int i = 0; i < ntok; i++) {
@@ -410,7 +410,7 @@ Test(decode, repeated_generation_dedupes_into_one_commit)
             if (i % 16 == 0) WU_CHECK(c, "repeat");
         }
         if (mode == 1) WU_OK(wu_do_commit(&w, again, 1));
-        pkv_stats_t st = stats(c);
+        pkv_stats st = stats(c);
         cr_assert_eq(st.dedupes - st0.dedupes, (uint64_t)ntok / WU_BS, "mode %d", mode);
         cr_assert_eq(st.seals, st0.seals, "mode %d: the repeat sealed a block of its own", mode);
         cr_assert_eq(st.last_lsn - lsn0, 1, "mode %d: %llu records for the repeat, not one COMMIT",
@@ -453,7 +453,7 @@ Test(decode, interleaved_decode_coalesces)
                 WU_OK(wu_do_step_batch(&w, ids, nc, t, NS, NULL));
         }
         for (int k = 0; k < NS; k++) WU_OK(wu_do_commit(&w, ids[k], 1));
-        pkv_stats_t st = stats(c);
+        pkv_stats st = stats(c);
         uint64_t recs = st.last_lsn - before, blocks = NS * (NTOK / WU_BS);
         cr_assert_eq(st.seals, blocks);
         /* per block: its SEAL, the sealing COMMIT and the one its next token starts
@@ -581,8 +581,8 @@ Test(decode, commit_append_equals_two_calls)
     WU_OK(pkv_seq_append(b, 1, prompt, 6, sb));
     pt_rng r = {3};
     for (int i = 0; i < 200; i++) {
-        pkv_seq_info_t ia;
-        WU_OK(pkv_seq_info(a, 1, &ia));
+        pkv_seq_info ia;
+        WU_OK(pkv_seq_get_info(a, 1, &ia));
         size_t pend = ia.len - ia.committed;
         size_t nc = pend ? pt_below(&r, (uint32_t)pend + 1) : 0, n = pt_below(&r, 4);
         if (nc + n == 0) n = 1;
@@ -601,9 +601,9 @@ Test(decode, commit_append_equals_two_calls)
         for (size_t k = 0; k < n; k++)
             cr_assert(sa[k].block == sb[k].block && sa[k].offset == sb[k].offset,
                       "step %d: slot %zu differs", i, k);
-        pkv_seq_info_t ib;
-        WU_OK(pkv_seq_info(b, 1, &ib));
-        WU_OK(pkv_seq_info(a, 1, &ia));
+        pkv_seq_info ib;
+        WU_OK(pkv_seq_get_info(b, 1, &ib));
+        WU_OK(pkv_seq_get_info(a, 1, &ia));
         cr_assert(ia.len == ib.len && ia.committed == ib.committed && ia.n_blocks == ib.n_blocks);
         uint32_t ta[64], tb[64];
         size_t na, nb;
@@ -611,14 +611,14 @@ Test(decode, commit_append_equals_two_calls)
         WU_OK(pkv_seq_blocks(b, 1, tb, 64, &nb));
         cr_assert(na == nb && memcmp(ta, tb, na * sizeof *ta) == 0, "step %d: tables differ", i);
     }
-    pkv_stats_t x = stats(a), y = stats(b);
+    pkv_stats x = stats(a), y = stats(b);
     cr_assert(x.seals == y.seals && x.dedupes == y.dedupes && x.blocks_used == y.blocks_used &&
               x.blocks_cached == y.blocks_cached && x.evictions == y.evictions);
     WU_CHECK(a, "commit_append");
 
     /* Errors change nothing. */
-    pkv_seq_info_t before, after;
-    WU_OK(pkv_seq_info(a, 1, &before));
+    pkv_seq_info before, after;
+    WU_OK(pkv_seq_get_info(a, 1, &before));
     uint32_t t1 = 9;
     pkv_slot s1;
     cr_assert_eq(pkv_seq_commit_append(a, 1, 0, NULL, 0, NULL), PKV_EINVAL);
@@ -628,7 +628,7 @@ Test(decode, commit_append_equals_two_calls)
     cr_assert_eq(pkv_seq_commit_append(a, 1, before.len - before.committed + 1, &t1, 1, &s1),
                  PKV_ESTATE);
     cr_assert_eq(pkv_seq_commit_append(NULL, 1, 0, &t1, 1, &s1), PKV_EINVAL);
-    WU_OK(pkv_seq_info(a, 1, &after));
+    WU_OK(pkv_seq_get_info(a, 1, &after));
     cr_assert(before.len == after.len && before.committed == after.committed &&
               before.n_blocks == after.n_blocks);
     pkv_close(a);
@@ -648,17 +648,17 @@ Test(decode, commit_append_full_cache)
     pkv_slot s[16];
     WU_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
     WU_OK(pkv_seq_append(c, 1, t, 15, s)); /* 4 blocks, the last one with 3 of 4 */
-    pkv_seq_info_t before, after;
-    WU_OK(pkv_seq_info(c, 1, &before));
+    pkv_seq_info before, after;
+    WU_OK(pkv_seq_get_info(c, 1, &before));
     /* commit all 15 (seals 3 blocks) and append 2 (needs a 5th block): EFULL */
     cr_assert_eq(pkv_seq_commit_append(c, 1, 15, t, 2, s), PKV_EFULL);
-    WU_OK(pkv_seq_info(c, 1, &after));
+    WU_OK(pkv_seq_get_info(c, 1, &after));
     cr_assert(before.len == after.len && before.committed == after.committed &&
               before.n_blocks == after.n_blocks, "a failed call changed the sequence");
     cr_assert_eq(stats(c).seals, 0);
     /* one token fits in the last block */
     WU_OK(pkv_seq_commit_append(c, 1, 15, t, 1, s));
-    WU_OK(pkv_seq_info(c, 1, &after));
+    WU_OK(pkv_seq_get_info(c, 1, &after));
     cr_assert(after.len == 16 && after.committed == 15);
     WU_CHECK(c, "full cache");
     pkv_close(c);
@@ -703,9 +703,9 @@ Test(decode, step_batch_equals_single_steps)
             pend[st[i].id] += 1 - (uint64_t)st[i].n_commit;
         }
         for (uint64_t id = 1; id <= NS; id++) {
-            pkv_seq_info_t ia, ib;
-            WU_OK(pkv_seq_info(a, id, &ia));
-            WU_OK(pkv_seq_info(b, id, &ib));
+            pkv_seq_info ia, ib;
+            WU_OK(pkv_seq_get_info(a, id, &ia));
+            WU_OK(pkv_seq_get_info(b, id, &ib));
             cr_assert(ia.len == ib.len && ia.committed == ib.committed &&
                       ia.n_blocks == ib.n_blocks, "round %d: sequence %llu differs", round,
                       (unsigned long long)id);
@@ -717,7 +717,7 @@ Test(decode, step_batch_equals_single_steps)
         }
         WU_CHECK(a, "after a batch");
     }
-    pkv_stats_t x = stats(a), y = stats(b);
+    pkv_stats x = stats(a), y = stats(b);
     cr_assert(x.seals == y.seals && x.dedupes == y.dedupes && x.blocks_used == y.blocks_used &&
               x.blocks_cached == y.blocks_cached && x.evictions == y.evictions &&
               x.last_lsn == y.last_lsn, "counters differ");
@@ -769,9 +769,9 @@ Test(decode, step_batch_stops_at_first_failure)
     size_t done = 99;
     cr_assert_eq(pkv_seq_step_batch(c, st, 3, &done), PKV_ENOSEQ);
     cr_assert_eq(done, 1);
-    pkv_seq_info_t i1, i2;
-    WU_OK(pkv_seq_info(c, 1, &i1));
-    WU_OK(pkv_seq_info(c, 2, &i2));
+    pkv_seq_info i1, i2;
+    WU_OK(pkv_seq_get_info(c, 1, &i1));
+    WU_OK(pkv_seq_get_info(c, 2, &i2));
     cr_assert(i1.len == 6 && i1.committed == 5, "step 0 took effect: %llu/%llu",
               (unsigned long long)i1.len, (unsigned long long)i1.committed);
     cr_assert(st[0].slot.block < 4 && st[0].slot.offset == 1);
@@ -782,8 +782,8 @@ Test(decode, step_batch_stops_at_first_failure)
     pkv_step e[2] = {{.id = 2, .n_commit = 6, .token = 4}, {.id = 1, .n_commit = 2, .token = 5}};
     cr_assert_eq(pkv_seq_step_batch(c, e, 2, &done), PKV_ESTATE);
     cr_assert_eq(done, 1);
-    WU_OK(pkv_seq_info(c, 1, &i1));
-    WU_OK(pkv_seq_info(c, 2, &i2));
+    WU_OK(pkv_seq_get_info(c, 1, &i1));
+    WU_OK(pkv_seq_get_info(c, 2, &i2));
     cr_assert(i2.len == 7 && i2.committed == 6 && i1.len == 6 && i1.committed == 5);
 
     /* A full cache: every one of the 4 blocks is held; sequence 1's step fits in its
@@ -792,8 +792,8 @@ Test(decode, step_batch_stops_at_first_failure)
     pkv_step f[2] = {{.id = 1, .n_commit = 1, .token = 6}, {.id = 2, .n_commit = 2, .token = 7}};
     cr_assert_eq(pkv_seq_step_batch(c, f, 2, &done), PKV_EFULL);
     cr_assert_eq(done, 1);
-    WU_OK(pkv_seq_info(c, 1, &i1));
-    WU_OK(pkv_seq_info(c, 2, &i2));
+    WU_OK(pkv_seq_get_info(c, 1, &i1));
+    WU_OK(pkv_seq_get_info(c, 2, &i2));
     cr_assert(i1.len == 7 && i1.committed == 6);
     cr_assert(i2.len == 8 && i2.committed == 6 && i2.n_blocks == 2, "step 1 changed nothing");
     WU_CHECK(c, "after EFULL");

@@ -25,10 +25,10 @@
 
 TestSuite(durability, .init = pt_setup, .fini = pt_teardown);
 
-static pkv_stats_t stats(pkv_cache *c)
+static pkv_stats stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
@@ -433,8 +433,8 @@ Test(durability, none_mode_segment_rotation_flushes_the_arena_first)
      * synced), so the K/V of both tokens must be too */
     o.io = NULL;
     c = wu_open_ok(img, &o);
-    pkv_seq_info_t si;
-    WU_OK(pkv_seq_info(c, sid, &si));
+    pkv_seq_info si;
+    WU_OK(pkv_seq_get_info(c, sid, &si));
     cr_assert(si.committed == 2, "the tail's COMMIT was in the synced segment: %llu",
               (unsigned long long)si.committed);
     wu_verify_seq(c, &want, 2, "tail committed before the segment was left");
@@ -528,7 +528,7 @@ Test(durability, open_after_unclean_end_syncs_recovered_log_and_arena)
     char seen[8192];
     snprintf(seen, sizeof seen, "%s", fs->log);
     pthread_mutex_unlock(&fs->mu);
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.durable_lsn > 0 && st.durable_lsn == st.last_lsn);
     /* every segment the child wrote was fdatasynced during the open, after the
      * arena */
@@ -632,7 +632,7 @@ Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
     cr_assert(rc == PKV_ENOSPC, "pkv_checkpoint on a full disk: %d (%s)", rc, pkv_last_error());
     cr_assert(strstr(pkv_last_error(), "ckpt.tmp"), "%s", pkv_last_error());
     cr_assert(wu_count(dir, "ckpt.tmp") == 0, "the temporary file is cleaned up");
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.checkpoint_failures == 1 && st.checkpoint_error == PKV_ENOSPC &&
                   st.checkpoint_backoff_ms == 1000,
               "stats: %llu failures, error %d, back-off %u ms",
@@ -738,14 +738,14 @@ Test(durability, record_limit_enforced_when_building)
     WU_OK(wu_do_fork(&w, a, &b)); /* SEQ_SET of 400 blocks: fits */
     commit_tokens(&w, a, 200 * WU_BS, 5000); /* a is 600 blocks long now */
     WU_OK(pkv_sync(c));
-    pkv_stats_t before = stats(c);
+    pkv_stats before = stats(c);
 
     /* a fork's SEQ_SET of 600 blocks (2.5 KiB) */
     int rc = pkv_seq_fork(c, a, 999);
     cr_assert(rc == PKV_ERANGE, "fork of a 600-block table: %d (%s)", rc, pkv_last_error());
     cr_assert(strstr(pkv_last_error(), "REC_MAX_BYTES"), "%s", pkv_last_error());
-    pkv_seq_info_t si;
-    cr_assert(pkv_seq_info(c, 999, &si) == PKV_ENOSEQ, "no child after the failed fork");
+    pkv_seq_info si;
+    cr_assert(pkv_seq_get_info(c, 999, &si) == PKV_ENOSEQ, "no child after the failed fork");
     /* an open whose prompt could hit 600 blocks: its SEQ_SET may need them all */
     uint32_t *prompt = malloc(600 * WU_BS * sizeof *prompt);
     cr_assert(prompt);
@@ -753,20 +753,20 @@ Test(durability, record_limit_enforced_when_building)
     size_t cached = 77;
     rc = pkv_seq_open(c, 998, 0, prompt, 600 * WU_BS, &cached);
     cr_assert(rc == PKV_ERANGE && cached == 77, "open of a 600-block prompt: %d", rc);
-    cr_assert(pkv_seq_info(c, 998, &si) == PKV_ENOSEQ);
+    cr_assert(pkv_seq_get_info(c, 998, &si) == PKV_ENOSEQ);
     /* one commit of 600 blocks: a COMMIT naming all of them */
     uint64_t d = 0;
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &d));
     pkv_slot *slots = malloc(600 * WU_BS * sizeof *slots);
     cr_assert(slots);
     WU_OK(pkv_seq_append(c, d, prompt, 600 * WU_BS, slots));
-    WU_OK(pkv_seq_info(c, d, &si));
+    WU_OK(pkv_seq_get_info(c, d, &si));
     rc = pkv_seq_commit(c, d, 600 * WU_BS);
     cr_assert(rc == PKV_ERANGE, "commit of 600 blocks at once: %d", rc);
-    pkv_seq_info_t si2;
-    WU_OK(pkv_seq_info(c, d, &si2));
+    pkv_seq_info si2;
+    WU_OK(pkv_seq_get_info(c, d, &si2));
     cr_assert(si2.committed == 0 && si2.len == si.len, "the failed commit changed nothing");
-    pkv_stats_t after = stats(c);
+    pkv_stats after = stats(c);
     cr_assert(after.last_lsn == before.last_lsn + 1, "only d's SEQ_SET was logged");
     WU_CHECK(c, "after refused records");
     WU_OK(wu_do_close(&w, d));
@@ -846,8 +846,8 @@ Test(durability, always_mode_efailed_while_waiting_applies_the_change)
     uint32_t prompt[3] = {5, 6, 7};
     uint64_t id = 0;
     WU_OK(wu_do_open(&w, 0, prompt, 3, 1, &id)); /* 2 committed, 1 pending */
-    pkv_seq_info_t a, b;
-    WU_OK(pkv_seq_info(c, id, &a));
+    pkv_seq_info a, b;
+    WU_OK(pkv_seq_get_info(c, id, &a));
     cr_assert(a.len == 3 && a.committed == 2);
 
     pthread_mutex_lock(&fs->mu);
@@ -857,21 +857,21 @@ Test(durability, always_mode_efailed_while_waiting_applies_the_change)
     pkv_slot slot = {0, 0};
     int rc = pkv_seq_commit_append(c, id, 1, &next, 1, &slot);
     cr_assert(rc == PKV_EFAILED, "commit_append while the log fails: %d", rc);
-    WU_OK(pkv_seq_info(c, id, &b));
+    WU_OK(pkv_seq_get_info(c, id, &b));
     cr_assert(b.committed == 3 && b.len == 4, "the change is applied in memory: %llu/%llu",
               (unsigned long long)b.committed, (unsigned long long)b.len);
     cr_assert(slot.block < 64 && slot.offset == 3, "its slot was handed out");
     /* the cache has failed: the next call changes nothing */
     rc = pkv_seq_commit_append(c, id, 1, &next, 1, &slot);
     cr_assert(rc == PKV_EFAILED);
-    WU_OK(pkv_seq_info(c, id, &a));
+    WU_OK(pkv_seq_get_info(c, id, &a));
     cr_assert(a.committed == b.committed && a.len == b.len);
     pkv_close(c);
     wu_wl_free(&w);
     /* not durable: the reopen has the state before the call */
     o.io = NULL;
     c = wu_open_ok(dir, &o);
-    WU_OK(pkv_seq_info(c, id, &a));
+    WU_OK(pkv_seq_get_info(c, id, &a));
     cr_assert(a.committed == 2 && a.len == 2, "recovered %llu/%llu",
               (unsigned long long)a.committed, (unsigned long long)a.len);
     pkv_close(c);
@@ -895,7 +895,7 @@ Test(durability, always_mode_efailed_while_waiting_applies_the_change)
     rc = pkv_seq_step_batch(c, steps, 2, &done);
     cr_assert(rc == PKV_EFAILED && done == 2, "batch: %d, done %zu", rc, done);
     for (int i = 0; i < 2; i++) {
-        WU_OK(pkv_seq_info(c, ids[i], &a));
+        WU_OK(pkv_seq_get_info(c, ids[i], &a));
         cr_assert(a.committed == 3 && a.len == 4);
     }
     pkv_close(c);

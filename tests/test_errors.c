@@ -43,7 +43,7 @@ Test(errors, seq_open)
     EXPECT(c, &s, pkv_seq_open(c, 2, 0, NULL, 0, &nc), PKV_EEXIST);
     EXPECT(c, &s, pkv_seq_open(c, 1, 0, a, 9, NULL), PKV_EEXIST);
     pt_snap_free(&s);
-    PT_ERR(pkv_seq_info(c, 3, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+    PT_ERR(pkv_seq_get_info(c, 3, &(pkv_seq_info){0}), PKV_ENOSEQ);
 
     /* n = 0 with a non-NULL prompt is an empty sequence too. */
     PT_OK(pkv_seq_open(c, 3, 0, a, 0, &nc));
@@ -174,7 +174,7 @@ Test(errors, seq_close)
     PT_CHECK(c);
     PT_ERR(pkv_seq_close(c, 1), PKV_ENOSEQ);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_cached, 2);
     cr_assert_eq(st.blocks_used, 0);
     cr_assert_eq(st.sequences, 1);
@@ -187,13 +187,13 @@ Test(errors, seq_info_and_stats)
     const uint64_t ids[2] = {1, 2};
     pt_snap s;
     pt_snap_take(&s, c, ids, 2);
-    pkv_seq_info_t si;
-    pkv_stats_t st;
-    EXPECT(c, &s, pkv_seq_info(NULL, 1, &si), PKV_EINVAL);
-    EXPECT(c, &s, pkv_seq_info(c, 1, NULL), PKV_EINVAL);
-    EXPECT(c, &s, pkv_seq_info(c, 99, &si), PKV_ENOSEQ);
-    EXPECT(c, &s, pkv_stats(NULL, &st), PKV_EINVAL);
-    EXPECT(c, &s, pkv_stats(c, NULL), PKV_EINVAL);
+    pkv_seq_info si;
+    pkv_stats st;
+    EXPECT(c, &s, pkv_seq_get_info(NULL, 1, &si), PKV_EINVAL);
+    EXPECT(c, &s, pkv_seq_get_info(c, 1, NULL), PKV_EINVAL);
+    EXPECT(c, &s, pkv_seq_get_info(c, 99, &si), PKV_ENOSEQ);
+    EXPECT(c, &s, pkv_get_stats(NULL, &st), PKV_EINVAL);
+    EXPECT(c, &s, pkv_get_stats(c, NULL), PKV_EINVAL);
     pkv_cache_info inf;
     EXPECT(c, &s, pkv_info(NULL, &inf), PKV_EINVAL);
     EXPECT(c, &s, pkv_info(c, NULL), PKV_EINVAL);

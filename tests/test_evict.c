@@ -144,7 +144,7 @@ static void run_scenario(int sn, scenario_fn fn, const char *expect_order)
         w.c = pt_open_sub(sub, &o);
         w.next_id = 1;
         fn(&w);
-        pkv_stats_t st = pt_stats(w.c);
+        pkv_stats st = pt_stats(w.c);
         cr_assert_eq(st.blocks_cached, NNODES);
         cr_assert_eq(st.blocks_used, 0);
         cr_assert_eq(st.evictions, 0);
@@ -250,7 +250,7 @@ Test(evict, root_with_many_children)
         PT_OK(pkv_seq_close(c, (uint64_t)k + 1));
         PT_CHECK(c);
     }
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_cached, KIDS + 1);
     uint64_t free0 = st.blocks_free;
     uint32_t filler[4 * 24];
@@ -312,7 +312,7 @@ Test(evict, efull_on_append_when_everything_is_referenced)
     PT_OK(pkv_seq_commit(c, 2, 10));
     PT_CHECK(c);
     PT_SEQ_OPEN(c, 3, 0, NULL, 0);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free, 0);
     cr_assert_eq(st.blocks_cached, 0);
 
@@ -379,7 +379,7 @@ Test(evict, efull_when_too_few_blocks_are_evictable)
     PT_SEQ_OPEN(c, 2, 0, NULL, 0);
     PT_APPEND(c, 2, 0, f, 0, 24); /* 6 blocks, pending */
     PT_SEQ_OPEN(c, 3, 0, NULL, 0);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free, 0);
     cr_assert_eq(st.blocks_cached, 2);
 
@@ -420,7 +420,7 @@ Test(evict, seq_open_attaches_cached_blocks_when_nothing_is_free)
     PT_CHECK(c);
     PT_SEQ_OPEN(c, 2, 0, NULL, 0);
     PT_APPEND(c, 2, 0, f, 0, 24);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free, 0);
     cr_assert_eq(st.blocks_cached, 2);
     /* The open takes the cached blocks over instead of evicting anything. */
@@ -459,7 +459,7 @@ Test(evict, efull_on_truncate_copy)
     PT_CHECK(c);
     PT_SEQ_OPEN(c, 3, 0, NULL, 0);
     PT_APPEND(c, 3, 0, f, 0, 12); /* pending, unshared */
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free, 0);
     cr_assert_eq(st.blocks_cached, 0);
 
@@ -513,7 +513,7 @@ Test(evict, evicted_prefix_recomputed_hits_again)
     /* 4 filler blocks: 3 free + 1 eviction (the leaf). */
     PT_SEQ_OPEN(c, 2, 0, NULL, 0);
     PT_APPEND(c, 2, 0, f, 0, 16);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.evictions, 1);
     cr_assert_eq(st.blocks_cached, 2);
     cr_assert_eq(PT_SEQ_OPEN(c, 3, 0, a, 13), 8);

@@ -593,7 +593,7 @@ Test(kvdump, summary_matches_the_library)
 {
     char dir[512];
     pkv_cache *c = build_ref("cache", PKV_F16, PKV_DURABLE_GROUP, dir, sizeof dir);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
     /* Reopen read-only with the library for the reference numbers. */
     pkv_options o;
@@ -601,9 +601,9 @@ Test(kvdump, summary_matches_the_library)
     o.flags = PKV_OPEN_RDONLY;
     pkv_cache *r = NULL;
     PT_OK(pkv_open(dir, &o, &r));
-    pkv_stats_t rs = pt_stats(r);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(r, &rec));
+    pkv_stats rs = pt_stats(r);
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(r, &rec));
     pkv_close(r);
 
     jv *v = KDJ(0, "summary", dir);
@@ -643,7 +643,7 @@ Test(kvdump, blocks_block_seqs_seq)
     uint32_t tab[16];
     size_t n1 = PT_BLOCKS(c, 1, tab, 16);
     cr_assert_eq(n1, 6);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
 
     jv *v = KDJ(0, "blocks", dir);
@@ -773,7 +773,7 @@ Test(kvdump, wal_records_and_filters)
 {
     char dir[512];
     pkv_cache *c = build_ref("cache", PKV_F32, PKV_DURABLE_ALWAYS, dir, sizeof dir);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
     jv *v = KDJ(0, "wal", dir);
     size_t n = jcount(v, "records");
@@ -822,10 +822,10 @@ Test(kvdump, wal_after_checkpoint)
     char dir[512];
     pkv_cache *c = build_ref("cache", PKV_F32, PKV_DURABLE_GROUP, dir, sizeof dir);
     PT_OK(pkv_checkpoint(c));
-    pkv_stats_t st0 = pt_stats(c);
+    pkv_stats st0 = pt_stats(c);
     PT_OK(pkv_seq_close(c, 2));
     PT_OK(pkv_sync(c));
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
     jv *v = KDJ(0, "wal", dir);
     cr_assert_eq(ju(v, "checkpoint.lsn"), st0.checkpoint_lsn);
@@ -994,7 +994,7 @@ Test(kvdump, log_torn_tail_and_corruption)
 {
     char dir[512], seg[600];
     pkv_cache *c = build_ref("cache", PKV_F32, PKV_DURABLE_ALWAYS, dir, sizeof dir);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
     seg_path(dir, seg, sizeof seg);
     uint64_t off[256], first[256];
@@ -1087,7 +1087,7 @@ Test(kvdump, forged_records_never_crash)
 {
     char dir[512], seg[600];
     pkv_cache *c = build_ref("cache", PKV_F32, PKV_DURABLE_ALWAYS, dir, sizeof dir);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     pt_close(c);
     seg_path(dir, seg, sizeof seg);
     uint64_t off[256], first[256];
@@ -1272,7 +1272,7 @@ Test(kvdump, reads_beside_a_live_writer_without_the_lock)
 {
     char dir[512];
     pkv_cache *c = build_ref("cache", PKV_F32, PKV_DURABLE_ALWAYS, dir, sizeof dir);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     /* The writer holds LOCK. kvdump reads anyway and changes nothing. */
     uint64_t before = dir_print(dir);
     jv *v = KDJ(0, "summary", dir);
@@ -1880,7 +1880,7 @@ static void build_chain(const char *sub, char *dir, size_t dirlen, uint64_t lsn[
 {
     pkv_cache *c = build_ref(sub, PKV_F16, PKV_DURABLE_GROUP, dir, dirlen);
     PT_OK(pkv_checkpoint(c));
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.checkpoint_deltas, 0, "the first checkpoint after an open is full");
     lsn[0] = st.checkpoint_lsn;
     uint32_t q[CAP * BS];
@@ -2251,7 +2251,7 @@ Test(kvdump, stale_deltas_are_notes)
     pkv_cache *c = pt_open_sub("chain", &o);
     PT_OK(pkv_seq_close(c, 2));
     PT_OK(pkv_checkpoint(c));
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.checkpoint_deltas, 0);
     uint64_t base = st.checkpoint_lsn;
     pt_close(c);

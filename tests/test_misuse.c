@@ -106,7 +106,7 @@ static void ms_take(ms_snap *m, pkv_cache *c)
     memset(m, 0, sizeof *m);
     m->n_ids = list_ids(c, m->ids, 16);
     pt_snap_take(&m->s, c, m->ids, m->n_ids);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     m->last_lsn = st.last_lsn;
     m->wal_records = st.wal_records;
 }
@@ -120,7 +120,7 @@ static void ms_same_at(const char *file, int line, const ms_snap *m, pkv_cache *
               "%s:%d: %s: the sequence list changed (%zu -> %zu sequences)", file, line, what,
               m->n_ids, n);
     pt_snap_same_at(file, line, &m->s, c, what);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert(st.last_lsn == m->last_lsn && st.wal_records == m->wal_records,
               "%s:%d: %s: a failing call logged something (last_lsn %llu -> %llu)", file, line,
               what, (unsigned long long)m->last_lsn, (unsigned long long)st.last_lsn);
@@ -167,7 +167,7 @@ static void populate(pkv_cache *c)
     PT_OK(pkv_seq_commit(c, 5, 8));
     PT_OK(pkv_seq_close(c, 5));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.sequences, 4);
     cr_assert_eq(st.blocks_cached, 2);
 }
@@ -549,7 +549,7 @@ Test(misuse, seq_append_and_truncate_when_full)
     PT_APPEND(c, 4, 0, B, 0, 2);
     PT_OK(pkv_seq_commit(c, 4, 2));
     PT_OK(pkv_seq_fork(c, 4, 3));
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free + st.blocks_cached, 0);
     ms_snap m;
     ms_take(&m, c);
@@ -675,13 +675,13 @@ Test(misuse, seq_reads)
     ms_snap m;
     ms_take(&m, c);
     /* seq_info: *out untouched on error. */
-    pkv_seq_info_t si, keep;
+    pkv_seq_info si, keep;
     memset(&si, 0x3C, sizeof si);
     keep = si;
-    MS_BAD(c, &m, pkv_seq_info(NULL, 1, &si), PKV_EINVAL);
-    MS_BAD(c, &m, pkv_seq_info(c, 1, NULL), PKV_EINVAL);
-    MS_BAD(c, &m, pkv_seq_info(c, 99, &si), PKV_ENOSEQ);
-    MS_BAD(c, &m, pkv_seq_info(c, 5, &si), PKV_ENOSEQ);
+    MS_BAD(c, &m, pkv_seq_get_info(NULL, 1, &si), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_get_info(c, 1, NULL), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_seq_get_info(c, 99, &si), PKV_ENOSEQ);
+    MS_BAD(c, &m, pkv_seq_get_info(c, 5, &si), PKV_ENOSEQ);
     cr_assert(memcmp(&si, &keep, sizeof si) == 0, "seq_info wrote *out on error");
     /* seq_blocks / seq_tokens / seq_list. */
     uint32_t out[32];
@@ -724,12 +724,12 @@ Test(misuse, stats_check_recovery)
     pkv_cache *c = make_cache();
     ms_snap m;
     ms_take(&m, c);
-    pkv_stats_t st;
-    pkv_recovery_t rec;
-    MS_BAD(c, &m, pkv_stats(NULL, &st), PKV_EINVAL);
-    MS_BAD(c, &m, pkv_stats(c, NULL), PKV_EINVAL);
-    MS_BAD(c, &m, pkv_recovery(NULL, &rec), PKV_EINVAL);
-    MS_BAD(c, &m, pkv_recovery(c, NULL), PKV_EINVAL);
+    pkv_stats st;
+    pkv_recovery rec;
+    MS_BAD(c, &m, pkv_get_stats(NULL, &st), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_get_stats(c, NULL), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_get_recovery(NULL, &rec), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_get_recovery(c, NULL), PKV_EINVAL);
     MS_BAD(c, &m, pkv_check(NULL, NULL, 0), PKV_EINVAL);
     char why[8] = "xyzxyzx";
     MS_BAD(c, &m, pkv_check(NULL, why, sizeof why), PKV_EINVAL);
@@ -807,10 +807,10 @@ Test(misuse, read_only_cache)
     /* Reads work. */
     PT_VERIFY(c, 1, 0, A, 8, 8);
     PT_VERIFY(c, 3, 0, A, 6, 6);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.sequences, 4);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert(st.wal_records == 0 && st.wal_syncs == 0, "a read-only handle logged");
     pkv_kv_view v;
     PT_OK(pkv_kv_view_of(c, &v));
@@ -887,8 +887,8 @@ static void failed_state(int err)
     /* Reads work. */
     PT_VERIFY(c, 1, 0, A, 10, 10);
     PT_VERIFY(c, 4, 0, A, 6, 6);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     uint64_t ids[8];
     cr_assert_eq(list_ids(c, ids, 8), 4);
     ms_same_at(__FILE__, __LINE__, &m, c, "reads in the failed state");
@@ -1134,8 +1134,8 @@ Test(misuse, cuda_calls)
     pkv_cuda_options_init(&co);
     pkv_cuda *g = (pkv_cuda *)&g;
     pkv_cuda_batch *b = (pkv_cuda_batch *)&b;
-    pkv_cuda_stats_t gs;
-    pkv_cuda_batch_info_t bi;
+    pkv_cuda_stats gs;
+    pkv_cuda_batch_info bi;
     size_t wb = 99;
     const uint64_t ids[2] = {1, 4};
     attn_case a;
@@ -1149,11 +1149,11 @@ Test(misuse, cuda_calls)
     MS_BAD(c, &m, pkv_cuda_open(NULL, &co, &g), none);
     cr_assert_null(g, "pkv_cuda_open: *out not NULL after a failure");
     MS_BAD(c, &m, pkv_cuda_open(c, &co, NULL), none);
-    MS_BAD(c, &m, pkv_cuda_stats(NULL, &gs), none);
+    MS_BAD(c, &m, pkv_cuda_get_stats(NULL, &gs), none);
     b = (pkv_cuda_batch *)&b;
     MS_BAD(c, &m, pkv_cuda_page_in(NULL, ids, 2, 0, NULL, &b), none);
     cr_assert_null(b, "pkv_cuda_page_in: *out not NULL after a failure");
-    MS_BAD(c, &m, pkv_cuda_batch_info(NULL, &bi), none);
+    MS_BAD(c, &m, pkv_cuda_batch_get_info(NULL, &bi), none);
     MS_BAD(c, &m, pkv_cuda_writeback(NULL, NULL, NULL), none);
     MS_BAD(c, &m, pkv_cuda_release(NULL, NULL, NULL), none);
     MS_BAD(c, &m, pkv_cuda_attn(NULL, NULL, &a.p, a.q, a.out, NULL), none);
@@ -1187,8 +1187,8 @@ Test(misuse, cuda_calls)
     co.device = 0;
     co.pool_blocks = 8;
     PT_OK(pkv_cuda_open(c, &co, &g));
-    MS_BAD(c, &m, pkv_cuda_stats(g, NULL), PKV_EINVAL);
-    PT_OK(pkv_cuda_stats(g, &gs));
+    MS_BAD(c, &m, pkv_cuda_get_stats(g, NULL), PKV_EINVAL);
+    PT_OK(pkv_cuda_get_stats(g, &gs));
     b = (pkv_cuda_batch *)&b;
     MS_BAD(c, &m, pkv_cuda_page_in(g, ids, 2, 0, NULL, NULL), PKV_EINVAL);
     MS_BAD(c, &m, pkv_cuda_page_in(g, ids, 0, 0, NULL, &b), PKV_EINVAL);
@@ -1198,12 +1198,12 @@ Test(misuse, cuda_calls)
     const uint64_t unknown[2] = {1, 99}, empty[1] = {2};
     MS_BAD(c, &m, pkv_cuda_page_in(g, unknown, 2, 0, NULL, &b), PKV_ENOSEQ);
     MS_BAD(c, &m, pkv_cuda_page_in(g, empty, 1, 0, NULL, &b), PKV_EINVAL);
-    pkv_cuda_stats_t gs2;
-    PT_OK(pkv_cuda_stats(g, &gs2));
+    pkv_cuda_stats gs2;
+    PT_OK(pkv_cuda_get_stats(g, &gs2));
     cr_assert_eq(gs2.slots_pinned, 0, "a failed page-in pinned slots");
     PT_OK(pkv_cuda_page_in(g, ids, 2, 0, NULL, &b));
-    MS_BAD(c, &m, pkv_cuda_batch_info(b, NULL), PKV_EINVAL);
-    PT_OK(pkv_cuda_batch_info(b, &bi));
+    MS_BAD(c, &m, pkv_cuda_batch_get_info(b, NULL), PKV_EINVAL);
+    PT_OK(pkv_cuda_batch_get_info(b, &bi));
     MS_BAD(c, &m, pkv_cuda_writeback(g, NULL, NULL), PKV_EINVAL);
     MS_BAD(c, &m, pkv_cuda_release(g, NULL, NULL), PKV_EINVAL);
     MS_BAD(c, &m, pkv_cuda_attn(g, NULL, &a.p, a.q, a.out, NULL), PKV_EINVAL);

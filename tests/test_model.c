@@ -441,8 +441,8 @@ Test(model, presets_ids_and_errors) {
     uint32_t big[400];
     for (int i = 0; i < 400; i++) big[i] = (uint32_t)i % 256;
     cr_assert_eq(pkvm_prefill(e, 1, 0, big, 400, lg, NULL), PKV_EFULL);
-    pkv_seq_info_t inf;
-    cr_assert_eq(pkv_seq_info(c, 1, &inf), PKV_ENOSEQ);
+    pkv_seq_info inf;
+    cr_assert_eq(pkv_seq_get_info(c, 1, &inf), PKV_ENOSEQ);
     PT_CHECK(c);
     pkvm_engine_free(e);
     pkvm_free(m);

@@ -107,7 +107,7 @@ Test(open, create_layout_and_modes)
     cr_assert_eq((uint64_t)sa.st_size, 4096 + CAP * inf.slot_bytes, "arena size %lld",
                  (long long)sa.st_size);
 
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.capacity, CAP);
     cr_assert_eq(st.blocks_free, CAP);
     cr_assert_eq(st.blocks_used + st.blocks_cached + st.blocks_sealed + st.sequences, 0);
@@ -175,7 +175,7 @@ Test(open, reopen_same_options)
 
     c = pt_open_sub("cache", &o);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.capacity, CAP);
     cr_assert_eq(st.blocks_free + st.blocks_cached + st.blocks_used, CAP);
     pkv_cache_info inf = pt_info(c);
@@ -184,8 +184,8 @@ Test(open, reopen_same_options)
         /* Metadata in memory only (version 0.1): the cache starts empty. */
         cr_assert_eq(st.blocks_free, CAP);
         cr_assert_eq(st.blocks_sealed, 0);
-        PT_ERR(pkv_seq_info(c, 1, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
-        PT_ERR(pkv_seq_info(c, 2, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+        PT_ERR(pkv_seq_get_info(c, 1, &(pkv_seq_info){0}), PKV_ENOSEQ);
+        PT_ERR(pkv_seq_get_info(c, 2, &(pkv_seq_info){0}), PKV_ENOSEQ);
     } else {
         /* Metadata persisted (write-ahead log): the open sequences come back with
          * their committed tokens and K/V; pending tokens were never durable. */
@@ -321,8 +321,8 @@ static void open_in_child_expect(const pkv_options *base, uint32_t flags, int wa
         snprintf(path, sizeof path, "%s/cache", pt_dir);
         int r = pkv_open(path, &o, &c);
         if (r == 0 && flags & PKV_OPEN_RDONLY) {
-            pkv_seq_info_t si;
-            if (pkv_seq_info(c, 1, &si) || si.committed != 3) r = PKV_ECORRUPT;
+            pkv_seq_info si;
+            if (pkv_seq_get_info(c, 1, &si) || si.committed != 3) r = PKV_ECORRUPT;
         }
         _exit(r == want ? 0 : 10 + (-r));
     }
@@ -749,10 +749,10 @@ Test(open, lost_arena_in_arena_dir_is_recreated_and_its_blocks_dropped)
     o.arena_dir = adir;
     c = pt_open_sub("cache", &o);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_free, CAP);
     cr_assert_eq(st.blocks_sealed, 0);
-    PT_ERR(pkv_seq_info(c, 1, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+    PT_ERR(pkv_seq_get_info(c, 1, &(pkv_seq_info){0}), PKV_ENOSEQ);
     /* Same file name as before: the link was kept. */
     pt_path(link, sizeof link, "cache/arena");
     ssize_t n = readlink(link, target, sizeof target - 1);

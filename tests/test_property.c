@@ -128,7 +128,7 @@ static void verify_seq(model *m, int si)
 
 static void check_stats(model *m)
 {
-    pkv_stats_t st = pt_stats(m->c);
+    pkv_stats st = pt_stats(m->c);
     PA(st.sequences == nlive(m), "sequences %llu, model %zu", (unsigned long long)st.sequences,
        nlive(m));
     PA(st.capacity == m->cap, "capacity %llu", (unsigned long long)st.capacity);
@@ -274,7 +274,7 @@ static bool do_append(model *m, int si, const uint32_t *t, size_t n)
     uint64_t need = nblocks(q->len + n, bs) - nblocks(q->len, bs) + (cow ? 1 : 0);
     if (!room_for(m, need))
         return false;
-    pkv_stats_t st = pt_stats(m->c);
+    pkv_stats st = pt_stats(m->c);
     pt_snap snap;
     uint64_t ids[MAXSEQ];
     size_t nids;
@@ -298,7 +298,7 @@ static bool do_append(model *m, int si, const uint32_t *t, size_t n)
     PA(r == 0, "append of %zu needing %llu blocks (%llu free, %llu cached) -> %d (%s)", n,
        (unsigned long long)need, (unsigned long long)st.blocks_free,
        (unsigned long long)st.blocks_cached, r, pkv_strerror(r));
-    pkv_stats_t st2 = pt_stats(m->c);
+    pkv_stats st2 = pt_stats(m->c);
     uint64_t want_ev = need > st.blocks_free ? need - st.blocks_free : 0;
     PA(st2.evictions - st.evictions == want_ev, "append evicted %llu blocks, expected %llu",
        (unsigned long long)(st2.evictions - st.evictions), (unsigned long long)want_ev);
@@ -333,12 +333,12 @@ static void do_commit(model *m, int si, size_t n)
     mseq *q = &m->s[si];
     size_t pending = q->len - q->committed;
     if (n == 0 || n > pending) {
-        pkv_stats_t st = pt_stats(m->c);
+        pkv_stats st = pt_stats(m->c);
         int r = pkv_seq_commit(m->c, q->id, n);
         PT_CHECK(m->c);
         PA(r == (n == 0 ? PKV_EINVAL : PKV_ESTATE), "commit %zu of %zu pending -> %d", n,
            pending, r);
-        pkv_stats_t st2 = pt_stats(m->c);
+        pkv_stats st2 = pt_stats(m->c);
         PT_STATS_EQ(&st, &st2, "failed commit");
         verify_seq(m, si);
         return;
@@ -434,7 +434,7 @@ static void do_fork(model *m, int si)
 {
     mseq *q = &m->s[si];
     int ci = free_slot(m);
-    pkv_stats_t st = pt_stats(m->c);
+    pkv_stats st = pt_stats(m->c);
     if ((ci < 0 || pt_below(&m->rng, 8) == 0) && q->len == q->committed) {
         /* Fork onto an existing id (only without pending tokens: which of
          * PKV_EEXIST / PKV_ESTATE wins is not specified). */
@@ -442,7 +442,7 @@ static void do_fork(model *m, int si)
         int r = pkv_seq_fork(m->c, q->id, m->s[other].id);
         PT_CHECK(m->c);
         PA(r == PKV_EEXIST, "fork onto existing id -> %d", r);
-        pkv_stats_t st2 = pt_stats(m->c);
+        pkv_stats st2 = pt_stats(m->c);
         PT_STATS_EQ(&st, &st2, "fork onto existing id");
         return;
     }
@@ -453,15 +453,15 @@ static void do_fork(model *m, int si)
     PT_CHECK(m->c);
     if (q->len != q->committed) {
         PA(r == PKV_ESTATE, "fork with %zu pending -> %d", q->len - q->committed, r);
-        pkv_stats_t st2 = pt_stats(m->c);
+        pkv_stats st2 = pt_stats(m->c);
         PT_STATS_EQ(&st, &st2, "fork with pending tokens");
-        PT_ERR(pkv_seq_info(m->c, id, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+        PT_ERR(pkv_seq_get_info(m->c, id, &(pkv_seq_info){0}), PKV_ENOSEQ);
         return;
     }
     PA(r == 0, "fork -> %d (%s)", r, pkv_strerror(r));
     m->s[ci] = *q;
     m->s[ci].id = id;
-    pkv_stats_t st2 = pt_stats(m->c);
+    pkv_stats st2 = pt_stats(m->c);
     PA(st2.blocks_free == st.blocks_free && st2.blocks_used == st.blocks_used &&
            st2.blocks_cached == st.blocks_cached,
        "fork changed block counts");
@@ -508,7 +508,7 @@ static void do_truncate(model *m, int si)
     }
     if (!room_for(m, may_copy ? 1 : 0))
         return;
-    pkv_stats_t st = pt_stats(m->c);
+    pkv_stats st = pt_stats(m->c);
     bool maybe_full = may_copy && st.blocks_free + st.blocks_cached == 0;
     /* Nothing dropped and the cut block stays referenced: no block can come free. */
     bool must_full = maybe_full && need_copy && cut_shared &&
@@ -554,17 +554,17 @@ static void do_close(model *m, int si)
 {
     mseq *q = &m->s[si];
     if (pt_below(&m->rng, 10) == 0) {
-        pkv_stats_t st = pt_stats(m->c);
+        pkv_stats st = pt_stats(m->c);
         PT_ERR(pkv_seq_close(m->c, m->next_id + 1000), PKV_ENOSEQ);
         PT_CHECK(m->c);
-        pkv_stats_t st2 = pt_stats(m->c);
+        pkv_stats st2 = pt_stats(m->c);
         PT_STATS_EQ(&st, &st2, "close of unknown id");
     }
     PT_OK(pkv_seq_close(m->c, q->id));
     PT_CHECK(m->c);
     pool_add(m, q->salt, q->tok, q->len);
     q->live = false;
-    PT_ERR(pkv_seq_info(m->c, q->id, &(pkv_seq_info_t){0}), PKV_ENOSEQ);
+    PT_ERR(pkv_seq_get_info(m->c, q->id, &(pkv_seq_info){0}), PKV_ENOSEQ);
     check_stats(m);
 }
 
@@ -623,7 +623,7 @@ static void run_round(uint64_t seed, int variant, size_t nops, model *m)
     for (int i = 0; i < MAXSEQ; i++)
         if (m->s[i].live)
             do_close(m, i);
-    pkv_stats_t st = pt_stats(m->c);
+    pkv_stats st = pt_stats(m->c);
     PA(st.blocks_used == 0, "%llu blocks used with no sequence", (unsigned long long)st.blocks_used);
     PA(st.blocks_cached == st.blocks_sealed, "cached %llu != sealed %llu",
        (unsigned long long)st.blocks_cached, (unsigned long long)st.blocks_sealed);

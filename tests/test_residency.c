@@ -848,7 +848,7 @@ Test(residency, simulated_decode_loop_matches_the_arena) {
             const uint32_t k = 1 + pt_below(&rng, 3);
             if (x->len + k > 40) continue;
             for (uint32_t i = 0; i < k; i++) t[i] = pt_below(&rng, 4);
-            pkv_stats_t st = pt_stats(c);
+            pkv_stats st = pt_stats(c);
             if (st.blocks_free + st.blocks_cached < 3) continue;
             tappend(c, x, t, k);
             if (pt_below(&rng, 3)) tcommit(c, x);

@@ -48,10 +48,10 @@ static void sv_prompt(uint32_t *p, uint32_t base)
     for (uint32_t i = 0; i < SV_N; i++) p[i] = base + i * 7;
 }
 
-static pkv_stats_t sv_stats(pkv_cache *c)
+static pkv_stats sv_stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
@@ -107,8 +107,8 @@ static bool sv_names(pkv_cache *c, uint64_t id, uint32_t b)
  * and its tokens are p's. */
 static void sv_verify(pkv_cache *c, uint64_t id, const uint32_t *p, const char *what)
 {
-    pkv_seq_info_t si;
-    WU_OK(pkv_seq_info(c, id, &si));
+    pkv_seq_info si;
+    WU_OK(pkv_seq_get_info(c, id, &si));
     wu_seq s = {.id = id, .salt = 0, .tok = (uint32_t *)p, .len = si.len,
                 .committed = si.committed};
     wu_verify_seq(c, &s, si.committed, what);
@@ -264,7 +264,7 @@ static void dedupe_case(int k)
     uint64_t vf0 = sv_stats(c).verify_failures, dd0 = sv_stats(c).dedupes;
     dedupe_recompute(c, 88, g_dedupe_p, k);
     WU_CHECK(c, what);
-    pkv_stats_t st = sv_stats(c);
+    pkv_stats st = sv_stats(c);
     WU_ASSERT(!sv_names(c, 88, g_dedupe_tab[3]),
               "%s: the table names the damaged block %u (dedupes %llu -> %llu, verify_failures "
               "%llu -> %llu)", what, g_dedupe_tab[3], (unsigned long long)dd0,
@@ -338,8 +338,8 @@ static void fork_case(int k)
     pkv_options o;
     sv_opts(&o);
     pkv_cache *c = wu_open_ok(dir, &o);
-    pkv_seq_info_t si;
-    WU_OK(pkv_seq_info(c, sid, &si));
+    pkv_seq_info si;
+    WU_OK(pkv_seq_get_info(c, sid, &si));
     if (k == 0)
         WU_ASSERT(si.committed == 3 * WU_BS, "%s: recovery left S %llu committed tokens, "
                   "expected 12 (cut before the damaged block)", what,

@@ -50,7 +50,7 @@ Test(sharing, common_prefix_shares_exactly_the_common_full_blocks)
     uint32_t t1[8], t2[8];
     cr_assert_eq(PT_BLOCKS(c, 1, t1, 8), 4);
 
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_used, 4);
     cr_assert_eq(st.blocks_sealed, 3);
     cr_assert_eq(st.seals, 3);
@@ -80,7 +80,7 @@ Test(sharing, common_prefix_shares_exactly_the_common_full_blocks)
     cr_assert_eq(st.blocks_sealed, 4);
 
     /* Close seq 1: its third sealed block becomes cached, its partial one free. */
-    pkv_stats_t before = pt_stats(c);
+    pkv_stats before = pt_stats(c);
     PT_OK(pkv_seq_close(c, 1));
     PT_CHECK(c);
     st = pt_stats(c);
@@ -127,7 +127,7 @@ Test(sharing, same_tokens_after_different_prefix_share_nothing)
     cr_assert_eq(PT_BLOCKS(c, 2, t2, 8), 4);
     for (size_t i = 0; i < 4; i++)
         cr_assert(!in_table(t1, 4, t2[i]), "block %u shared across different prefixes", t2[i]);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.dedupes, 0);
     cr_assert_eq(st.blocks_sealed, 6);
 
@@ -184,7 +184,7 @@ Test(sharing, different_salts_share_nothing)
                 for (int k = 0; k < 4; k++)
                     cr_assert(!in_table(t[j], 4, t[i][k]), "salts %d/%d share block %u", i, j,
                               t[i][k]);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.dedupes, 0, "identical tokens under another salt are not duplicates");
     cr_assert_eq(st.blocks_sealed, 9);
     cr_assert_eq(st.hit_tokens, 0);
@@ -239,12 +239,12 @@ Test(sharing, hit_is_capped_at_n_minus_1)
     uint64_t id = 100;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++, id++) {
         const uint32_t *prompt = cases[i].n ? p : NULL;
-        pkv_stats_t before = pt_stats(c);
+        pkv_stats before = pt_stats(c);
         size_t nc = PT_SEQ_OPEN(c, id, 0, prompt, cases[i].n);
         cr_assert_eq(nc, cases[i].want, "prompt of %zu tokens: n_cached %zu, expected %zu",
                      cases[i].n, nc, cases[i].want);
         PT_VERIFY(c, id, 0, p, nc, nc);
-        pkv_stats_t st = pt_stats(c);
+        pkv_stats st = pt_stats(c);
         cr_assert_eq(st.hit_tokens - before.hit_tokens, nc);
         cr_assert_eq(st.miss_tokens - before.miss_tokens, cases[i].n - nc);
         cr_assert_eq(st.hit_blocks - before.hit_blocks, nc / BS);
@@ -273,7 +273,7 @@ Test(sharing, hit_is_capped_at_n_minus_1)
 Test(sharing, hit_and_miss_stats)
 {
     pkv_cache *c = pt_open(BS, 64);
-    pkv_stats_t z = pt_stats(c);
+    pkv_stats z = pt_stats(c);
     cr_assert_eq(z.hit_tokens, 0);
     cr_assert_eq(z.miss_tokens, 0);
     cr_assert_eq(z.hit_blocks, 0);
@@ -289,7 +289,7 @@ Test(sharing, hit_and_miss_stats)
 
     /* Cold prompt of 14 tokens: 3 full blocks, all missed. */
     cr_assert_eq(open_fill(c, 1, 0, p, 14), 0);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.hit_tokens, 0);
     cr_assert_eq(st.miss_tokens, 14);
     cr_assert_eq(st.hit_blocks, 0);
@@ -338,7 +338,7 @@ Test(sharing, dedupe_on_commit)
     PT_CHECK(c);
     uint32_t t1[4];
     cr_assert_eq(PT_BLOCKS(c, 1, t1, 4), 3);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.dedupes, 0);
     cr_assert_eq(st.seals, 2);
     cr_assert_eq(st.blocks_used, 3);
@@ -418,7 +418,7 @@ Test(sharing, hit_holds_reference_independent_of_owner)
     cr_assert_eq(nc, 8);
     PT_OK(pkv_seq_close(c, 1));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_used, 2, "seq 2 still references the 2 hit blocks");
     cr_assert_eq(st.blocks_cached, 0);
     PT_VERIFY(c, 2, 0, p, 8, 8);

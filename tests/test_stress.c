@@ -7,8 +7,8 @@
  * long-lived sequences that grow and shrink. The capacity is small enough that
  * cached blocks are evicted all the time (the cache starts full of cached blocks
  * no worker can hit), and large enough that no call can fail with PKV_EFULL.
- * Meanwhile a maintenance thread loops over pkv_stats (I1: free + cached + used =
- * capacity) and pkv_seq_list + pkv_seq_info, with a pkv_sync every 8th, a
+ * Meanwhile a maintenance thread loops over pkv_get_stats (I1: free + cached + used =
+ * capacity) and pkv_seq_list + pkv_seq_get_info, with a pkv_sync every 8th, a
  * pkv_checkpoint every 32nd and a pkv_check every 64th loop. Every thread checks
  * each of its sequences against its own model: info, token ids, and the K/V of
  * every position (written without a lock into the slots appends return, following
@@ -86,8 +86,8 @@ static bool past(const struct timespec *t)
 /* Info, token ids, table, and the K/V of positions [0, kv_upto) of sequence s. */
 static bool wverify(worker *w, const tseq *s, const char *what)
 {
-    pkv_seq_info_t si;
-    int r = pkv_seq_info(w->c, s->id, &si);
+    pkv_seq_info si;
+    int r = pkv_seq_get_info(w->c, s->id, &si);
     if (r)
         WFAIL(w, "%s: seq_info(%llx) -> %d (%s)", what, (unsigned long long)s->id, r,
               pkv_last_error());
@@ -350,9 +350,9 @@ static void *maint_main(void *arg)
             }
             m->syncs++;
         }
-        pkv_stats_t st;
-        if ((r = pkv_stats(m->c, &st))) {
-            snprintf(m->msg, sizeof m->msg, "pkv_stats -> %d", r);
+        pkv_stats st;
+        if ((r = pkv_get_stats(m->c, &st))) {
+            snprintf(m->msg, sizeof m->msg, "pkv_get_stats -> %d", r);
             break;
         }
         if (st.blocks_free + st.blocks_cached + st.blocks_used != st.capacity) {
@@ -368,10 +368,10 @@ static void *maint_main(void *arg)
             break;
         }
         for (size_t i = 0; i < n; i++) {
-            pkv_seq_info_t si;
-            r = pkv_seq_info(m->c, ids[i], &si);
+            pkv_seq_info si;
+            r = pkv_seq_get_info(m->c, ids[i], &si);
             if (r && r != PKV_ENOSEQ) { /* closed meanwhile: fine */
-                snprintf(m->msg, sizeof m->msg, "pkv_seq_info -> %d", r);
+                snprintf(m->msg, sizeof m->msg, "pkv_seq_get_info -> %d", r);
                 break;
             }
             if (!r && (si.committed > si.len || si.len > MAXL)) {
@@ -483,7 +483,7 @@ static void run_stress(pkv_durability mode, bool do_checkpoint)
     cr_assert_eq(mt.msg[0], '\0', "maintenance thread: %s", mt.msg);
     cr_assert_eq(atomic_load(&failed), 0);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_log_info("stress (%s, %s backend): %llu iterations, %llu forks, %llu truncations, "
                 "%llu hit blocks, %llu evictions, %llu dedupes, %llu cow copies, "
                 "%llu checkpoints (%llu explicit), %llu maintenance loops, %llu syncs, %llu checks",
@@ -514,8 +514,8 @@ static void run_stress(pkv_durability mode, bool do_checkpoint)
     o.io = NULL;
     c = pt_open_sub("cache", &o);
     PT_CHECK(c);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.sequences, kept, "%llu sequences recovered, %zu kept",
                  (unsigned long long)rec.sequences, kept);
     cr_assert_eq(rec.blocks_dropped + rec.sequences_dropped + rec.seq_blocks_bad +

@@ -33,8 +33,8 @@ typedef struct {
  * thread). */
 static bool wverify(worker *w, uint64_t id, const uint32_t *t, size_t len, size_t committed)
 {
-    pkv_seq_info_t si;
-    int r = pkv_seq_info(w->c, id, &si);
+    pkv_seq_info si;
+    int r = pkv_seq_get_info(w->c, id, &si);
     if (r)
         WFAIL(w, "seq_info(%llu) -> %d", (unsigned long long)id, r);
     if (si.len != len || si.committed != committed)
@@ -180,7 +180,7 @@ Test(threads, concurrent_sequences_share_prefixes)
         cr_assert_eq(w[i].msg[0], '\0', "thread %d: %s", i, w[i].msg);
     cr_assert_eq(atomic_load(&failed), 0);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.sequences, 0);
     cr_assert_eq(st.blocks_used, 0);
     cr_assert(st.hit_blocks > 0, "no prefix was ever shared");
@@ -229,7 +229,7 @@ Test(threads, batch_seal_sums_ahead)
     PT_ERR(pkv_seq_step_batch(c, st, SA_SEQS + 1, &done), PKV_ENOSEQ);
     cr_assert_eq(done, 4);
     PT_CHECK(c); /* I10: no block still marked */
-    pkv_stats_t s1 = pt_stats(c);
+    pkv_stats s1 = pt_stats(c);
     cr_assert_eq(s1.seal_sums_ahead, SA_SEQS, "%llu sums computed ahead",
                  (unsigned long long)s1.seal_sums_ahead);
     cr_assert_eq(s1.seals, SA_SEQS / 2);
@@ -239,14 +239,14 @@ Test(threads, batch_seal_sums_ahead)
     PT_OK(pkv_seq_commit(c, 7, 1));
     PT_OK(pkv_seq_commit(c, 8, 1));
     PT_CHECK(c);
-    pkv_stats_t s2 = pt_stats(c);
+    pkv_stats s2 = pt_stats(c);
     cr_assert_eq(s2.seal_sums_ahead, SA_SEQS + 2);
     cr_assert_eq(s2.seals, SA_SEQS);
     pt_close(c);
     /* Recovery verifies each sequence's sealed blocks against the logged sums. */
     c = pt_open_sub("ahead", &o);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.seq_blocks_bad, 0);
     cr_assert_eq(rec.sequences, SA_SEQS);
     for (uint64_t id = 1; id <= SA_SEQS; id++) PT_VERIFY(c, id, 0, tok[id], SA_BS, SA_BS);
@@ -285,20 +285,20 @@ Test(threads, commit_seal_sums_ahead)
     PT_APPEND(c, 1, 0, t, 0, N);
     PT_OK(pkv_seq_commit(c, 1, N)); /* seals 5 blocks */
     PT_CHECK(c);
-    pkv_stats_t s1 = pt_stats(c);
+    pkv_stats s1 = pt_stats(c);
     cr_assert_eq(s1.seals, 5);
     cr_assert_eq(s1.seal_sums_ahead, 5, "%llu sums computed ahead",
                  (unsigned long long)s1.seal_sums_ahead);
     PT_APPEND(c, 1, 0, t, N, SA_BS);
     PT_OK(pkv_seq_commit(c, 1, SA_BS)); /* seals 1 block: computed by seal() */
-    pkv_stats_t s2 = pt_stats(c);
+    pkv_stats s2 = pt_stats(c);
     cr_assert_eq(s2.seals, 6);
     cr_assert_eq(s2.seal_sums_ahead, 5);
     PT_CHECK(c);
     pt_close(c);
     c = pt_open_sub("prefill", &o);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.seq_blocks_bad, 0);
     PT_VERIFY(c, 1, 0, t, N + SA_BS, N + SA_BS);
     PT_CHECK(c);
@@ -384,7 +384,7 @@ Test(threads, a_check_during_a_batch_wait_sees_no_stray_mark)
         PT_OK(pkv_seq_commit(c, id, 1));
         PT_OK(pkv_seq_close(c, id));
     }
-    pkv_stats_t s0 = pt_stats(c);
+    pkv_stats s0 = pt_stats(c);
     cr_assert_eq(s0.blocks_used, 2);
     check_loop_arg a = {.c = c};
     pthread_t th;
@@ -399,7 +399,7 @@ Test(threads, a_check_during_a_batch_wait_sees_no_stray_mark)
     atomic_store(&a.stop, 1);
     pthread_join(th, NULL);
     cr_assert_eq(atomic_load(&a.bad), 0, "pkv_check during the batch: %s", a.why);
-    pkv_stats_t s1 = pt_stats(c);
+    pkv_stats s1 = pt_stats(c);
     cr_assert_eq(s1.seal_sums_ahead, 1, "%llu sums computed ahead",
                  (unsigned long long)s1.seal_sums_ahead);
     PT_CHECK(c);
@@ -410,8 +410,8 @@ Test(threads, a_check_during_a_batch_wait_sees_no_stray_mark)
     PT_OK(pkv_seq_commit(c, 1, 1));
     pt_close(c);
     c = pt_open_sub("wait", &o);
-    pkv_recovery_t rec;
-    PT_OK(pkv_recovery(c, &rec));
+    pkv_recovery rec;
+    PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.seq_blocks_bad, 0);
     PT_VERIFY(c, 1, 0, p, SA_BS + 1, SA_BS + 1);
     PT_VERIFY(c, 2, 0, r, SA_BS + 1, SA_BS + 1);

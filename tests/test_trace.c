@@ -59,7 +59,7 @@ static void engine_vs_sim(const trace *t, const trace_blocks *tb, uint64_t cap,
                  (unsigned long long)cap, rs.failed_call ? rs.failed_call : "?",
                  rs.failed_request, pkv_strerror(rc), rs.error);
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     sim_result s = simulate(t, tb, cap, SIM_LEAF_LRU, batch);
     cr_expect_eq(st.hit_tokens, s.hit_tokens, "cap %llu: hit tokens engine %llu sim %llu",
                  (unsigned long long)cap, (unsigned long long)st.hit_tokens,

@@ -44,10 +44,10 @@ Test(truncate, inside_shared_partial_block)
     uint32_t t1[4], t2[4];
     PT_BLOCKS(c, 1, t1, 4);
 
-    pkv_stats_t before = pt_stats(c);
+    pkv_stats before = pt_stats(c);
     PT_OK(pkv_seq_truncate(c, 2, 5));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, before.cow_copies + 1, "cut shared block must be copied");
     cr_assert_eq(PT_BLOCKS(c, 2, t2, 4), 2);
     cr_assert_eq(t2[0], t1[0]);
@@ -111,10 +111,10 @@ Test(truncate, inside_sealed_block_shared_with_live_sequence)
     uint32_t t1[4], t2[4];
     PT_BLOCKS(c, 1, t1, 4);
     cr_assert_eq(PT_SEQ_OPEN(c, 2, 0, a, 13), 12);
-    pkv_stats_t before = pt_stats(c);
+    pkv_stats before = pt_stats(c);
     PT_OK(pkv_seq_truncate(c, 2, 6));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, before.cow_copies + 1);
     cr_assert_eq(st.blocks_sealed, before.blocks_sealed, "sealed blocks stay indexed");
     cr_assert_eq(PT_BLOCKS(c, 2, t2, 4), 2);
@@ -149,7 +149,7 @@ Test(truncate, inside_sealed_block_cached_and_exclusive)
     /* Cut inside the exclusive sealed block 2: copied, never changed in place. */
     PT_OK(pkv_seq_truncate(c, 1, 9));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, 1);
     cr_assert_eq(st.blocks_sealed, 3);
     cr_assert_eq(st.blocks_cached, 1, "the old sealed block is cached, not freed");
@@ -185,10 +185,10 @@ Test(truncate, at_block_boundary)
     build(c, 1, 0, a, 14);
     uint32_t t1[4], t[4];
     PT_BLOCKS(c, 1, t1, 4);
-    pkv_stats_t before = pt_stats(c);
+    pkv_stats before = pt_stats(c);
     PT_OK(pkv_seq_truncate(c, 1, 8));
     PT_CHECK(c);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, 0, "boundary cut copies nothing");
     cr_assert_eq(st.blocks_used, 2);
     cr_assert_eq(st.blocks_cached, before.blocks_cached + 1, "dropped sealed block cached");
@@ -221,7 +221,7 @@ Test(truncate, to_zero)
     PT_CHECK(c);
     PT_VERIFY(c, 2, 0, a, 0, 0);
     PT_VERIFY(c, 1, 0, a, 10, 10);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.cow_copies, 0);
     cr_assert_eq(st.blocks_used, 3);
     PT_APPEND(c, 2, 0, b, 0, 6);
@@ -272,7 +272,7 @@ Test(truncate, drops_pending_tokens)
     PT_OK(pkv_seq_commit(c, 1, 13));
     PT_CHECK(c);
     PT_VERIFY(c, 1, 0, a, 16, 16);
-    pkv_stats_t st = pt_stats(c);
+    pkv_stats st = pt_stats(c);
     cr_assert_eq(st.blocks_sealed, 4);
     /* Block 0 was cut (copied; the original stays cached) and block 1 dropped
      * (cached): re-sealing both finds the cached originals. */

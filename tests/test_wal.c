@@ -33,18 +33,18 @@ static void cache_dir(char *buf, size_t cap, const char *sub)
     pt_path(buf, cap, sub);
 }
 
-static pkv_stats_t stats(pkv_cache *c)
+static pkv_stats stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
-static pkv_recovery_t recovery(pkv_cache *c)
+static pkv_recovery recovery(pkv_cache *c)
 {
-    pkv_recovery_t r;
+    pkv_recovery r;
     memset(&r, 0xA5, sizeof r);
-    WU_OK(pkv_recovery(c, &r));
+    WU_OK(pkv_get_recovery(c, &r));
     return r;
 }
 
@@ -61,7 +61,7 @@ static pkv_cache *close_reopen(const char *dir, const pkv_options *o, pkv_cache 
     wu_verify_model(c, &w->m, ctx);
     wu_model_sort(&w->m);
     wu_probe_all(c, w->prompts, &w->m, h1, ctx);
-    pkv_stats_t sb = stats(c);
+    pkv_stats sb = stats(c);
     if (sb.checkpoints) *ckpt_lsn = sb.checkpoint_lsn;
     pkv_close(c);
 
@@ -69,8 +69,8 @@ static pkv_cache *close_reopen(const char *dir, const pkv_options *o, pkv_cache 
     wu_wl_reattach(w, c);
     snprintf(ctx, sizeof ctx, "%s: after reopen", what);
     wu_verify_model(c, &w->m, ctx);
-    pkv_recovery_t rec = recovery(c);
-    pkv_stats_t sa = stats(c);
+    pkv_recovery rec = recovery(c);
+    pkv_stats sa = stats(c);
     cr_assert_eq(rec.last_lsn, sb.last_lsn, "%s: recovery.last_lsn %llu, last LSN before close %llu",
                  ctx, (unsigned long long)rec.last_lsn, (unsigned long long)sb.last_lsn);
     cr_assert_eq(sa.last_lsn, sb.last_lsn, "%s: stats.last_lsn %llu, before close %llu", ctx,
@@ -167,7 +167,7 @@ Test(wal, reopen_equivalence_with_evictions)
     w.allow_ckpt = true;
     uint64_t ckpt = 0, evictions = 0;
     for (unsigned r = 0; r < 4; r++) {
-        pkv_stats_t s0 = stats(c);
+        pkv_stats s0 = stats(c);
         for (unsigned i = 0; i < 150; i++) wu_step(&w);
         evictions += stats(c).evictions - s0.evictions;
         c = close_reopen(dir, &o, c, &w, &ckpt, "evictions");
@@ -188,7 +188,7 @@ Test(wal, recovery_fields)
     pkv_options o;
     wu_opts(&o, WU_BS, CAP, PKV_DURABLE_GROUP);
     pkv_cache *c = wu_open_ok(dir, &o);
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert(rec.checkpoint_lsn == 0 && rec.records_replayed == 0 && rec.last_lsn == 0 &&
                   rec.torn_bytes == 0 && rec.corrupt_lsn == 0 && rec.blocks_sealed == 0 &&
                   rec.sequences == 0 && rec.blocks_dropped == 0 && rec.sequences_dropped == 0 &&
@@ -196,7 +196,7 @@ Test(wal, recovery_fields)
               "fresh cache: recovery record not empty (ckpt %llu replayed %llu last %llu note %s)",
               (unsigned long long)rec.checkpoint_lsn, (unsigned long long)rec.records_replayed,
               (unsigned long long)rec.last_lsn, rec.note);
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.checkpoints == 0 && st.checkpoint_lsn == 0 && st.last_lsn == 0,
               "fresh cache stats: checkpoints %llu checkpoint_lsn %llu last_lsn %llu",
               (unsigned long long)st.checkpoints, (unsigned long long)st.checkpoint_lsn,
@@ -235,7 +235,7 @@ Test(wal, recovery_fields)
               (unsigned long long)rec.checkpoint_lsn, (unsigned long long)ck);
 
     WU_OK(pkv_checkpoint(c));
-    pkv_stats_t sb = stats(c);
+    pkv_stats sb = stats(c);
     pkv_close(c);
     c = wu_open_ok(dir, &o);
     wu_wl_reattach(&w, c);
@@ -262,7 +262,7 @@ Test(wal, recovery_fields)
     wu_prompts_free(&ps);
 }
 
-/* pkv_stats_t.checkpoint_lsn is "LSN covered by the newest checkpoint". After a reopen
+/* pkv_stats.checkpoint_lsn is "LSN covered by the newest checkpoint". After a reopen
  * the newest checkpoint is the one recovery loaded. */
 Test(wal, stats_checkpoint_lsn_after_reopen)
 {
@@ -279,7 +279,7 @@ Test(wal, stats_checkpoint_lsn_after_reopen)
     pkv_close(c);
     c = wu_open_ok(dir, &o);
     cr_assert_eq(recovery(c).checkpoint_lsn, ck);
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     pkv_close(c);
     wu_wl_free(&w);
     cr_expect_eq(st.checkpoint_lsn, ck,
@@ -294,8 +294,8 @@ Test(wal, stats_checkpoint_lsn_after_reopen)
 static void always_hook(void *ctx, pkv_cache *c)
 {
     (void)ctx;
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     WU_ASSERT(st.durable_lsn >= st.last_lsn,
               "PKV_DURABLE_ALWAYS: right after a mutating call durable_lsn %llu < last_lsn %llu",
               (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
@@ -304,7 +304,7 @@ static void always_hook(void *ctx, pkv_cache *c)
 static void sync_ok(pkv_cache *c, const char *what)
 {
     WU_OK(pkv_sync(c));
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     WU_ASSERT(st.durable_lsn >= st.last_lsn, "%s: after pkv_sync durable_lsn %llu < last_lsn %llu",
               what, (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
 }
@@ -393,14 +393,14 @@ Test(wal, rdonly_open_while_writer)
     wu_model acked;
     wu_model_copy(&acked, &w.m);
     wu_model_drop_pending(&acked);
-    pkv_stats_t s0 = stats(c);
+    pkv_stats s0 = stats(c);
 
     /* Changes after the sync stay in the writer's buffer (10 s group commit). */
     uint32_t p2[7] = {91, 92, 93, 94, 95, 96, 97};
     uint64_t late = 0;
     WU_OK(wu_do_open(&w, 0, p2, 7, 0, &late));
     if (w.m.n > 1) WU_OK(wu_do_close(&w, w.m.s[0].id == late ? w.m.s[1].id : w.m.s[0].id));
-    pkv_stats_t s1 = stats(c);
+    pkv_stats s1 = stats(c);
     bool unflushed = s1.wal_frames == s0.wal_frames && s1.durable_lsn == s0.durable_lsn;
 
     wu_dirsnap snap;
@@ -425,7 +425,7 @@ Test(wal, rdonly_open_while_writer)
         wu_oracle_check(&orc, r, false, NULL, "read-only view");
         wu_oracle_free(&orc);
     }
-    pkv_recovery_t rec = recovery(r);
+    pkv_recovery rec = recovery(r);
     if (unflushed)
         cr_assert_eq(rec.last_lsn, s0.last_lsn,
                      "read-only recovery last_lsn %llu, writer synced through %llu",
@@ -501,7 +501,7 @@ Test(wal, rdonly_open_changes_nothing)
     pkv_options ro = o;
     ro.flags = PKV_OPEN_RDONLY;
     pkv_cache *r = wu_open_ok(dir, &ro);
-    pkv_recovery_t rec = recovery(r);
+    pkv_recovery rec = recovery(r);
     cr_assert(rec.torn_bytes > 0, "torn tail not reported (torn_bytes 0, last_lsn %llu)",
               (unsigned long long)rec.last_lsn);
     cr_assert_eq(rec.last_lsn, fr[nf - 1].first_lsn - 1);
@@ -577,21 +577,21 @@ Test(wal, automatic_checkpoint)
         wu_step(&w);
         if (i % 10 == 9) {
             WU_OK(pkv_sync(c));
-            pkv_stats_t st = stats(c);
+            pkv_stats st = stats(c);
             cr_assert(st.checkpoints >= last);
             last = st.checkpoints;
             cr_assert(wu_count(dir, "ckpt-") <= 2, "%zu checkpoint files", wu_count(dir, "ckpt-"));
             cr_assert(wu_count(dir, "wal-") <= 4, "%zu log files", wu_count(dir, "wal-"));
         }
     }
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.checkpoints >= 3, "checkpoint_bytes 4096: only %llu checkpoints after %llu log bytes",
               (unsigned long long)st.checkpoints, (unsigned long long)st.wal_bytes);
     cr_assert(st.checkpoint_lsn > 0 && st.checkpoint_lsn <= st.last_lsn);
     uint64_t ckpt = 0;
     c = close_reopen(dir, &o, c, &w, &ckpt, "automatic checkpoints");
     w.c = c;
-    pkv_recovery_t rec = recovery(c);
+    pkv_recovery rec = recovery(c);
     cr_assert(rec.checkpoint_lsn > 0);
     for (int i = 0; i < 100; i++) wu_step(&w);
     c = close_reopen(dir, &o, c, &w, &ckpt, "automatic checkpoints, second session");
@@ -636,7 +636,7 @@ Test(wal, log_segments_stay_bounded)
      * complete depends on scheduling (9-12 on a quiet machine, 7 once in a loaded
      * CI run). At least 4, with >= 96 MiB (three segments) written and never more
      * than 4 log files above, means segments were recycled again and again. */
-    pkv_stats_t st = stats(c);
+    pkv_stats st = stats(c);
     cr_assert(st.checkpoints >= 4, "%llu checkpoints after %llu log bytes",
               (unsigned long long)st.checkpoints, (unsigned long long)st.wal_bytes);
     cr_assert(st.wal_bytes >= 96u << 20);
@@ -696,8 +696,8 @@ Test(wal, first_replay_of_a_process_keeps_every_frame)
             WU_OK(wu_do_append(&w, id, t, 4, true)); /* SEAL + COMMIT */
             WU_OK(pkv_sync(c));
         }
-        pkv_stats_t st;
-        WU_OK(pkv_stats(c, &st));
+        pkv_stats st;
+        WU_OK(pkv_get_stats(c, &st));
         pkv_close(c);
         uint64_t msg[2] = {st.last_lsn, w.m.s[0].committed};
         _exit(write(p[1], msg, sizeof msg) == (ssize_t)sizeof msg ? 0 : 4);
@@ -723,10 +723,10 @@ Test(wal, first_replay_of_a_process_keeps_every_frame)
             pkv_cache *c = NULL;
             uint64_t res[3] = {~0ull, ~0ull, ~0ull};
             if (open_at_depth(d, dir, &o, &c) == 0) {
-                pkv_recovery_t rec;
-                pkv_recovery(c, &rec);
-                pkv_seq_info_t si = {0};
-                pkv_seq_info(c, 1000, &si);
+                pkv_recovery rec;
+                pkv_get_recovery(c, &rec);
+                pkv_seq_info si = {0};
+                pkv_seq_get_info(c, 1000, &si);
                 res[0] = rec.last_lsn;
                 res[1] = rec.torn_bytes;
                 res[2] = si.committed;
@@ -782,18 +782,18 @@ static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w)
     WU_OK(wu_do_append(w, id, t, LB_CAP * WU_BS, true));
     WU_OK(wu_do_close(w, id));
     WU_OK(pkv_sync(c));
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     cr_assert(st.blocks_free == 0 && st.blocks_cached == LB_CAP, "not full: %llu free",
               (unsigned long long)st.blocks_free);
     WU_CHECK(c, "full");
     return c;
 }
 
-static pkv_stats_t lb_stats(pkv_cache *c)
+static pkv_stats lb_stats(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st;
 }
 
@@ -811,7 +811,7 @@ Test(wal, never_named_blocks_skip_limbo)
     pkv_cache *c = full_cache(dir, &o, &w);
     uint64_t id;
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
-    pkv_stats_t st0 = lb_stats(c);
+    pkv_stats st0 = lb_stats(c);
     const uint32_t steps = 6 * WU_BS;
     for (uint32_t i = 0; i < steps; i++) {
         uint32_t d[3] = {9000 + i, 9100 + i, 9200 + i};
@@ -820,7 +820,7 @@ Test(wal, never_named_blocks_skip_limbo)
         WU_OK(wu_do_truncate(&w, id, i + 1));
         WU_CHECK(c, "speculative step");
     }
-    pkv_stats_t st1 = lb_stats(c);
+    pkv_stats st1 = lb_stats(c);
     cr_assert_eq(st1.wal_frames, st0.wal_frames,
                  "%llu log writes: a freed draft-only block waited in limbo",
                  (unsigned long long)(st1.wal_frames - st0.wal_frames));
@@ -848,11 +848,11 @@ Test(wal, named_block_waits_in_limbo)
         WU_OK(wu_do_append(&w, a, t, 2, committed));
         WU_OK(wu_do_close(&w, a));
         WU_CHECK(c, "closed");
-        pkv_stats_t st0 = lb_stats(c);
+        pkv_stats st0 = lb_stats(c);
         WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
         WU_OK(wu_do_append(&w, b, &u, 1, true));
         WU_CHECK(c, "reused");
-        pkv_stats_t st1 = lb_stats(c);
+        pkv_stats st1 = lb_stats(c);
         cr_assert_eq(st1.evictions, st0.evictions, "committed %d: evicted instead of reusing",
                      committed);
         if (committed)
@@ -886,11 +886,11 @@ Test(wal, no_limbo_wait_evicts_instead)
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
     WU_OK(wu_do_append(&w, a, t, 2, true)); /* its tail holds committed tokens */
     WU_OK(wu_do_close(&w, a));
-    pkv_stats_t st0 = lb_stats(c);
+    pkv_stats st0 = lb_stats(c);
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &b));
     WU_OK(wu_do_append(&w, b, &u, 1, true));
     WU_CHECK(c, "evicted instead of waiting");
-    pkv_stats_t st1 = lb_stats(c);
+    pkv_stats st1 = lb_stats(c);
     cr_assert_eq(st1.wal_frames, st0.wal_frames, "the allocation waited for the log");
     cr_assert_eq(st1.evictions, st0.evictions + 1);
     cr_assert_eq(st1.blocks_free, 1, "the closed tail is still in limbo (counted as free)");
@@ -898,9 +898,9 @@ Test(wal, no_limbo_wait_evicts_instead)
     WU_OK(wu_do_append(&w, b, t, 2, true)); /* 1+2 tokens: still one block */
     uint32_t v[WU_BS];
     for (uint32_t i = 0; i < WU_BS; i++) v[i] = 6000 + i;
-    pkv_stats_t st2 = lb_stats(c);
+    pkv_stats st2 = lb_stats(c);
     WU_OK(wu_do_append(&w, b, v, WU_BS, true)); /* a second block: the drained one */
-    pkv_stats_t st3 = lb_stats(c);
+    pkv_stats st3 = lb_stats(c);
     cr_assert_eq(st3.evictions, st2.evictions, "evicted although a block was free");
     WU_CHECK(c, "drained");
     wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
@@ -935,7 +935,7 @@ Test(wal, no_limbo_wait_evicts_instead)
 /* Unlinking a preallocated 32 MiB segment can take tens of milliseconds (26-39 ms
  * on the development VM's ext4); done under the cache lock it stalled every caller
  * that long. The I/O backend below wraps the default one: on each unlink of a log
- * segment it has another thread take the cache lock (pkv_stats) and waits for it,
+ * segment it has another thread take the cache lock (pkv_get_stats) and waits for it,
  * up to 10 s. If the checkpoint held the lock there, that thread could only get it
  * after the unlink returned, so the wait times out and is counted. */
 static struct {
@@ -947,8 +947,8 @@ static struct {
 static void *ul_probe(void *arg)
 {
     (void)arg;
-    pkv_stats_t st;
-    pkv_stats(atomic_load(&ul.c), &st);
+    pkv_stats st;
+    pkv_get_stats(atomic_load(&ul.c), &st);
     atomic_store(&ul.probe_done, 1);
     return NULL;
 }
@@ -1134,7 +1134,7 @@ Test(wal, a_stray_spare_is_deleted_by_a_writable_open)
     wu_wl_free(&w);
 }
 
-/* ---- The longest wait for durability (pkv_stats().wal_max_delay_us) -------------- */
+/* ---- The longest wait for durability (pkv_get_stats().wal_max_delay_us) -------------- */
 
 /* A backend whose synced frame writes take 40 ms longer while `slow` is set: the
  * record they carry waited at least that long, and the statistic must say so. */
@@ -1162,8 +1162,8 @@ static uint64_t md_now_us(void)
 
 static uint64_t md_max_delay_us(pkv_cache *c)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     return st.wal_max_delay_us;
 }
 

@@ -190,9 +190,9 @@ void wu_model_read(wu_model *m, pkv_cache *c)
     memset(m, 0, sizeof *m);
     size_t n = 0;
     uint64_t *ids = wu_ids(c, &n);
-    pkv_seq_info_t si;
+    pkv_seq_info si;
     for (size_t i = 0; i < n; i++) {
-        WU_OK(pkv_seq_info(c, ids[i], &si));
+        WU_OK(pkv_seq_get_info(c, ids[i], &si));
         wu_seq *s = wu_model_add(m, ids[i], si.salt, NULL, 0, 0);
         wu_seq_reserve(s, si.len + 1);
         size_t nt = 0;
@@ -258,9 +258,9 @@ void wu_verify_seq(pkv_cache *c, const wu_seq *s, size_t kv_upto, const char *wh
     WU_OK(pkv_info(c, &inf));
     uint32_t bs = inf.block_size;
     unsigned long long id = (unsigned long long)s->id;
-    pkv_seq_info_t si;
-    int r = pkv_seq_info(c, s->id, &si);
-    WU_ASSERT(r == 0, "%s: seq %llu: pkv_seq_info -> %d (%s)", what, id, r, pkv_strerror(r));
+    pkv_seq_info si;
+    int r = pkv_seq_get_info(c, s->id, &si);
+    WU_ASSERT(r == 0, "%s: seq %llu: pkv_seq_get_info -> %d (%s)", what, id, r, pkv_strerror(r));
     size_t nb_want = (s->len + bs - 1) / bs;
     WU_ASSERT(si.len == s->len && si.committed == s->committed && si.n_blocks == nb_want &&
                   si.salt == s->salt,
@@ -755,12 +755,12 @@ int wu_do_close(wu_wl *w, uint64_t id)
 
 void wu_churn(pkv_cache *c, uint64_t id, uint64_t bytes)
 {
-    pkv_stats_t st;
-    WU_OK(pkv_stats(c, &st));
+    pkv_stats st;
+    WU_OK(pkv_get_stats(c, &st));
     uint64_t target = st.wal_bytes + bytes;
     for (uint64_t i = 0;; i++) {
         if ((i & 255) == 0) {
-            WU_OK(pkv_stats(c, &st));
+            WU_OK(pkv_get_stats(c, &st));
             if (st.wal_bytes >= target) break;
         }
         WU_OK(pkv_seq_fork(c, id, id + 1));
@@ -1196,8 +1196,8 @@ void wu_crash_image_recovers(pkv_cache *c, wu_wl *w, const char *dir, const pkv_
     pkv_close(c);
     c = wu_open_ok(img, o);
     if (ck != UINT64_MAX) {
-        pkv_recovery_t rec;
-        WU_OK(pkv_recovery(c, &rec));
+        pkv_recovery rec;
+        WU_OK(pkv_get_recovery(c, &rec));
         WU_ASSERT(rec.checkpoint_lsn == ck, "%s: recovered from checkpoint %llu", what,
                   (unsigned long long)rec.checkpoint_lsn);
         WU_ASSERT(rec.records_replayed == replayed, "%s: %llu records replayed", what,

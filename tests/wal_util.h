@@ -6,7 +6,7 @@
  *    in a fork()ed child (where they print and _exit(3) instead of reporting to
  *    Criterion, which must not be used from the child).
  *  - wu_model: the expected committed state (per sequence: id, salt, tokens, len,
- *    committed) and its comparison with an open cache: pkv_seq_list ids, pkv_seq_info,
+ *    committed) and its comparison with an open cache: pkv_seq_list ids, pkv_seq_get_info,
  *    pkv_seq_tokens, the block table and the K/V bytes of every position read
  *    through it. K/V values follow pkv_test.h: position p of a sequence with salt s
  *    holds pt_val(pt_hprefix(s, tokens, p + 1), layer, kind, head, dim).

@@ -300,10 +300,10 @@ static int cmd_summary(kd_ctx *x, int argc, char **argv) {
     kd_log L;
     int lrc = kd_log_scan(x->dir, &x->hdr, &L, NULL, NULL, why, sizeof why);
     if (lrc) kd_warn(x, "log scan: %s", why);
-    pkv_stats_t st;
-    pkv_recovery_t rec;
-    pkv_stats(c, &st);
-    pkv_recovery(c, &rec);
+    pkv_stats st;
+    pkv_recovery rec;
+    pkv_get_stats(c, &st);
+    pkv_get_recovery(c, &rec);
     const pkv_pool *p = &c->pool;
     uint64_t n_open = 0, n_bad = 0, n_unver = 0, tokens = 0;
     for (uint32_t b = 0; b < p->capacity; b++) {
@@ -1454,8 +1454,8 @@ static void format_holders(const holders *x, char *out, size_t len) {
 }
 
 static uint64_t snap_lsn(pkv_cache *c) {
-    pkv_recovery_t r;
-    pkv_recovery(c, &r);
+    pkv_recovery r;
+    pkv_get_recovery(c, &r);
     return r.last_lsn;
 }
 
@@ -1472,8 +1472,8 @@ static void verify_pass(kd_ctx *x, uint32_t flags, vlist *prob, vlist *notes, vc
     k->opened = true;
     pkv_cache *c = x->c;
     const pkv_pool *p = &c->pool;
-    pkv_recovery_t rec;
-    pkv_recovery(c, &rec);
+    pkv_recovery rec;
+    pkv_get_recovery(c, &rec);
     if (x->retries)
         vadd(notes, "live_writer", UINT64_MAX, UINT64_MAX, "the directory changed while it was "
              "read (a live writer); read again %d time%s", x->retries, x->retries == 1 ? "" : "s");

@@ -596,10 +596,10 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     if (rc == PKV_EBUSY) die_busy(opt.cache_dir, pkv_last_error());
     if (rc) die("pkv_open(%s): %s (%s)", opt.cache_dir, pkv_strerror(rc), pkv_last_error());
     r->open_ns = now_ns() - t_open;
-    pkv_recovery_t rec;
-    PKV(pkv_recovery(c, &rec));
-    pkv_stats_t st0;
-    PKV(pkv_stats(c, &st0));
+    pkv_recovery rec;
+    PKV(pkv_get_recovery(c, &rec));
+    pkv_stats st0;
+    PKV(pkv_get_stats(c, &st0));
     r->rec_blocks = rec.blocks_sealed;
     r->rec_seqs = rec.sequences;
     r->rec_records = rec.records_replayed;
@@ -726,8 +726,8 @@ static void run_pass(int which, const workload *w, pass_result *r) {
         }
     }
 
-    pkv_stats_t st;
-    PKV(pkv_stats(c, &st));
+    pkv_stats st;
+    PKV(pkv_get_stats(c, &st));
     r->hit_tokens = st.hit_tokens - st0.hit_tokens;
     r->miss_tokens = st.miss_tokens - st0.miss_tokens;
     r->sealed = st.blocks_sealed;

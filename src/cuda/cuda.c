@@ -10,7 +10,7 @@
  *    mapping on ext4/xfs, Linux >= 6.5), a second PROT_READ mapping of the file is
  *    registered read-only; if that fails too, two pinned staging buffers carry
  *    the blocks (filled by up to 8 CPU threads while the other buffer is in
- *    flight). The mode and why better ones failed are in pkv_cuda_stats_t.
+ *    flight). The mode and why better ones failed are in pkv_cuda_stats.
  *  - One copy stream of our own. A page-in plans the batch (residency.c), then
  *    issues all its block copies at once: cudaMemcpyBatchAsync (CUDA >= 12.8;
  *    probed at open) or one gather kernel reading the registered (or staging)
@@ -197,7 +197,7 @@ struct pkv_cuda_batch {
     int up_pending;
     void *ws;               /* attention workspace */
     size_t ws_bytes;
-    pkv_cuda_batch_info_t info;
+    pkv_cuda_batch_info info;
 };
 
 struct pkv_cuda {
@@ -726,7 +726,7 @@ out:
     return 0;
 }
 
-int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out) {
+int pkv_cuda_get_stats(pkv_cuda *g, pkv_cuda_stats *out) {
     if (!g || !out) return pkv_err(PKV_EINVAL, "handle or out is NULL");
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&g->mu);
@@ -899,7 +899,7 @@ unlock:
     return rc;
 }
 
-int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out) {
+int pkv_cuda_batch_get_info(const pkv_cuda_batch *b, pkv_cuda_batch_info *out) {
     if (!b || !out) return pkv_err(PKV_EINVAL, "batch or out is NULL");
     *out = b->info;
     return 0;

@@ -21,7 +21,7 @@ int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out)
 
 void pkv_cuda_close(pkv_cuda *g) { (void)g; }
 
-int pkv_cuda_stats(pkv_cuda *g, pkv_cuda_stats_t *out) {
+int pkv_cuda_get_stats(pkv_cuda *g, pkv_cuda_stats *out) {
     (void)g;
     if (out) memset(out, 0, sizeof *out);
     return NOT_BUILT();
@@ -34,7 +34,7 @@ int pkv_cuda_page_in(pkv_cuda *g, const uint64_t *ids, size_t n, uint32_t flags,
     return NOT_BUILT();
 }
 
-int pkv_cuda_batch_info(const pkv_cuda_batch *b, pkv_cuda_batch_info_t *out) {
+int pkv_cuda_batch_get_info(const pkv_cuda_batch *b, pkv_cuda_batch_info *out) {
     (void)b;
     if (out) memset(out, 0, sizeof *out);
     return NOT_BUILT();

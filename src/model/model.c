@@ -744,9 +744,9 @@ static int fetch_table(pkvm_engine *e, size_t k, uint64_t id) {
 int pkvm_extend(pkvm_engine *e, uint64_t id, const uint32_t *tokens, size_t n,
                 float *logits) {
     if (!e || !tokens || !n) return merr(PKV_EINVAL, "engine or tokens is NULL, or n is 0");
-    pkv_seq_info_t inf;
-    int rc = pkv_seq_info(e->c, id, &inf);
-    if (rc) return merr(rc, "pkv_seq_info: %s", pkv_last_error());
+    pkv_seq_info inf;
+    int rc = pkv_seq_get_info(e->c, id, &inf);
+    if (rc) return merr(rc, "pkv_seq_get_info: %s", pkv_last_error());
     if (inf.len != inf.committed) return merr(PKV_ESTATE, "sequence has pending tokens");
     if (inf.len + n > UINT32_MAX) return merr(PKV_ERANGE, "position overflows");
     const size_t base = (size_t)inf.len;
@@ -817,10 +817,10 @@ int pkvm_step(pkvm_engine *e, const uint64_t *ids, const uint32_t *toks, size_t 
     if (rc) return rc;
     size_t appended = 0;
     for (size_t i = 0; i < n; i++) {
-        pkv_seq_info_t inf;
-        rc = pkv_seq_info(e->c, ids[i], &inf);
+        pkv_seq_info inf;
+        rc = pkv_seq_get_info(e->c, ids[i], &inf);
         if (rc) {
-            rc = merr(rc, "pkv_seq_info: %s", pkv_last_error());
+            rc = merr(rc, "pkv_seq_get_info: %s", pkv_last_error());
             break;
         }
         if (inf.len != inf.committed || inf.len >= UINT32_MAX) {

@@ -369,7 +369,7 @@ static void flush_once(pkv_cache *c, bool hard) {
             w->syncs++;
             w->durable_lsn = w->written_lsn;
             /* The group's oldest record waited from its append until now, when a
-             * waiter can first see it durable (pkv_stats().wal_max_delay_us). In
+             * waiter can first see it durable (pkv_get_stats().wal_max_delay_us). In
              * NONE mode only pkv_sync syncs, and earlier frames it makes durable
              * were written unsynced: not measured. */
             uint64_t waited = nrec && w->mode != PKV_DURABLE_NONE ? pkv_now_ns() - first_ns : 0;
@@ -443,7 +443,7 @@ static bool ckpt_due(const pkv_wal *w) {
 
 /* A checkpoint failed before its file became visible, for lack of memory or space
  * (lock held): the temporary file is gone and the log still holds every record, so
- * the cache keeps serving. The failure is kept for pkv_checkpoint and pkv_stats,
+ * the cache keeps serving. The failure is kept for pkv_checkpoint and pkv_get_stats,
  * and automatic attempts back off (a full disk would otherwise be handed a whole
  * snapshot every group commit). */
 static void ckpt_discarded(pkv_wal *w, int rc) {

@@ -519,7 +519,7 @@ static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *c
  * ends for good here (point-in-time recovery before a corruption). */
 static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
                       bool *stop) {
-    pkv_recovery_t *rec = &c->rec;
+    pkv_recovery *rec = &c->rec;
     uint64_t expect = *expect_io;
     uint64_t off = SEG_HDR;
     bool reached = s->start >= expect;
@@ -611,7 +611,7 @@ again:
 /* Read the log after `after`; sets *last to the last LSN applied or skipped. */
 static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t n,
                       uint64_t after, uint32_t flags, uint64_t *last) {
-    pkv_recovery_t *rec = &c->rec;
+    pkv_recovery *rec = &c->rec;
     uint64_t expect = after + 1;
     size_t i0 = 0;
     rdbuf rb = {NULL, 0};
@@ -856,7 +856,7 @@ typedef struct chain_info {
 static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64_t *deltas,
                       size_t ndeltas, uint64_t *after, uint64_t *reach, bool *drop_all,
                       chain_info *ch) {
-    pkv_recovery_t *rec = &c->rec;
+    pkv_recovery *rec = &c->rec;
     size_t first = 0;
     while (first < ndeltas && deltas[first] <= base) first++;
     uint64_t prev_lsn = 0, prev_sum = 0;
@@ -963,7 +963,7 @@ static void chain_continue(pkv_cache *c, uint64_t base, const uint64_t *dig,
 
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
                 uint64_t *next_seg) {
-    pkv_recovery_t *rec = &c->rec;
+    pkv_recovery *rec = &c->rec;
     uint64_t *nos = NULL, *deltas = NULL, ckpt = 0, nspare = 0, spares = 0;
     size_t n = 0, ndeltas = 0;
     bool have_ckpt = false;

@@ -153,8 +153,8 @@ static void bench_paging(const char *label, const char *dir, uint32_t flags) {
         gu_fail("paging %s: pkv_cuda_open: %s", label, pkv_last_error());
         goto out;
     }
-    pkv_cuda_stats_t st;
-    pkv_cuda_stats(g, &st);
+    pkv_cuda_stats st;
+    pkv_cuda_get_stats(g, &st);
     cudaStream_t strm;
     cudaStreamCreate(&strm);
     double best = 0;
@@ -169,14 +169,14 @@ static void bench_paging(const char *label, const char *dir, uint32_t flags) {
         }
         cudaStreamSynchronize(strm);
         const double dt = gu_now() - t0;
-        pkv_cuda_batch_info_t bi;
-        pkv_cuda_batch_info(b, &bi);
+        pkv_cuda_batch_info bi;
+        pkv_cuda_batch_get_info(b, &bi);
         const double gbs = (double)bi.blocks_copied * inf.block_bytes / dt / 1e9;
         if (r > 0 && gbs > best) best = gbs; /* r == 0: first touch, warm-up */
         pkv_cuda_release(g, b, strm);
     }
     cudaStreamDestroy(strm);
-    pkv_cuda_stats(g, &st);
+    pkv_cuda_get_stats(g, &st);
     printf("RESULT paging_%s_gbs %.1f\nRESULT paging_%s_mode %s\nRESULT paging_%s_copy %s\n", label,
            best, label, st.mode_name, label, st.batched_copy ? "batched" : "gather-kernel");
     printf("# paging %-8s arena %s: mode %s (%s copies, registered %.2f GB in %.0f ms): %.1f GB/s%s%s\n",

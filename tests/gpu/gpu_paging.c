@@ -159,8 +159,8 @@ static void check_attention(ctx *x, pkv_cuda_batch *b, const uint64_t *ids, size
     for (size_t i = 0; i < n * NQ * HD; i++) q[i] = gu_frand(1.0f);
     for (size_t i = 0; i < n; i++) {
         size_t nb = 0;
-        pkv_seq_info_t inf;
-        if (pkv_seq_blocks(x->c, ids[i], tabs[i], 80, &nb) || pkv_seq_info(x->c, ids[i], &inf)) {
+        pkv_seq_info inf;
+        if (pkv_seq_blocks(x->c, ids[i], tabs[i], 80, &nb) || pkv_seq_get_info(x->c, ids[i], &inf)) {
             gu_fail("%s: sequence %llu: %s", what, (unsigned long long)ids[i], pkv_last_error());
             goto out;
         }
@@ -220,8 +220,8 @@ static void batch_all(ctx *x, const char *what, uint32_t flags) {
 /* Device-side write of the K/V of sequence s's token t (pending) through the
  * batch's tables, on the stream (ordered after the page-in's copies). */
 static void gpu_write_token(ctx *x, pkv_cuda_batch *b, size_t row_in_batch, const seq *s, size_t t) {
-    pkv_cuda_batch_info_t bi;
-    GU_OK(pkv_cuda_batch_info(b, &bi));
+    pkv_cuda_batch_info bi;
+    GU_OK(pkv_cuda_batch_get_info(b, &bi));
     uint32_t slot = 0;
     /* On the stream: the table upload is ordered before it, not before the
      * legacy default stream. */
@@ -277,10 +277,10 @@ static void gpu_append_and_writeback(ctx *x, const char *what) {
     check_attention(x, b, &id, 1, what);
     GU_OK(pkv_cuda_release(x->g, b, x->st));
     GU_OK(commit(x, s));
-    pkv_cuda_stats_t before, after;
-    GU_OK(pkv_cuda_stats(x->g, &before));
+    pkv_cuda_stats before, after;
+    GU_OK(pkv_cuda_get_stats(x->g, &before));
     GU_OK(pkv_cuda_page_in(x->g, &id, 1, 0, x->st, &b));
-    GU_OK(pkv_cuda_stats(x->g, &after));
+    GU_OK(pkv_cuda_get_stats(x->g, &after));
     GU_CHECK(after.blocks_copied == before.blocks_copied,
              "%s: after write-back and commit nothing should be re-copied (%llu copies)", what,
              (unsigned long long)(after.blocks_copied - before.blocks_copied));
@@ -302,8 +302,8 @@ static void pool_limits(pkv_cache *c, const char *what) {
     uint64_t id = x.s[2].id;
     int rc = pkv_cuda_page_in(g, &id, 1, 0, NULL, &b);
     GU_CHECK(rc == PKV_EFULL, "%s: a batch larger than the pool must fail with PKV_EFULL (got %d)", what, rc);
-    pkv_cuda_stats_t st;
-    GU_OK(pkv_cuda_stats(g, &st));
+    pkv_cuda_stats st;
+    GU_OK(pkv_cuda_get_stats(g, &st));
     GU_CHECK(st.slots_pinned == 0 && st.blocks_copied == 0 && st.slots_free == 8,
              "%s: a failed page-in must leave no state (pinned %u copied %llu free %u)", what,
              st.slots_pinned, (unsigned long long)st.blocks_copied, st.slots_free);
@@ -316,7 +316,7 @@ static void pool_limits(pkv_cache *c, const char *what) {
     rc = pkv_cuda_page_in(g, &id, 1, 0, NULL, &b);
     GU_CHECK(rc == 0, "%s: after the release the batch fits (got %d %s)", what, rc, pkv_last_error());
     if (!rc) pkv_cuda_release(g, b, NULL);
-    GU_OK(pkv_cuda_stats(g, &st));
+    GU_OK(pkv_cuda_get_stats(g, &st));
     GU_CHECK(st.evictions >= 2, "%s: evictions %llu", what, (unsigned long long)st.evictions);
     for (int i = 0; i < 3; i++) pkv_seq_close(c, x.s[i].id);
     pkv_cuda_close(g);
@@ -362,8 +362,8 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
         rmrf(path);
         return;
     }
-    pkv_cuda_stats_t st;
-    pkv_cuda_stats(x.g, &st);
+    pkv_cuda_stats st;
+    pkv_cuda_get_stats(x.g, &st);
     printf("# %-14s arena %s: mode %s, %s copies, %u chunk(s), %.1f ms to register%s%s\n", name, dir,
            st.mode_name, st.batched_copy ? "batched" : "gather-kernel", st.register_chunks,
            st.register_ms, st.mode_note[0] ? "; " : "", st.mode_note);
@@ -372,10 +372,10 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
         GU_CHECK((int)st.mode == expect, "%s: mode %s, expected %s", name, st.mode_name,
                  pkv_cuda_mode_name((pkv_cuda_mode)expect));
     {   /* The cache's own stats report the attached handle and its mode. */
-        pkv_stats_t cs;
-        GU_OK(pkv_stats(x.c, &cs));
+        pkv_stats cs;
+        GU_OK(pkv_get_stats(x.c, &cs));
         GU_CHECK(cs.cuda_handles == 1 && cs.cuda_mode == (uint32_t)st.mode,
-                 "%s: pkv_stats says %u handle(s), mode %u; pkv_cuda_stats mode %u", name,
+                 "%s: pkv_get_stats says %u handle(s), mode %u; pkv_cuda_get_stats mode %u", name,
                  cs.cuda_handles, cs.cuda_mode, (unsigned)st.mode);
         char sp[600];
         snprintf(sp, sizeof sp, "%s/cuda.status", path);
@@ -414,7 +414,7 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
     for (int i = 0; i < x.n; i++)
         if (x.s[i].len > x.s[i].committed) commit(&x, &x.s[i]);
     if (!gu_failures && x.s[0].len) gpu_append_and_writeback(&x, name);
-    pkv_cuda_stats(x.g, &st);
+    pkv_cuda_get_stats(x.g, &st);
     printf("# %-14s %llu page-ins, %llu blocks copied (%llu re-copied), %llu hits, %llu evictions, "
            "%.1f MB H2D, %llu write-backs\n",
            name, (unsigned long long)st.page_ins, (unsigned long long)st.blocks_copied,
@@ -427,9 +427,9 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
     cudaStreamDestroy(x.st);
     pkv_cuda_close(x.g);
     {
-        pkv_stats_t cs;
-        GU_OK(pkv_stats(x.c, &cs));
-        GU_CHECK(cs.cuda_handles == 0 && cs.cuda_mode == 0, "%s: after pkv_cuda_close pkv_stats "
+        pkv_stats cs;
+        GU_OK(pkv_get_stats(x.c, &cs));
+        GU_CHECK(cs.cuda_handles == 0 && cs.cuda_mode == 0, "%s: after pkv_cuda_close pkv_get_stats "
                  "says %u handle(s), mode %u", name, cs.cuda_handles, cs.cuda_mode);
     }
     if (!strcmp(name, "disk")) pool_limits(x.c, name);
@@ -441,7 +441,7 @@ static void scenario_in(const char *name, const char *dir, const char *adir, uin
         ctx y = {.next_id = 1};
         if (pkv_open(path, &o, &y.c) == 0) {
             if (pkv_cuda_open(y.c, &co, &y.g) == 0) {
-                pkv_cuda_stats(y.g, &st);
+                pkv_cuda_get_stats(y.g, &st);
                 printf("# read-only cache: mode %s%s%s\n", st.mode_name, st.mode_note[0] ? "; " : "",
                        st.mode_note);
                 GU_CHECK(st.mode != PKV_CUDA_MODE_REGISTERED, "a read-only cache cannot be registered read-write");
