@@ -596,19 +596,19 @@ static void kill_test(const kill_cfg *k)
  * so eviction and slot reuse never stop. */
 #define KILL_SMALL(nm, md, it) {.name = nm, .mode = md, .cap = 48, .max_seqs = 4, .max_len = 32, .iters = it}
 
-Test(crash, kill_group_serves_only_the_right_kv, .timeout = 280)
+Test(crash, kill_group_serves_only_the_right_kv, .timeout = 3600)
 {
     kill_cfg k = KILL_SMALL("GROUP", PKV_DURABLE_GROUP, 80);
     kill_test(&k);
 }
 
-Test(crash, kill_none_serves_only_the_right_kv, .timeout = 280)
+Test(crash, kill_none_serves_only_the_right_kv, .timeout = 3600)
 {
     kill_cfg k = KILL_SMALL("NONE", PKV_DURABLE_NONE, 80);
     kill_test(&k);
 }
 
-Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
+Test(crash, kill_always_serves_only_the_right_kv, .timeout = 3600)
 {
     kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 40);
     kill_test(&k);
@@ -616,7 +616,7 @@ Test(crash, kill_always_serves_only_the_right_kv, .timeout = 280)
 
 /* The original kill test: GROUP mode, a roomy cache (256 blocks, 8 sequences of up to 64
  * tokens), through the same driver and checks. */
-Test(crash, kill_during_workload, .timeout = 280)
+Test(crash, kill_during_workload, .timeout = 3600)
 {
     kill_cfg k = {.name = "GROUP cap 256", .mode = PKV_DURABLE_GROUP, .cap = CAP, .max_seqs = 8,
                   .max_len = 64, .iters = 20};
