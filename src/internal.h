@@ -445,9 +445,16 @@ static inline void pkv_mutex_took_v(pkv_mutex *m, uintptr_t me) {
     else
         pkv_mutex_took_v_slow(m, me);
 }
+/* tests/test_lock.c defines this before it includes this header, to stall a
+ * thread between the fast path's first load of bias and its store of busy (the
+ * window a thread can be preempted in); in every other file it is nothing. */
+#ifndef PKV_LOCK_TEST_PAUSE
+#define PKV_LOCK_TEST_PAUSE(m) ((void)0)
+#endif
 static inline void pkv_mutex_lock(pkv_mutex *m) {
     uintptr_t me = pkv_self();
     if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_relaxed) == me)) {
+        PKV_LOCK_TEST_PAUSE(m);
         atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
         /* busy is stored before bias is loaded again: the compiler keeps the
          * order, a revoker's membarrier makes the CPU keep it (lock.c) */
