@@ -144,9 +144,12 @@ static pthread_key_t rec_key;
 static pthread_once_t rec_once = PTHREAD_ONCE_INIT;
 
 /* At thread exit: the record goes to the next thread that needs one. Its thread is
- * inside no lock (busy is 0), so that thread may inherit the biases it names. */
+ * inside no lock (busy is 0), so that thread may inherit the biases it names. This
+ * thread forgets it, in case a later destructor takes a lock. */
 static void rec_release(void *p) {
     pkv_lockrec *r = p;
+    pkv_assert(atomic_load_explicit(&r->busy, memory_order_relaxed) == 0);
+    pkv_lock_me = PKV_NO_LOCKREC;
     pthread_mutex_lock(&rec_lock);
     r->next = rec_free;
     rec_free = r;

@@ -319,6 +319,33 @@ Test(lock, the_back_off_is_forgotten_when_revocations_stop) {
     cr_assert_eq(m.grant_shift, 0u);
 }
 
+static void *earn_bias_and_exit(void *p) {
+    pkv_mutex *m = p;
+    lock_unlock_n(m, STREAK);
+    return biased_to_me(m) ? (void *)pkv_lock_me : NULL;
+}
+
+/* A thread that holds the bias exits: its record outlives it (a revoker reads
+ * it), and goes to the next thread granted a bias. */
+Test(lock, a_bias_holder_may_exit) {
+    need_bias();
+    static pkv_mutex m, m2;
+    pthread_t t;
+    void *rec, *rec2;
+    cr_assert_eq(pthread_create(&t, NULL, earn_bias_and_exit, &m), 0);
+    pthread_join(t, &rec);
+    cr_assert_not_null(rec, "the thread did not earn the bias");
+    cr_assert_eq(atomic_load(&m.bias), (uintptr_t)rec);
+    pkv_mutex_lock(&m); /* revokes the bias of a thread that no longer exists */
+    cr_assert_eq(atomic_load(&m.bias), 0u);
+    pkv_mutex_unlock(&m);
+    cr_assert_eq(m.revocations, 1u);
+    cr_assert_eq(atomic_load(&((pkv_lockrec *)rec)->busy), 0u);
+    cr_assert_eq(pthread_create(&t, NULL, earn_bias_and_exit, &m2), 0);
+    pthread_join(t, &rec2);
+    cr_assert_eq(rec2, rec, "the exited thread's record was not handed on");
+}
+
 /* One thread takes the lock in long runs (it earns the bias), three others now and
  * then (each revokes it): no update lost, never two threads inside. */
 static void *hot_worker(void *arg) {
