@@ -36,10 +36,19 @@
  * A revoker that must wait long sleeps on b->busy: it counts itself in
  * b->waiting, runs a second membarrier (so a busy = 0 stored before it is seen,
  * and one stored after it is followed by a load of waiting != 0, which wakes the
- * revoker), then futex-waits. Records are made at a thread's first grant and
- * passed on at its exit, never freed, since a revoker may read one at any time;
- * so a thread is inside one pkv_mutex at a time by the fast path (busy does not
- * say which), which the cache's one lock per call keeps (pkv_assert checks it).
+ * revoker), then futex-waits; waiting is a count, since revokers of two locks
+ * biased to one thread may both wait on it. Records are made at a thread's
+ * first grant and passed on at its exit, never freed, since a revoker may read
+ * one at any time. busy does not say which lock its thread is in, so a thread
+ * may be inside only one pkv_mutex at a time while it holds any by the fast
+ * path; the cache's one lock per call keeps that (pkv_assert checks it).
+ * tools/model/lock.pml is this protocol in Promela, every load, store, atomic
+ * operation, futex call and membarrier in this file's order, on x86-TSO store
+ * buffers; spin checks it exhaustively (scripts/check-lock-model.sh, in
+ * scripts/test.sh): one thread inside at a time, the holder's writes seen by
+ * the next, and no thread left asleep, for three threads the bias moves among.
+ * The same model with one shared busy word (the protocol before) lets two
+ * threads in.
  *
  * Who gets the bias: a thread that took v 256 times in a row (no other thread in
  * between) is granted it when it releases v. A bias revoked after fewer than 4096
