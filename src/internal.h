@@ -395,7 +395,8 @@ void pkv_hint_huge(void *p, size_t n);
  * destroy. The fields after bias are touched only by the holder. */
 typedef struct pkv_mutex {
     _Alignas(64) _Atomic uint32_t v; /* a cache line of its own */
-    uint32_t fast;              /* the holder came in by the fast path */
+    uintptr_t fast;             /* the holder came in by the fast path: its
+                                   pkv_lockrec (the unlock needs no TLS load), or 0 */
     _Atomic uintptr_t bias;     /* the pkv_lockrec of the thread the lock is biased
                                    to, or 0 */
     uintptr_t last;             /* thread (pkv_self) of the latest acquisitions of v */
@@ -482,7 +483,7 @@ static inline void pkv_mutex_lock(pkv_mutex *m) {
          * order, a revoker's membarrier makes the CPU keep it (lock.c) */
         atomic_signal_fence(memory_order_seq_cst);
         if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_acquire) == me)) {
-            m->fast = 1;
+            m->fast = me;
             m->fast_uses++;
             return;
         }
@@ -501,9 +502,10 @@ static inline void pkv_mutex_unlock_v(pkv_mutex *m) {
         pkv_mutex_wake(m);
 }
 static inline void pkv_mutex_unlock(pkv_mutex *m) {
-    if (pkv_likely(m->fast)) {
+    uintptr_t fast = m->fast;
+    if (pkv_likely(fast)) {
         m->fast = 0;
-        pkv_lockrec_leave((pkv_lockrec *)pkv_lock_me);
+        pkv_lockrec_leave((pkv_lockrec *)fast);
         return;
     }
     /* every 256 acquisitions of a streak: is it long enough for the bias? (lock.c) */

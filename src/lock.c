@@ -295,9 +295,10 @@ int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs) {
     uint32_t seq = atomic_load_explicit(&cv->seq, memory_order_relaxed);
     atomic_fetch_add_explicit(&cv->waiters, 1, memory_order_seq_cst);
     /* released without granting the bias: this thread is about to sleep */
-    if (m->fast) {
+    uintptr_t fast = m->fast;
+    if (fast) {
         m->fast = 0;
-        pkv_lockrec_leave((pkv_lockrec *)pkv_lock_me);
+        pkv_lockrec_leave((pkv_lockrec *)fast);
     } else {
         pkv_mutex_unlock_v(m);
     }

@@ -197,12 +197,12 @@ Test(lock, a_streak_earns_the_bias_and_then_v_is_not_touched) {
     lock_unlock_n(&m, 1);
     cr_assert(biased_to_me(&m), "not biased after %d acquisitions", STREAK);
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 1u, "the bias holder did not take the fast path");
+    cr_assert_eq(m.fast, pkv_lock_me, "the bias holder did not take the fast path");
     cr_assert_eq(atomic_load(&m.v), 0u, "the fast path took v");
     cr_assert_eq(my_busy(), 1u);
     pkv_mutex_unlock(&m);
     cr_assert_eq(my_busy(), 0u);
-    cr_assert_eq(m.fast, 0u);
+    cr_assert_eq(m.fast, (uintptr_t)0);
     cr_assert_eq(m.revocations, 0u);
 }
 
@@ -231,7 +231,7 @@ Test(lock, a_revoker_waits_for_the_bias_holder_to_leave) {
     lock_unlock_n(&m, STREAK);
     cr_assert(biased_to_me(&m));
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 1u);
+    cr_assert_eq(m.fast, pkv_lock_me);
     revoker_arg a = {.m = &m, .word = &word};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, take_once, &a), 0);
@@ -250,7 +250,7 @@ Test(lock, a_revoker_waits_for_the_bias_holder_to_leave) {
     cr_assert_eq(m.revocations, 1u);
     /* the former holder queues on v now, and earns the bias back with a new streak */
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 0u);
+    cr_assert_eq(m.fast, (uintptr_t)0);
     cr_assert_neq(atomic_load(&m.v), 0u);
     pkv_mutex_unlock(&m);
     lock_unlock_n(&m, 2 * STREAK << m.grant_shift);
@@ -387,7 +387,7 @@ Test(lock, mutual_exclusion_while_the_bias_is_granted_and_revoked) {
     cr_assert_eq(atomic_load(&s.overlaps), 0, "two threads held the lock at once");
     cr_assert(s.mu.revocations > 0, "the bias was never granted and revoked");
     cr_assert_eq(atomic_load(&s.mu.v), 0u);
-    cr_assert_eq(s.mu.fast, 0u);
+    cr_assert_eq(s.mu.fast, (uintptr_t)0);
 }
 
 /* ---- A bias holder stalled in its fast path --------------------------------- */
@@ -453,7 +453,7 @@ Test(lock, a_stalled_fast_path_try_waits_for_the_new_bias_holder) {
     cr_assert(biased_to_me(&s.m), "the second thread did not earn the bias");
     cr_assert_eq(s.m.revocations, 1u);
     pkv_mutex_lock(&s.m);
-    cr_assert_eq(s.m.fast, 1u, "the second thread did not take the fast path");
+    cr_assert_eq(s.m.fast, pkv_lock_me, "the second thread did not take the fast path");
     enter(&s.inside, &s.overlaps);
     atomic_store(&s.resume, 1);
     /* stay inside 200 ms, or until X got in beside this thread */
