@@ -392,7 +392,7 @@ void pkv_hint_huge(void *p, size_t n);
  * plain stores to a word of its own (its pkv_lockrec's busy) instead of atomic
  * read-modify-writes; any other thread takes v and revokes the bias first (lock.c
  * has the protocol). Zero-initialized is unlocked and unbiased; nothing to
- * destroy. The fields after bias are touched only by the holder. */
+ * destroy. fast and the fields after bias are touched only by the holder. */
 typedef struct pkv_mutex {
     _Alignas(64) _Atomic uint32_t v; /* a cache line of its own */
     uintptr_t fast;             /* the holder came in by the fast path: its
@@ -424,7 +424,9 @@ typedef struct pkv_lockrec {
 } pkv_lockrec;
 
 /* This thread's pkv_lockrec, or PKV_NO_LOCKREC (never a bias) before its first
- * grant. Initial-exec TLS: one fs-relative load, no call. */
+ * grant. Initial-exec TLS: no call, just a load of its offset (from the GOT, in
+ * the shared library) and an fs-relative load; a dlopen of the library needs a
+ * few bytes of the static TLS reserve, which glibc keeps for this. */
 #define PKV_NO_LOCKREC ((uintptr_t)1)
 extern _Thread_local uintptr_t pkv_lock_me __attribute__((tls_model("initial-exec")));
 
