@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and run every test: gcc (warnings are errors), clang (warnings are errors),
 # an ASan+UBSan build, a ThreadSanitizer build of the thread tests
-# (test_threads, test_stress, test_lock; see docs/testing.md), then each fuzz target for
+# (test_threads, test_stress, test_lock; see docs/testing.md), the cache lock's
+# model checked by spin (scripts/check-lock-model.sh), then each fuzz target for
 # about a minute (docs/testing-fuzz.md; PKV_SKIP_FUZZ=1 skips that,
 # PKV_FUZZ_TIME=S changes it).
 # Usage: scripts/test.sh [--quick | --tsan]
@@ -52,6 +53,8 @@ if [ $quick -eq 0 ]; then
   run_suite build-asan -Dwerror=true -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
     -- --setup=sanitize
   run_tsan
+  # The lock's protocol, model-checked (tools/model/): ~2 minutes.
+  scripts/check-lock-model.sh
 fi
 # Fuzzing (docs/testing-fuzz.md): every libFuzzer target for a bounded time
 # (clang, ASan+UBSan, build-fuzz/), in parallel up to nproc. The corpus-replay

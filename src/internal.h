@@ -393,17 +393,17 @@ void pkv_hint_huge(void *p, size_t n);
 
 /* The cache lock: a futex mutex (v: 0 free, 1 held, 2 held and perhaps waited
  * on) that can be biased to one thread, which then takes and releases it with
- * plain stores (busy) instead of atomic read-modify-writes; any other thread takes
- * v and revokes the bias first (lock.c has the protocol). Zero-initialized is
- * unlocked and unbiased; nothing to destroy. The fields after busy are touched
- * only by the holder. */
+ * plain stores to a word of its own (its pkv_lockrec's busy) instead of atomic
+ * read-modify-writes; any other thread takes v and revokes the bias first (lock.c
+ * has the protocol). Zero-initialized is unlocked and unbiased; nothing to
+ * destroy. fast and the fields after bias are touched only by the holder. */
 typedef struct pkv_mutex {
     _Alignas(64) _Atomic uint32_t v; /* a cache line of its own */
-    _Atomic uint32_t busy;      /* 1 while the bias holder is inside, fast path */
-    _Atomic uint32_t waiting;   /* a revoker sleeps until busy drops to 0 */
-    uint32_t fast;              /* the holder came in by the fast path */
-    _Atomic uintptr_t bias;     /* the thread the lock is biased to, or 0 */
-    uintptr_t last;             /* thread of the latest acquisitions of v */
+    uintptr_t fast;             /* the holder came in by the fast path: its
+                                   pkv_lockrec (the unlock needs no TLS load), or 0 */
+    _Atomic uintptr_t bias;     /* the pkv_lockrec of the thread the lock is biased
+                                   to, or 0 */
+    uintptr_t last;             /* thread (pkv_self) of the latest acquisitions of v */
     uint32_t streak;            /* consecutive acquisitions of v by `last` */
     uint32_t grant_shift;       /* bias after a streak of 256 << grant_shift */
     uint64_t fast_uses;         /* fast acquisitions since the bias was granted */
@@ -417,7 +417,24 @@ typedef struct pkv_cond {
     _Atomic uint32_t seq, waiters;
 } pkv_cond;
 
-/* This thread's identity for the bias: its thread pointer (unique among live
+/* A thread's record for the bias (lock.c): made when the thread is first granted
+ * a bias, handed to a later thread when it exits, never freed (a revoker may read
+ * it at any time). busy is written only by its thread; a revoker waits on it. */
+typedef struct pkv_lockrec {
+    _Alignas(64) _Atomic uint32_t busy; /* 1 while its thread is inside a pkv_mutex
+                                           by the fast path (one at a time) */
+    _Atomic uint32_t waiting;   /* revokers asleep on busy (each counts itself) */
+    struct pkv_lockrec *next;   /* in the list of unused records */
+} pkv_lockrec;
+
+/* This thread's pkv_lockrec, or PKV_NO_LOCKREC (never a bias) before its first
+ * grant. Initial-exec TLS: no call, just a load of its offset (from the GOT, in
+ * the shared library) and an fs-relative load; a dlopen of the library needs a
+ * few bytes of the static TLS reserve, which glibc keeps for this. */
+#define PKV_NO_LOCKREC ((uintptr_t)1)
+extern _Thread_local uintptr_t pkv_lock_me __attribute__((tls_model("initial-exec")));
+
+/* This thread's identity for streaks: its thread pointer (unique among live
  * threads, one instruction to read). */
 static inline uintptr_t pkv_self(void) {
 #if defined(__x86_64__) || defined(__aarch64__)
@@ -429,18 +446,23 @@ static inline uintptr_t pkv_self(void) {
 
 void pkv_mutex_lock_slow(pkv_mutex *m);
 void pkv_mutex_wake(pkv_mutex *m);
-void pkv_mutex_wake_revoker(pkv_mutex *m);
+void pkv_lockrec_wake(pkv_lockrec *r);
 void pkv_mutex_took_v_slow(pkv_mutex *m, uintptr_t me);
 void pkv_mutex_streak(pkv_mutex *m);
 /* Can locks be biased in this process (membarrier registered)? */
 bool pkv_mutex_bias_available(void);
-/* Leave the fast path: busy back to 0, waking a revoker that sleeps on it. The
- * revoker's membarrier orders the store before the load of `waiting` (lock.c). */
-static inline void pkv_mutex_fast_exit(pkv_mutex *m) {
-    atomic_store_explicit(&m->busy, 0, memory_order_release);
+/* Is m biased to the calling thread? */
+static inline bool pkv_mutex_biased_to_me(pkv_mutex *m) {
+    return atomic_load_explicit(&m->bias, memory_order_relaxed) == pkv_lock_me;
+}
+/* Leave the fast path (or a failed try of it): this thread's busy back to 0,
+ * waking revokers that sleep on it. Their membarrier orders the store before
+ * the load of `waiting` (lock.c). */
+static inline void pkv_lockrec_leave(pkv_lockrec *r) {
+    atomic_store_explicit(&r->busy, 0, memory_order_release);
     atomic_signal_fence(memory_order_seq_cst);
-    if (pkv_unlikely(atomic_load_explicit(&m->waiting, memory_order_relaxed)))
-        pkv_mutex_wake_revoker(m);
+    if (pkv_unlikely(atomic_load_explicit(&r->waiting, memory_order_relaxed)))
+        pkv_lockrec_wake(r);
 }
 /* Just took v: revoke another thread's bias, count this thread's streak. */
 static inline void pkv_mutex_took_v(pkv_mutex *m, uintptr_t me) {
@@ -449,26 +471,36 @@ static inline void pkv_mutex_took_v(pkv_mutex *m, uintptr_t me) {
     else
         pkv_mutex_took_v_slow(m, me);
 }
+/* tests/test_lock.c defines this before it includes this header, to stall a
+ * thread between the fast path's first load of bias and its store of busy (the
+ * window a thread can be preempted in); in every other file it is nothing. */
+#ifndef PKV_LOCK_TEST_PAUSE
+#define PKV_LOCK_TEST_PAUSE(m) ((void)0)
+#endif
 static inline void pkv_mutex_lock(pkv_mutex *m) {
-    uintptr_t me = pkv_self();
+    uintptr_t me = pkv_lock_me;
     if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_relaxed) == me)) {
-        atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+        PKV_LOCK_TEST_PAUSE(m);
+        pkv_lockrec *r = (pkv_lockrec *)me;
+        /* a thread is inside one pkv_mutex at a time: busy says nothing of which */
+        pkv_assert(atomic_load_explicit(&r->busy, memory_order_relaxed) == 0);
+        atomic_store_explicit(&r->busy, 1, memory_order_relaxed);
         /* busy is stored before bias is loaded again: the compiler keeps the
          * order, a revoker's membarrier makes the CPU keep it (lock.c) */
         atomic_signal_fence(memory_order_seq_cst);
         if (pkv_likely(atomic_load_explicit(&m->bias, memory_order_acquire) == me)) {
-            m->fast = 1;
+            m->fast = me;
             m->fast_uses++;
             return;
         }
-        pkv_mutex_fast_exit(m); /* revoked meanwhile: queue on v */
+        pkv_lockrec_leave(r); /* revoked meanwhile: queue on v */
     }
     uint32_t free_ = 0;
     if (pkv_unlikely(!atomic_compare_exchange_strong_explicit(
             &m->v, &free_, 1, memory_order_acquire, memory_order_relaxed)))
         pkv_mutex_lock_slow(m); /* takes v, then calls took_v itself */
     else
-        pkv_mutex_took_v(m, me);
+        pkv_mutex_took_v(m, pkv_self());
 }
 /* Release v, waking a sleeper if it was marked waited on. */
 static inline void pkv_mutex_unlock_v(pkv_mutex *m) {
@@ -476,9 +508,10 @@ static inline void pkv_mutex_unlock_v(pkv_mutex *m) {
         pkv_mutex_wake(m);
 }
 static inline void pkv_mutex_unlock(pkv_mutex *m) {
-    if (pkv_likely(m->fast)) {
+    uintptr_t fast = m->fast;
+    if (pkv_likely(fast)) {
         m->fast = 0;
-        pkv_mutex_fast_exit(m);
+        pkv_lockrec_leave((pkv_lockrec *)fast);
         return;
     }
     /* every 256 acquisitions of a streak: is it long enough for the bias? (lock.c) */

@@ -15,19 +15,40 @@
  * 2 and sleep on v while the old value was not 0. Unlock: swap in 0; if it was 2,
  * wake one sleeper.
  *
- * The bias: `bias` names one thread (its thread pointer) that takes the lock by
- * storing busy = 1 and checking that bias still names it, and releases it by
- * storing busy = 0: plain stores and loads, no atomic read-modify-write, no fence.
- * Every other thread takes v, then revokes the bias: bias = 0, then
- * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which runs a full memory barrier
- * on every CPU that runs one of this process's threads, then waits for busy == 0.
- * That barrier stands in for the fence the holder's fast path leaves out
- * (asymmetric Dekker, as in liburcu and in JVM biased locking): either the holder
- * stored busy = 1 before its barrier point, and the revoker sees it and waits, or
- * the holder loads bias after it, sees 0 and queues on v like everyone else.
- * A revoker that must wait long sleeps on busy: it sets `waiting`, runs a second
- * membarrier (so a busy = 0 stored before it is seen, and one stored after it is
- * followed by a load of waiting == 1, which wakes the revoker), then futex-waits.
+ * The bias: `bias` names one thread, by its record (struct pkv_lockrec,
+ * internal.h): a cache line of the thread's own whose `busy` word only that
+ * thread ever writes. The holder takes the lock by storing its busy = 1 and
+ * checking that bias still names it, and releases it by storing busy = 0: plain
+ * stores and loads, no atomic read-modify-write, no fence. Every other thread
+ * takes v, then revokes the bias: it reads the record b that bias names, stores
+ * bias = 0, runs membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which runs a full
+ * memory barrier on every CPU that runs one of this process's threads, and waits
+ * for b->busy == 0. That barrier stands in for the fence the holder's fast path
+ * leaves out (asymmetric Dekker, as in liburcu and in JVM biased locking):
+ * either the holder stored busy = 1 before its barrier point, and the revoker
+ * sees it and waits, or the holder loads bias after it, sees 0 and queues on v
+ * like everyone else. The word is per thread, not per lock, because every thread
+ * that tries the fast path writes it: a former holder that loaded bias, was
+ * preempted, and resumes after the bias moved on stores its own busy = 1, sees
+ * bias name another thread, and clears only its own word, never the one a
+ * revoker will wait on (with one shared word it cleared the new holder's mark
+ * and then walked in beside it; tests/test_lock.c stalls a thread there).
+ * A revoker that must wait long sleeps on b->busy: it counts itself in
+ * b->waiting, runs a second membarrier (so a busy = 0 stored before it is seen,
+ * and one stored after it is followed by a load of waiting != 0, which wakes the
+ * revoker), then futex-waits; waiting is a count, since revokers of two locks
+ * biased to one thread may both wait on it. Records are made at a thread's
+ * first grant and passed on at its exit, never freed, since a revoker may read
+ * one at any time. busy does not say which lock its thread is in, so a thread
+ * may be inside only one pkv_mutex at a time while it holds any by the fast
+ * path; the cache's one lock per call keeps that (pkv_assert checks it).
+ * tools/model/lock.pml is this protocol in Promela, every load, store, atomic
+ * operation, futex call and membarrier in this file's order, on x86-TSO store
+ * buffers; spin checks it exhaustively (scripts/check-lock-model.sh, in
+ * scripts/test.sh): one thread inside at a time, the holder's writes seen by
+ * the next, and no thread left asleep, for three threads the bias moves among.
+ * The same model with one shared busy word (the protocol before) lets two
+ * threads in.
  *
  * Who gets the bias: a thread that took v 256 times in a row (no other thread in
  * between) is granted it when it releases v. A bias revoked after fewer than 4096
@@ -61,6 +82,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
@@ -90,6 +112,7 @@ static inline void cpu_relax(void) {
 #define REVOKE_SPINS    200       /* polls of busy before sleeping on it */
 
 static bool membarrier_ok; /* registered and working; set once (pthread_once) */
+static bool rec_ok;       /* the thread-exit key for records exists (pthread_once) */
 static pthread_once_t membarrier_once = PTHREAD_ONCE_INIT;
 
 static long sys_membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
@@ -120,23 +143,71 @@ static void barrier_all(void) {
     }
 }
 
-void pkv_mutex_wake_revoker(pkv_mutex *m) { futex(&m->busy, FUTEX_WAKE_PRIVATE, 1, NULL, 0); }
+/* ---- Thread records ------------------------------------------------------- */
 
-/* Holding v: take the bias away from the thread that has it, and wait until that
- * thread is out of the lock. */
-static void revoke_bias(pkv_mutex *m) {
+_Thread_local uintptr_t pkv_lock_me __attribute__((tls_model("initial-exec"))) = PKV_NO_LOCKREC;
+
+static pthread_mutex_t rec_lock = PTHREAD_MUTEX_INITIALIZER; /* guards rec_free */
+static pkv_lockrec *rec_free;
+static pthread_key_t rec_key;
+static pthread_once_t rec_once = PTHREAD_ONCE_INIT;
+
+/* At thread exit: the record goes to the next thread that needs one. Its thread is
+ * inside no lock (busy is 0), so that thread may inherit the biases it names. This
+ * thread forgets it, in case a later destructor takes a lock. */
+static void rec_release(void *p) {
+    pkv_lockrec *r = p;
+    pkv_assert(atomic_load_explicit(&r->busy, memory_order_relaxed) == 0);
+    pkv_lock_me = PKV_NO_LOCKREC;
+    pthread_mutex_lock(&rec_lock);
+    r->next = rec_free;
+    rec_free = r;
+    pthread_mutex_unlock(&rec_lock);
+}
+
+static void rec_init(void) { rec_ok = pthread_key_create(&rec_key, rec_release) == 0; }
+
+/* The calling thread's record, made or reused on its first grant; NULL when it
+ * cannot be had (then the lock is not biased to this thread). */
+static pkv_lockrec *rec_self(void) {
+    if (pkv_lock_me != PKV_NO_LOCKREC) return (pkv_lockrec *)pkv_lock_me;
+    pthread_once(&rec_once, rec_init);
+    if (!rec_ok) return NULL;
+    pthread_mutex_lock(&rec_lock);
+    pkv_lockrec *r = rec_free;
+    if (r) rec_free = r->next;
+    pthread_mutex_unlock(&rec_lock);
+    if (!r) {
+        r = aligned_alloc(64, sizeof *r);
+        if (!r) return NULL;
+        memset(r, 0, sizeof *r);
+    }
+    if (pthread_setspecific(rec_key, r) != 0) {
+        rec_release(r);
+        return NULL;
+    }
+    pkv_lock_me = (uintptr_t)r;
+    return r;
+}
+
+void pkv_lockrec_wake(pkv_lockrec *r) { futex(&r->busy, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, 0); }
+
+/* Holding v: take the bias away from the thread whose record is b, and wait until
+ * that thread is out of the fast path. */
+static void revoke_bias(pkv_mutex *m, pkv_lockrec *b) {
     atomic_store_explicit(&m->bias, 0, memory_order_relaxed);
     barrier_all();
-    for (int i = 0; atomic_load_explicit(&m->busy, memory_order_acquire); i++) {
+    for (int i = 0; atomic_load_explicit(&b->busy, memory_order_acquire); i++) {
         if (i < REVOKE_SPINS) {
             cpu_relax();
             continue;
         }
-        atomic_store_explicit(&m->waiting, 1, memory_order_relaxed);
+        /* a count: revokers of other locks may wait on the same thread */
+        atomic_fetch_add_explicit(&b->waiting, 1, memory_order_relaxed);
         barrier_all();
-        if (atomic_load_explicit(&m->busy, memory_order_acquire))
-            futex(&m->busy, FUTEX_WAIT_PRIVATE, 1, NULL, 0);
-        atomic_store_explicit(&m->waiting, 0, memory_order_relaxed);
+        if (atomic_load_explicit(&b->busy, memory_order_acquire))
+            futex(&b->busy, FUTEX_WAIT_PRIVATE, 1, NULL, 0);
+        atomic_fetch_sub_explicit(&b->waiting, 1, memory_order_relaxed);
     }
     m->revocations++;
     m->revoked_ns = pkv_now_ns();
@@ -149,7 +220,7 @@ static void revoke_bias(pkv_mutex *m) {
 
 void pkv_mutex_took_v_slow(pkv_mutex *m, uintptr_t me) {
     uintptr_t b = atomic_load_explicit(&m->bias, memory_order_relaxed);
-    if (b != 0 && b != me) revoke_bias(m);
+    if (b != 0 && b != pkv_lock_me) revoke_bias(m, (pkv_lockrec *)b);
     if (m->last == me) {
         if (m->streak < UINT32_MAX) m->streak++;
     } else {
@@ -163,10 +234,13 @@ void pkv_mutex_took_v_slow(pkv_mutex *m, uintptr_t me) {
  * any other thread's bias was revoked when v was taken) or it cannot be had. */
 static void grant(pkv_mutex *m) {
     m->streak = 0; /* asked again after another streak, not on every unlock */
-    if (atomic_load_explicit(&m->bias, memory_order_relaxed) == 0 && pkv_mutex_bias_available()) {
-        m->fast_uses = 0;
-        atomic_store_explicit(&m->bias, m->last, memory_order_release);
-    }
+    pkv_assert(m->last == pkv_self());
+    if (atomic_load_explicit(&m->bias, memory_order_relaxed) != 0 || !pkv_mutex_bias_available())
+        return;
+    pkv_lockrec *r = rec_self();
+    if (!r) return;
+    m->fast_uses = 0;
+    atomic_store_explicit(&m->bias, (uintptr_t)r, memory_order_release);
 }
 
 /* Holding v, after each 256 acquisitions of a streak (pkv_mutex_unlock). A long
@@ -209,6 +283,10 @@ static void lock_v(pkv_mutex *m) {
 }
 
 void pkv_mutex_lock_slow(pkv_mutex *m) {
+    /* Not inside another pkv_mutex by its fast path: a revoker of this one may be
+     * waiting for this thread's busy to drop (internal.h, pkv_lockrec). */
+    pkv_assert(pkv_lock_me == PKV_NO_LOCKREC ||
+               atomic_load_explicit(&((pkv_lockrec *)pkv_lock_me)->busy, memory_order_relaxed) == 0);
     lock_v(m);
     pkv_mutex_took_v(m, pkv_self());
 }
@@ -217,9 +295,10 @@ int pkv_cond_timedwait(pkv_cond *cv, pkv_mutex *m, const struct timespec *abs) {
     uint32_t seq = atomic_load_explicit(&cv->seq, memory_order_relaxed);
     atomic_fetch_add_explicit(&cv->waiters, 1, memory_order_seq_cst);
     /* released without granting the bias: this thread is about to sleep */
-    if (m->fast) {
+    uintptr_t fast = m->fast;
+    if (fast) {
         m->fast = 0;
-        pkv_mutex_fast_exit(m);
+        pkv_lockrec_leave((pkv_lockrec *)fast);
     } else {
         pkv_mutex_unlock_v(m);
     }

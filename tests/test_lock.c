@@ -3,17 +3,29 @@
  *
  * Every other suite runs on this lock; these tests pin down its contract by itself:
  * mutual exclusion under contention (including sleeping waiters), no lost wake-up
- * for signal and broadcast, timed waits that time out and return holding the lock.
+ * for signal and broadcast, timed waits that time out and return holding the lock,
+ * and mutual exclusion while the bias moves between threads, one of them stalled
+ * inside the fast path (at a chosen point by a test hook, and at random points
+ * by a signal handler that sleeps).
  * Built for the ThreadSanitizer pass too (scripts/test.sh --tsan), which checks
  * that the lock orders the memory it protects.
  */
 #include <criterion/criterion.h>
 
-#include "internal.h"
-
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <time.h>
+
+/* The fast path's test hook (internal.h): this file's inlined copy of
+ * pkv_mutex_lock calls fast_path_pause between its first load of bias and its
+ * store of busy; the library's own copies have nothing there. */
+struct pkv_mutex;
+static void fast_path_pause(struct pkv_mutex *m);
+#define PKV_LOCK_TEST_PAUSE(m) fast_path_pause(m)
+
+#include "internal.h"
 
 #define NTHREADS 4
 
@@ -166,6 +178,11 @@ static void lock_unlock_n(pkv_mutex *m, int n) {
     }
 }
 
+static bool biased_to_me(pkv_mutex *m) { return pkv_mutex_biased_to_me(m); }
+
+/* The calling thread's busy word (it has a record once it was granted a bias). */
+static uint32_t my_busy(void) { return atomic_load(&((pkv_lockrec *)pkv_lock_me)->busy); }
+
 static void need_bias(void) {
     if (!pkv_mutex_bias_available())
         cr_skip_test("membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) is not available here: "
@@ -178,14 +195,14 @@ Test(lock, a_streak_earns_the_bias_and_then_v_is_not_touched) {
     lock_unlock_n(&m, STREAK - 1);
     cr_assert_eq(atomic_load(&m.bias), 0u, "biased before the streak was long enough");
     lock_unlock_n(&m, 1);
-    cr_assert_eq(atomic_load(&m.bias), pkv_self(), "not biased after %d acquisitions", STREAK);
+    cr_assert(biased_to_me(&m), "not biased after %d acquisitions", STREAK);
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 1u, "the bias holder did not take the fast path");
+    cr_assert_eq(m.fast, pkv_lock_me, "the bias holder did not take the fast path");
     cr_assert_eq(atomic_load(&m.v), 0u, "the fast path took v");
-    cr_assert_eq(atomic_load(&m.busy), 1u);
+    cr_assert_eq(my_busy(), 1u);
     pkv_mutex_unlock(&m);
-    cr_assert_eq(atomic_load(&m.busy), 0u);
-    cr_assert_eq(m.fast, 0u);
+    cr_assert_eq(my_busy(), 0u);
+    cr_assert_eq(m.fast, (uintptr_t)0);
     cr_assert_eq(m.revocations, 0u);
 }
 
@@ -212,9 +229,9 @@ Test(lock, a_revoker_waits_for_the_bias_holder_to_leave) {
     static pkv_mutex m;
     static _Atomic uint64_t word;
     lock_unlock_n(&m, STREAK);
-    cr_assert_eq(atomic_load(&m.bias), pkv_self());
+    cr_assert(biased_to_me(&m));
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 1u);
+    cr_assert_eq(m.fast, pkv_lock_me);
     revoker_arg a = {.m = &m, .word = &word};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, take_once, &a), 0);
@@ -233,11 +250,11 @@ Test(lock, a_revoker_waits_for_the_bias_holder_to_leave) {
     cr_assert_eq(m.revocations, 1u);
     /* the former holder queues on v now, and earns the bias back with a new streak */
     pkv_mutex_lock(&m);
-    cr_assert_eq(m.fast, 0u);
+    cr_assert_eq(m.fast, (uintptr_t)0);
     cr_assert_neq(atomic_load(&m.v), 0u);
     pkv_mutex_unlock(&m);
     lock_unlock_n(&m, 2 * STREAK << m.grant_shift);
-    cr_assert_eq(atomic_load(&m.bias), pkv_self());
+    cr_assert(biased_to_me(&m));
 }
 
 /* A bias that is revoked before it paid for its membarrier doubles the streak
@@ -249,7 +266,7 @@ Test(lock, early_revocations_make_the_bias_harder_to_get) {
     m.forget_ns = UINT64_MAX / 2; /* no reset however slow this build runs */
     for (int round = 0; round < 4; round++) {
         lock_unlock_n(&m, STREAK << m.grant_shift);
-        cr_assert_eq(atomic_load(&m.bias), pkv_self(), "round %d: not biased", round);
+        cr_assert(biased_to_me(&m), "round %d: not biased", round);
         revoker_arg a = {.m = &m, .word = &word};
         pthread_t t;
         cr_assert_eq(pthread_create(&t, NULL, take_once, &a), 0);
@@ -259,7 +276,7 @@ Test(lock, early_revocations_make_the_bias_harder_to_get) {
     }
     /* one that paid (4096 fast acquisitions or more) halves it again */
     lock_unlock_n(&m, STREAK << m.grant_shift);
-    cr_assert_eq(atomic_load(&m.bias), pkv_self());
+    cr_assert(biased_to_me(&m));
     lock_unlock_n(&m, 5000);
     revoker_arg a = {.m = &m, .word = &word};
     pthread_t t;
@@ -284,7 +301,7 @@ Test(lock, the_back_off_is_forgotten_when_revocations_stop) {
     m.forget_ns = 20 * 1000 * 1000; /* 20 ms */
     for (int round = 0; round < 3; round++) { /* three early revocations */
         lock_unlock_n(&m, STREAK << m.grant_shift);
-        cr_assert_eq(atomic_load(&m.bias), pkv_self(), "round %d: not biased", round);
+        cr_assert(biased_to_me(&m), "round %d: not biased", round);
         revoke_from_another_thread(&m);
     }
     cr_assert(m.grant_shift >= 1, "early revocations built no back-off");
@@ -297,9 +314,36 @@ Test(lock, the_back_off_is_forgotten_when_revocations_stop) {
     struct timespec d = {0, 30 * 1000 * 1000};
     nanosleep(&d, NULL);
     lock_unlock_n(&m, STREAK);
-    cr_assert_eq(atomic_load(&m.bias), pkv_self(),
-                 "no bias after %d acquisitions, 30 ms after the latest revocation", STREAK);
+    cr_assert(biased_to_me(&m), "no bias after %d acquisitions, 30 ms after the latest revocation",
+              STREAK);
     cr_assert_eq(m.grant_shift, 0u);
+}
+
+static void *earn_bias_and_exit(void *p) {
+    pkv_mutex *m = p;
+    lock_unlock_n(m, STREAK);
+    return biased_to_me(m) ? (void *)pkv_lock_me : NULL;
+}
+
+/* A thread that holds the bias exits: its record outlives it (a revoker reads
+ * it), and goes to the next thread granted a bias. */
+Test(lock, a_bias_holder_may_exit) {
+    need_bias();
+    static pkv_mutex m, m2;
+    pthread_t t;
+    void *rec, *rec2;
+    cr_assert_eq(pthread_create(&t, NULL, earn_bias_and_exit, &m), 0);
+    pthread_join(t, &rec);
+    cr_assert_not_null(rec, "the thread did not earn the bias");
+    cr_assert_eq(atomic_load(&m.bias), (uintptr_t)rec);
+    pkv_mutex_lock(&m); /* revokes the bias of a thread that no longer exists */
+    cr_assert_eq(atomic_load(&m.bias), 0u);
+    pkv_mutex_unlock(&m);
+    cr_assert_eq(m.revocations, 1u);
+    cr_assert_eq(atomic_load(&((pkv_lockrec *)rec)->busy), 0u);
+    cr_assert_eq(pthread_create(&t, NULL, earn_bias_and_exit, &m2), 0);
+    pthread_join(t, &rec2);
+    cr_assert_eq(rec2, rec, "the exited thread's record was not handed on");
 }
 
 /* One thread takes the lock in long runs (it earns the bias), three others now and
@@ -343,5 +387,183 @@ Test(lock, mutual_exclusion_while_the_bias_is_granted_and_revoked) {
     cr_assert_eq(atomic_load(&s.overlaps), 0, "two threads held the lock at once");
     cr_assert(s.mu.revocations > 0, "the bias was never granted and revoked");
     cr_assert_eq(atomic_load(&s.mu.v), 0u);
-    cr_assert_eq(atomic_load(&s.mu.busy), 0u);
+    cr_assert_eq(s.mu.fast, (uintptr_t)0);
+}
+
+/* ---- A bias holder stalled in its fast path --------------------------------- */
+
+static void enter(_Atomic int *inside, _Atomic int *overlaps) {
+    if (atomic_fetch_add(inside, 1) != 0) atomic_fetch_add(overlaps, 1);
+}
+
+static void sleep_ns(long ns) {
+    struct timespec d = {ns / 1000000000, ns % 1000000000};
+    nanosleep(&d, NULL);
+}
+
+typedef struct stall {
+    pkv_mutex m;
+    _Atomic uintptr_t who;   /* the thread to stall once in the window (pkv_self), or 0 */
+    _Atomic int stalled;     /* it is stalled there */
+    _Atomic int resume;      /* let it go on */
+    _Atomic int inside, overlaps;
+    _Atomic int x_entered;   /* the stalled thread got in, after it resumed */
+} stall;
+
+static stall *the_stall;
+
+static void fast_path_pause(struct pkv_mutex *m) {
+    stall *s = the_stall;
+    if (!s || m != &s->m || atomic_load(&s->who) != pkv_self()) return;
+    atomic_store(&s->who, 0);
+    atomic_store(&s->stalled, 1);
+    while (!atomic_load(&s->resume)) sleep_ns(100 * 1000);
+}
+
+/* X: earn the bias, then take the lock again and stall in the window. */
+static void *stalled_holder(void *p) {
+    stall *s = p;
+    lock_unlock_n(&s->m, STREAK);
+    if (!biased_to_me(&s->m)) return (void *)"the first thread did not earn the bias";
+    atomic_store(&s->who, pkv_self());
+    pkv_mutex_lock(&s->m);
+    enter(&s->inside, &s->overlaps);
+    atomic_store(&s->x_entered, 1);
+    atomic_fetch_sub(&s->inside, 1);
+    pkv_mutex_unlock(&s->m);
+    return NULL;
+}
+
+/* Thread X holds the bias and is stalled after its first load of bias, before its
+ * store of busy. Thread R revokes X's bias, earns it, and is inside by the fast
+ * path when X resumes: X's try must fail, and X must then wait for R to leave
+ * (the lock once let X in at once: X's failed try cleared the busy word R had
+ * set, and X's own revocation found it clear). */
+Test(lock, a_stalled_fast_path_try_waits_for_the_new_bias_holder) {
+    need_bias();
+    static stall s;
+    the_stall = &s;
+    s.m.forget_ns = 1; /* no back-off: the second thread earns the bias at once */
+    pthread_t x;
+    cr_assert_eq(pthread_create(&x, NULL, stalled_holder, &s), 0);
+    for (int i = 0; i < 10000 && !atomic_load(&s.stalled); i++) sleep_ns(1000 * 1000);
+    cr_assert(atomic_load(&s.stalled), "the first thread never reached the window");
+    /* revoke X's bias (X has not stored busy yet), then earn it */
+    lock_unlock_n(&s.m, 2 * STREAK);
+    cr_assert(biased_to_me(&s.m), "the second thread did not earn the bias");
+    cr_assert_eq(s.m.revocations, 1u);
+    pkv_mutex_lock(&s.m);
+    cr_assert_eq(s.m.fast, pkv_lock_me, "the second thread did not take the fast path");
+    enter(&s.inside, &s.overlaps);
+    atomic_store(&s.resume, 1);
+    /* stay inside 200 ms, or until X got in beside this thread */
+    for (int i = 0; i < 200 && !atomic_load(&s.x_entered); i++) sleep_ns(1000 * 1000);
+    bool x_in = atomic_load(&s.x_entered);
+    atomic_fetch_sub(&s.inside, 1);
+    pkv_mutex_unlock(&s.m);
+    void *err;
+    pthread_join(x, &err);
+    the_stall = NULL;
+    cr_assert_null(err, "%s", (const char *)err);
+    cr_assert(!x_in, "the stalled thread entered while the bias holder was inside");
+    cr_assert_eq(atomic_load(&s.overlaps), 0, "two threads held the lock at once");
+    cr_assert_eq(atomic_load(&s.x_entered), 1);
+    cr_assert_eq(s.m.revocations, 2u);
+    cr_assert_eq(atomic_load(&s.m.v), 0u);
+}
+
+/* ---- Preempted anywhere ------------------------------------------------------ */
+
+/* One thread takes the lock in a tight loop, and a SIGUSR1 handler stalls it for
+ * 3 ms at whatever instruction the signal lands on; meanwhile two others take the
+ * lock, one of them often enough to earn the bias while the first one sleeps. */
+typedef struct preempt {
+    pkv_mutex m;
+    _Atomic int inside, overlaps, stop;
+    uint64_t counter; /* plain: the lock is all that protects it */
+    uint64_t taken[3];
+} preempt;
+
+static void stall_3ms(int sig) {
+    (void)sig;
+    int e = errno;
+    sleep_ns(3 * 1000 * 1000);
+    errno = e;
+}
+
+static void *preempted_worker(void *p) {
+    preempt *s = p;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+        pkv_mutex_lock(&s->m);
+        enter(&s->inside, &s->overlaps);
+        s->counter++;
+        s->taken[0]++;
+        atomic_fetch_sub(&s->inside, 1);
+        pkv_mutex_unlock(&s->m);
+    }
+    return NULL;
+}
+
+/* Inside for a few microseconds, checking that no one else comes in. */
+static void take_and_hold(preempt *s, int who) {
+    pkv_mutex_lock(&s->m);
+    enter(&s->inside, &s->overlaps);
+    s->counter++;
+    s->taken[who]++;
+    for (int i = 0; i < 2000; i++)
+        if (atomic_load_explicit(&s->inside, memory_order_relaxed) != 1) {
+            atomic_fetch_add(&s->overlaps, 1);
+            break;
+        }
+    atomic_fetch_sub(&s->inside, 1);
+    pkv_mutex_unlock(&s->m);
+}
+
+static void *hot_taker(void *p) {
+    preempt *s = p;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) take_and_hold(s, 1);
+    return NULL;
+}
+
+static void *cold_taker(void *p) {
+    preempt *s = p;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+        take_and_hold(s, 2);
+        sleep_ns(500 * 1000);
+    }
+    return NULL;
+}
+
+Test(lock, mutual_exclusion_when_threads_stall_at_random_instructions) {
+    need_bias();
+    static preempt s;
+    s.m.forget_ns = 1; /* no back-off: the bias moves as often as streaks allow */
+    struct sigaction sa = {.sa_handler = stall_3ms};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    pthread_t w, hot, cold;
+    cr_assert_eq(pthread_create(&w, NULL, preempted_worker, &s), 0);
+    cr_assert_eq(pthread_create(&hot, NULL, hot_taker, &s), 0);
+    cr_assert_eq(pthread_create(&cold, NULL, cold_taker, &s), 0);
+    unsigned seed = 12345;
+    uint64_t start = pkv_now_ns(), signals = 0;
+    /* 3 s: a signal at a random moment every 3-5 ms (the worker is stalled for 3
+     * of them), stopping at the first overlap */
+    while (pkv_now_ns() - start < 3000000000ull && atomic_load(&s.overlaps) == 0) {
+        sleep_ns(3000000 + rand_r(&seed) % 2000000);
+        pthread_kill(w, SIGUSR1);
+        signals++;
+    }
+    atomic_store(&s.stop, 1);
+    pthread_join(w, NULL);
+    pthread_join(hot, NULL);
+    pthread_join(cold, NULL);
+    cr_log_info("%llu signals, %llu revocations, taken %llu/%llu/%llu",
+                (unsigned long long)signals, (unsigned long long)s.m.revocations,
+                (unsigned long long)s.taken[0], (unsigned long long)s.taken[1],
+                (unsigned long long)s.taken[2]);
+    cr_assert_eq(atomic_load(&s.overlaps), 0, "two threads held the lock at once (after %llu signals)",
+                 (unsigned long long)signals);
+    cr_assert_eq(s.counter, s.taken[0] + s.taken[1] + s.taken[2], "lost updates");
+    cr_assert(s.m.revocations > 0, "the bias never moved");
 }
