@@ -297,7 +297,7 @@ int pkv_seq_commit(pkv_cache *cache, uint64_t id, size_t n);
  * two separate calls might succeed.
  * Errors: mutating, PKV_EINVAL (cache NULL; both counts 0; n > 0 with tokens or
  * slots NULL), PKV_ENOSEQ, PKV_ESTATE, PKV_EFULL, PKV_ENOMEM (the block table).
- * Blocks: as pkv_seq_append (lock, log, limbo waits). */
+ * Blocks: as pkv_seq_append (lock, log, limbo and rule D3 waits). */
 int pkv_seq_commit_append(pkv_cache *cache, uint64_t id, size_t n_commit,
                           const uint32_t *tokens, size_t n, pkv_slot *slots);
 
@@ -322,7 +322,8 @@ typedef struct pkv_step {
  * Errors: mutating, PKV_EINVAL (cache or steps NULL, n == 0; *done = 0), else
  * the first failing step's, as pkv_seq_commit_append.
  * Blocks: lock (once; released while a step waits for the log), log
- * (backpressure before each step, limbo waits, one ALWAYS wait at the end); with
+ * (backpressure before each step, limbo and rule D3 waits, one ALWAYS wait at
+ * the end); with
  * seal_threads > 1, starts and joins checksum threads. */
 int pkv_seq_step_batch(pkv_cache *cache, pkv_step *steps, size_t n, size_t *done);
 
@@ -342,7 +343,7 @@ int pkv_seq_fork(pkv_cache *cache, uint64_t parent, uint64_t child);
  * PKV_EFULL (and then changes nothing).
  * Errors: mutating, PKV_EINVAL (cache NULL), PKV_ENOSEQ, PKV_ERANGE (new_len
  * above the length), PKV_EFULL.
- * Blocks: lock, log; a copy may wait for limbo as pkv_seq_append does. */
+ * Blocks: lock, log; a copy may wait for limbo or rule D3 as pkv_seq_append does. */
 int pkv_seq_truncate(pkv_cache *cache, uint64_t id, size_t new_len);
 
 /* Release the sequence. Its sealed blocks whose refcount drops to 0 stay cached

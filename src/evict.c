@@ -19,6 +19,11 @@
 
 #include <stdlib.h>
 
+/* A release is stamped with next_lsn, which only grows, and goes behind every
+ * block recovery put on the list: so among the blocks released since the open
+ * (the only ones that can carry BLKF_NAMED) release LSNs ascend, and the tail is
+ * the newest of them, which rule D3's check in seq.c (evict_wait_lsn) relies on.
+ * (A forged log can give recovered blocks larger LSNs; they are never NAMED.) */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b) {
     pkv_list_push_tail(&c->pool, &c->pool.lru, LIST_LRU, b);
 }
@@ -52,6 +57,8 @@ void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
     pkv_prefetch(pkv_pool_tokens(p, b));
 }
 
+/* Always the LRU head: rule D3's wait (seq.c evict_wait_lsn) checks the blocks
+ * from the head on; a policy that chooses otherwise must tell it which. */
 uint32_t pkv_evict_victim(pkv_cache *c) {
     uint32_t b = c->pool.lru.head;
     if (b != PKV_NONE) pkv_list_remove(&c->pool, &c->pool.lru, b);

@@ -165,7 +165,15 @@ static void rec_release(void *p) {
     pthread_mutex_unlock(&rec_lock);
 }
 
-static void rec_init(void) { rec_ok = pthread_key_create(&rec_key, rec_release) == 0; }
+/* fork() while another thread holds rec_lock would leave the child's copy locked
+ * for ever: hold it across the fork, so both sides find it free. */
+static void rec_fork_prepare(void) { pthread_mutex_lock(&rec_lock); }
+static void rec_fork_done(void) { pthread_mutex_unlock(&rec_lock); }
+
+static void rec_init(void) {
+    rec_ok = pthread_key_create(&rec_key, rec_release) == 0;
+    pthread_atfork(rec_fork_prepare, rec_fork_done, rec_fork_done);
+}
 
 /* The calling thread's record, made or reused on its first grant; NULL when it
  * cannot be had (then the lock is not biased to this thread). */

@@ -94,9 +94,10 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     uint64_t nfree = c->pool.free.count;
     if (need <= nfree) return 0;
     if (c->limbo.count > 0 && (!c->no_limbo_wait || need > pkv_available(c))) {
-        /* Wait only for the records that freed the limbo blocks this call needs:
-         * limbo is in release order, so their stamps ascend from the head (rule D2). */
-        uint64_t k = need - nfree, target = 0;
+        /* Wait only for the records that freed the limbo blocks this call needs
+         * (with PKV_OPEN_NO_LIMBO_WAIT, only those eviction cannot replace): limbo
+         * is in release order, so their stamps ascend from the head (rule D2). */
+        uint64_t k = c->no_limbo_wait ? need - pkv_available(c) : need - nfree, target = 0;
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;

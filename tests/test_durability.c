@@ -350,6 +350,20 @@ static int pl_sync_dir(void *ctx, const char *dir)
     return rc;
 }
 
+/* Plain rename and unlink, for the backends below that keep no undo list (pl_rename
+ * and pl_unlink update a plfs's). */
+static int pass_rename(void *ctx, const char *from, const char *to)
+{
+    (void)ctx;
+    return rename(from, to) ? -errno : 0;
+}
+
+static int pass_unlink(void *ctx, const char *path)
+{
+    (void)ctx;
+    return unlink(path) ? -errno : 0;
+}
+
 /* For a cache that exists in dir and is closed (so all of it is durable). */
 static void plfs_init(plfs *fs, const char *dir, const char *img)
 {
@@ -482,7 +496,7 @@ static void recfs_init(recfs *fs, const char *dir)
     snprintf(arena, sizeof arena, "%s/arena", dir);
     fs->arena_ino = path_ino(arena);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  rf_write,
-                           rf_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
+                           rf_sync, pl_allocate, pass_rename, pass_unlink, pl_sync_dir, NULL};
 }
 
 /* A NONE-mode writer ends without pkv_close (a process crash: its frames and
@@ -614,7 +628,7 @@ Test(durability, checkpoint_out_of_space_keeps_the_cache_serving)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
+                           ns_sync, pl_allocate, pass_rename, pass_unlink, pl_sync_dir, NULL};
     pkv_options o;
     wu_opts(&o, WU_BS, 512, PKV_DURABLE_GROUP);
     o.io = &fs->ops;
@@ -683,7 +697,7 @@ Test(durability, checkpoint_eio_fails_the_cache)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
+                           ns_sync, pl_allocate, pass_rename, pass_unlink, pl_sync_dir, NULL};
     pkv_options o;
     wu_opts(&o, WU_BS, 64, PKV_DURABLE_GROUP);
     o.io = &fs->ops;
@@ -828,7 +842,7 @@ static nospc *eio_fs(void)
     cr_assert(fs);
     pthread_mutex_init(&fs->mu, NULL);
     fs->ops = (pkv_io_ops){fs,      pl_open,     pl_close,  pl_pread,  ns_write,
-                           ns_sync, pl_allocate, pl_rename, pl_unlink, pl_sync_dir, NULL};
+                           ns_sync, pl_allocate, pass_rename, pass_unlink, pl_sync_dir, NULL};
     return fs;
 }
 

@@ -307,28 +307,40 @@ Test(threads, commit_seal_sums_ahead)
 
 /* ---- A batch that waits with the lock released ------------------------------------- */
 
-/* Syncs that take 20 ms, so a step that waits for the log leaves the lock free long
- * enough for another thread to come in. */
-static pt_syncio slow_io;
-static pkv_io_ops slow_ops;
-
-static int slow_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
-{
-    if (sync) usleep(20000);
-    return slow_io.ops.write(ctx, fd, buf, n, off, sync);
-}
-
-static int slow_sync(void *ctx, int fd)
-{
-    usleep(20000);
-    return slow_io.ops.sync(ctx, fd);
-}
-
 typedef struct {
     pkv_cache *c;
     atomic_int stop, bad, checks;
     char why[256];
 } check_loop_arg;
+
+/* Syncs that take 20 ms, so a step that waits for the log leaves the lock free long
+ * enough for another thread to come in; while the batch runs, each counts whether a
+ * pkv_check finished during it (the flusher syncs without the lock, the batch waits
+ * on a condition variable: the lock is free then). */
+static pt_syncio slow_io;
+static pkv_io_ops slow_ops;
+static check_loop_arg *slow_checks; /* the checker's, while the batch runs */
+static atomic_int checks_in_sync;
+
+static void slow_pause(void)
+{
+    check_loop_arg *a = __atomic_load_n(&slow_checks, __ATOMIC_ACQUIRE);
+    int before = a ? atomic_load(&a->checks) : 0;
+    usleep(20000);
+    if (a && atomic_load(&a->checks) > before) atomic_fetch_add(&checks_in_sync, 1);
+}
+
+static int slow_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    if (sync) slow_pause();
+    return slow_io.ops.write(ctx, fd, buf, n, off, sync);
+}
+
+static int slow_sync(void *ctx, int fd)
+{
+    slow_pause();
+    return slow_io.ops.sync(ctx, fd);
+}
 
 static void *check_loop(void *arg)
 {
@@ -390,15 +402,19 @@ Test(threads, a_check_during_a_batch_wait_sees_no_stray_mark)
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, check_loop, &a), 0);
     while (atomic_load(&a.checks) == 0) usleep(100);
+    __atomic_store_n(&slow_checks, &a, __ATOMIC_RELEASE);
     /* step 1 (sequence 2) waits for limbo; step 2's block is marked meanwhile */
     pkv_step st[2] = {{.id = 2, .n_commit = 0, .token = r[SA_BS]},
                       {.id = 1, .n_commit = SA_BS, .token = p[SA_BS]}};
     size_t done = 0;
     PT_OK(pkv_seq_step_batch(c, st, 2, &done));
     cr_assert_eq(done, 2);
+    __atomic_store_n(&slow_checks, NULL, __ATOMIC_RELEASE);
     atomic_store(&a.stop, 1);
     pthread_join(th, NULL);
     cr_assert_eq(atomic_load(&a.bad), 0, "pkv_check during the batch: %s", a.why);
+    cr_assert_gt(atomic_load(&checks_in_sync), 0,
+                 "no pkv_check ran while the batch waited for the log: the test saw nothing");
     pkv_stats s1 = pt_stats(c);
     cr_assert_eq(s1.seal_sums_ahead, 1, "%llu sums computed ahead",
                  (unsigned long long)s1.seal_sums_ahead);

@@ -1077,6 +1077,12 @@ static int report(const pass_result *cold, const pass_result *warm) {
     return bad ? 1 : 0;
 }
 
+static void free_workload(workload *w) {
+    for (size_t i = 0; i < (size_t)opt.users * opt.turns; i++) free(w->msg[i].t);
+    free(w->msg);
+    free(w->system.t);
+}
+
 int main(int argc, char **argv) {
     parse_args(argc, argv);
     if (!opt.cache_dir[0]) make_own_dir();
@@ -1104,6 +1110,7 @@ int main(int argc, char **argv) {
                     "--cache-dir %s)\n", prog, opt.cache_dir, opt.cache_dir);
         }
         free_result(&r);
+        free_workload(&w);
         return 0;
     }
 
@@ -1150,8 +1157,6 @@ int main(int argc, char **argv) {
     }
     free_result(&cold);
     free_result(&warm);
-    for (size_t i = 0; i < (size_t)opt.users * opt.turns; i++) free(w.msg[i].t);
-    free(w.msg);
-    free(w.system.t);
+    free_workload(&w);
     return rc;
 }

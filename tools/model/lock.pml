@@ -24,9 +24,12 @@
  * every release of v (the 256-acquisition streak, the back-off and its reset
  * decide only when a grant comes, never whether one may), so the bias moves
  * among the threads in every order; a revoker's polls are "one poll sees busy
- * clear" or "out of spins: the sleep path". Not modelled: spurious futex
- * wake-ups, a thread's exit (its record is handed on), and the counters
- * (fast_uses, grant_shift).
+ * clear" or "out of spins: the sleep path". Not modelled (argued in src/lock.c
+ * instead): spurious futex wake-ups; a thread's exit (its record is handed on, at
+ * busy == 0, under rec_lock); a second lock biased to the same record (why
+ * `waiting` is a count) and the rule that a thread holds one cache lock at a
+ * time; m->fast holding the holder's record (written and cleared inside the
+ * critical section, before busy = 0); the counters (fast_uses, grant_shift).
  *
  * Switches, each a broken protocol spin must refute (check-lock-model.sh):
  * -DSHARED_BUSY, the protocol before the per-thread record (one busy and one
