@@ -49,6 +49,7 @@ void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
     const pkv_block *x = &p->b[b];
     if (stage == 0) {
         pkv_prefetch(x);
+        pkv_prefetch(&p->b[p->lru.tail]); /* rule D3's check reads the newest release */
         return;
     }
     if (x->next != PKV_NONE) pkv_prefetch(&p->b[x->next]);
