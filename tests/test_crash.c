@@ -503,10 +503,9 @@ static void kill_test(const kill_cfg *k)
         kill_opts(&o, k, 0, PKV_OPEN_NO_LIMBO_WAIT);
         o.durability = PKV_DURABLE_GROUP; /* (a child killed before it created the
                                              cache leaves none: this open creates it) */
-        /* The synchronous backend: the default one keeps an io_uring ring per thread,
-         * which the next child would inherit and share with this process, and a child
-         * whose open writes a log segment header through it crashes (see
-         * crash/a_forked_child_can_open_a_cache). */
+        /* The synchronous backend, so this process keeps no io_uring ring for the
+         * next child to inherit (the library now sets up its own ring in a child:
+         * crash/a_forked_child_can_open_a_cache tests that separately). */
         o.io = &parent_io.ops;
         g_cache = NULL;
         jmp_buf jb;

@@ -303,7 +303,7 @@ nomem:
     return pkv_err(PKV_ENOMEM, "checkpoint snapshot");
 }
 
-static int io_err(int neg, const char *what, const char *path) {
+int pkv_io_err(int neg, const char *what, const char *path) {
     int e = -neg;
     return pkv_err(e == ENOSPC || e == EDQUOT ? PKV_ENOSPC : PKV_EIO, "%s %s: %s", what,
                    path, strerror(e));
@@ -379,7 +379,7 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
     if (fd < 0) {
         free(out);
         (void)io->unlink(io->ctx, tmp); /* O_CREAT may have made it */
-        return io_err(fd, "create", tmp);
+        return pkv_io_err(fd, "create", tmp);
     }
     /* Written and synced a piece at a time where the log is synced too (GROUP,
      * ALWAYS): the log's fdatasyncs, which the flusher keeps issuing meanwhile,
@@ -394,11 +394,11 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
     free(out);
     if (rc < 0) { /* the temporary file is discarded, never synced again (fsyncgate) */
         io->unlink(io->ctx, tmp);
-        return io_err(rc, "write", tmp);
+        return pkv_io_err(rc, "write", tmp);
     }
     *renamed = true; /* from here on a failure leaves the directory uncertain */
-    if ((rc = io->rename(io->ctx, tmp, path)) < 0) return io_err(rc, "rename", path);
-    if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_err(rc, "fsync", w->dir);
+    if ((rc = io->rename(io->ctx, tmp, path)) < 0) return pkv_io_err(rc, "rename", path);
+    if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return pkv_io_err(rc, "fsync", w->dir);
     if (!delta) remove_old(w, lsn, false);
     return 0;
 }
@@ -411,7 +411,7 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
 static int read_hashed(const pkv_io_ops *io, int fd, const char *path, uint8_t *buf,
                        size_t n, uint64_t *bo, XXH3_state_t *st) {
     long r = io->pread(io->ctx, fd, buf, n, CKPT_HDR + *bo);
-    if (r < 0) return io_err((int)r, "read", path);
+    if (r < 0) return pkv_io_err((int)r, "read", path);
     if ((size_t)r != n) return 1;
     XXH3_64bits_update(st, buf, n);
     *bo += n;
@@ -423,13 +423,13 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
                   size_t *len_out, uint64_t *body_sum) {
     uint8_t h[CKPT_HDR];
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
-    if (fd < 0) return io_err(fd, "open", path);
+    if (fd < 0) return pkv_io_err(fd, "open", path);
     uint8_t *cbuf = NULL, *raw = NULL;
     XXH3_state_t *st = NULL;
     int rc;
     long r = io->pread(io->ctx, fd, h, CKPT_HDR, 0);
     if (r < 0) {
-        rc = io_err((int)r, "read", path);
+        rc = pkv_io_err((int)r, "read", path);
         goto out;
     }
     if (r != (long)CKPT_HDR || memcmp(h, magic, 8) ||
@@ -458,7 +458,7 @@ int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
      * fuzz/fuzz_checkpoint.c). */
     uint8_t probe;
     if (bodylen && (r = io->pread(io->ctx, fd, &probe, 1, CKPT_HDR + bodylen - 1)) != 1) {
-        rc = r < 0 ? io_err((int)r, "read", path)
+        rc = r < 0 ? pkv_io_err((int)r, "read", path)
                    : pkv_err(PKV_ECORRUPT, "%s: checkpoint body truncated", path);
         goto out;
     }

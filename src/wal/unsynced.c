@@ -37,19 +37,13 @@
 #define MARKER_MAX 128
 
 static void boot_of(const pkv_io_ops *io, char *out, size_t cap) {
-    const pkv_io_ops *d = pkv_io_default();
-    int (*f)(void *, char *, size_t) = io->boot_id ? io->boot_id : d->boot_id;
-    if (f(io->boot_id ? io->ctx : d->ctx, out, cap) < 0) out[0] = '\0'; /* unknown */
+    const pkv_io_ops *src = io->boot_id ? io : pkv_io_default(); /* boot_id is optional */
+    if (src->boot_id(src->ctx, out, cap) < 0) out[0] = '\0';    /* unknown */
 }
 
 static int marker_path(const char *dir, const char *name, char *out, size_t cap) {
     int n = snprintf(out, cap, "%s/%s", dir, name);
     return n < 0 || (size_t)n >= cap ? pkv_err(PKV_EINVAL, "cache path too long") : 0;
-}
-
-static int io_error(int neg, const char *what, const char *path) {
-    return pkv_err(neg == -ENOSPC || neg == -EDQUOT ? PKV_ENOSPC : PKV_EIO, "%s %s: %s", what,
-                   path, strerror(-neg));
 }
 
 int pkv_unsynced_restarted(const pkv_io_ops *io, const char *dir) {
@@ -58,10 +52,10 @@ int pkv_unsynced_restarted(const pkv_io_ops *io, const char *dir) {
     if (rc) return rc;
     int fd = io->open(io->ctx, path, O_RDONLY, 0);
     if (fd == -ENOENT) return 0; /* no marker: the last writer synced, or was not NONE */
-    if (fd < 0) return io_error(fd, "open", path);
+    if (fd < 0) return pkv_io_err(fd, "open", path);
     long n = io->pread(io->ctx, fd, buf, MARKER_MAX, 0);
     io->close(io->ctx, fd);
-    if (n < 0) return io_error((int)n, "read", path);
+    if (n < 0) return pkv_io_err((int)n, "read", path);
     if (n <= 5 || memcmp(buf, "boot ", 5) != 0) return 1; /* damaged: assume the worst */
     buf[n] = '\0';
     buf[strcspn(buf, "\n")] = '\0';
@@ -81,22 +75,22 @@ int pkv_unsynced_begin(pkv_cache *c) {
         /* the open synced what it recovered: nothing is left unsynced */
         rc = io->unlink(io->ctx, path);
         if (rc == -ENOENT) return 0;
-        if (rc < 0) return io_error(rc, "remove", path);
-        if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return io_error(rc, "fsync", w->dir);
+        if (rc < 0) return pkv_io_err(rc, "remove", path);
+        if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return pkv_io_err(rc, "fsync", w->dir);
         return 0;
     }
     char body[MARKER_MAX + 8], id[MARKER_MAX - 8];
     boot_of(io, id, sizeof id);
     int len = snprintf(body, sizeof body, "boot %s\n", id);
     int fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0) return io_error(fd, "create", tmp);
+    if (fd < 0) return pkv_io_err(fd, "create", tmp);
     rc = io->write(io->ctx, fd, body, (size_t)len, 0, 1);
     io->close(io->ctx, fd);
     if (rc >= 0) rc = io->rename(io->ctx, tmp, path);
     if (rc >= 0) rc = io->sync_dir(io->ctx, w->dir);
     if (rc < 0) {
         io->unlink(io->ctx, tmp);
-        return io_error(rc, "write", path);
+        return pkv_io_err(rc, "write", path);
     }
     w->marked = true;
     return 0;

@@ -418,6 +418,10 @@ pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, si
                              uint64_t lsn, bool holding, uint64_t *first, size_t *at);
 int pkv_replay_rebuild(pkv_cache *c);
 
+/* A failed file call of the checkpoint or marker files (-errno `neg`) as PKV_ENOSPC
+ * (ENOSPC, EDQUOT) or PKV_EIO, with a message naming what and path. */
+int pkv_io_err(int neg, const char *what, const char *path);
+
 /* ---- wal/unsynced.c: the marker of a writer without syncs ---- */
 /* Did a NONE-mode writer run on another (or an unknown) boot of the machine since
  * the files were last synced? 1: recovery cuts every open tail (rule D8); 0: no;
