@@ -69,28 +69,21 @@ static void unshuffle(uint8_t *dst, const uint8_t *src, size_t n, uint32_t e) {
 /* The longest chain of sealed, not BAD blocks matching tokens[0 .. nb*B) under
  * salt, like pkv_seq_open's prefix match but without changing anything. With
  * check_payload, the chain also stops at the first block whose payload does not
- * match its checksum. Returns the number of blocks, written to out. */
-static uint32_t chain_lookup(pkv_cache *c, uint64_t salt, const uint32_t *tokens, uint64_t nb,
-                             uint32_t *out, bool check_payload, uint32_t *bad_block) {
-    const uint32_t bs = c->pool.block_size;
-    pkv_h128 h = pkv_hash_root(c->arena.secret, salt);
-    uint32_t parent = PKV_NONE, n = 0;
-    *bad_block = PKV_NONE;
-    pkv_lock(c);
-    for (uint64_t i = 0; i < nb && i < c->pool.capacity; i++) {
-        h = pkv_hash_block(c->arena.secret, h, tokens + i * bs, bs);
-        uint32_t b = pkv_index_find(&c->index, &c->pool, h, parent, salt, tokens + i * bs);
-        if (b == PKV_NONE) break;
-        if (check_payload && (b >= c->arena.valid_blocks ||
-                              pkv_arena_sum(&c->arena, b) !=
-                                  c->pool.b[b].payload_sum)) {
-            *bad_block = b;
-            break;
+ * match its checksum (*bad_block). Returns the number of blocks, written to out
+ * (nb entries). */
+static uint32_t chain_lookup(pkv_cache *c, uint32_t bs, uint64_t salt, const uint32_t *tokens,
+                             uint64_t nb, uint32_t *out, bool check_payload, uint32_t *bad_block) {
+    size_t n = 0;
+    *bad_block = PKV_NO_BLOCK;
+    if (pkv_inspect_prefix(c, salt, tokens, (size_t)(nb * bs), out, (size_t)nb, &n)) return 0;
+    for (size_t i = 0; check_payload && i < n; i++) {
+        pkv_block_check chk;
+        if (pkv_inspect_check_block(c, out[i], &chk) || !chk.payload_ok) {
+            *bad_block = out[i];
+            return (uint32_t)i;
         }
-        out[n++] = parent = b;
     }
-    pkv_unlock(c);
-    return n;
+    return (uint32_t)n;
 }
 
 /* ---- Prompt files ---------------------------------------------------------- */
@@ -146,7 +139,7 @@ static int read_prompt(const char *path, bool u32, uint32_t **tok, size_t *n, ch
             snprintf(why, wl, "%s: %zu bytes, not a whole number of u32 token ids", path, len);
             goto bad;
         }
-        for (size_t i = 0; i < len; i += 4) t[k++] = pkv_get_u32(b + i);
+        for (size_t i = 0; i < len; i += 4) t[k++] = kd_get_u32(b + i);
     } else {
         for (size_t i = 0; i < len;) {
             unsigned char ch = b[i];
@@ -264,9 +257,11 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
         return rc;
     }
     pkv_cache *c = x->c;
-    const pkv_geometry *g = &c->arena.geo;
+    pkv_cache_info inf;
+    pkv_info(c, &inf);
+    const pkv_cache_info *g = &inf;
     const uint32_t bs = g->block_size;
-    uint32_t *chain = NULL, n = 0, bad = PKV_NONE;
+    uint32_t *chain = NULL, n = 0, bad = PKV_NO_BLOCK;
     const uint32_t *ctok = NULL; /* token ids of the chain, nblocks * bs */
     uint32_t *tokbuf = NULL;
     uint8_t *raw = NULL, *shuf = NULL, *c1 = NULL, *c2 = NULL;
@@ -279,37 +274,43 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
         goto out;
     }
     if (vseq) {
-        const pkv_seq *s = pkv_seqmap_get(&c->seqs, seq_id);
-        if (!s) {
+        pkv_seq_info si;
+        uint32_t *table = NULL;
+        if (pkv_seq_get_info(c, seq_id, &si)) {
             rc = kd_fail(x, KD_FAILED, "no sequence %llu in %s", (unsigned long long)seq_id, x->dir);
             goto out;
         }
-        salt = s->salt;
-        uint64_t full = s->committed / bs;
+        salt = si.salt;
+        uint64_t full = si.committed / bs;
         chain = malloc((full + 1) * sizeof *chain);
         tokbuf = malloc((full * bs + 1) * sizeof *tokbuf);
-        if (!chain || !tokbuf) {
+        table = malloc((si.n_blocks + 1) * sizeof *table);
+        if (!chain || !tokbuf || !table || pkv_seq_blocks(c, seq_id, table, si.n_blocks, NULL)) {
+            free(table);
             rc = kd_fail(x, KD_FAILED, "out of memory");
             goto out;
         }
         for (uint64_t k = 0; k < full; k++) {
-            uint32_t b = s->blocks[k];
-            if (c->pool.b[b].state != BLK_SEALED) break;
-            if (b >= c->arena.valid_blocks ||
-                pkv_arena_sum(&c->arena, b) != c->pool.b[b].payload_sum) {
+            uint32_t b = table[k];
+            pkv_block_info bk;
+            pkv_block_check chk;
+            if (pkv_inspect_block(c, b, &bk) || bk.state != PKV_BLOCK_SEALED) break;
+            if (pkv_inspect_check_block(c, b, &chk) || !chk.payload_ok) {
+                free(table);
                 rc = kd_fail(x, KD_FAILED, "block %u (entry %llu of sequence %llu) fails its payload "
                              "checksum; not exported (kvdump verify lists the damage)", b,
                              (unsigned long long)k, (unsigned long long)seq_id);
                 goto out;
             }
-            memcpy(tokbuf + k * bs, pkv_pool_tokens(&c->pool, b), (size_t)bs * 4);
+            pkv_inspect_block_tokens(c, b, tokbuf + k * bs, bs, NULL);
             chain[n++] = b;
         }
+        free(table);
         ctok = tokbuf;
         if (!n) {
             rc = kd_fail(x, KD_FAILED, "sequence %llu has no full (sealed) block to export "
                          "(%llu committed tokens, %u per block)", (unsigned long long)seq_id,
-                         (unsigned long long)s->committed, bs);
+                         (unsigned long long)si.committed, bs);
             goto out;
         }
     } else {
@@ -319,8 +320,8 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
             rc = kd_fail(x, KD_FAILED, "out of memory");
             goto out;
         }
-        n = chain_lookup(c, salt, prompt, nb, chain, true, &bad);
-        if (bad != PKV_NONE)
+        n = chain_lookup(c, bs, salt, prompt, nb, chain, true, &bad);
+        if (bad != PKV_NO_BLOCK)
             kd_warn(x, "block %u (prefix block %u) fails its payload checksum: the export stops "
                     "before it", bad, n);
         ctok = prompt;
@@ -353,23 +354,23 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
     uint8_t h[BN_HDR];
     memset(h, 0, sizeof h);
     memcpy(h, BN_MAGIC, 8);
-    pkv_put_u32(h + 8, BN_VERSION);
-    pkv_put_u32(h + 12, BN_HDR);
-    pkv_put_u32(h + 16, g->num_layers);
-    pkv_put_u32(h + 20, g->num_kv_heads);
-    pkv_put_u32(h + 24, g->head_dim);
-    pkv_put_u32(h + 28, bs);
-    pkv_put_u32(h + 32, g->dtype);
-    pkv_put_u32(h + 36, g->elem_size);
-    pkv_put_u64(h + 40, g->block_bytes);
-    pkv_put_u64(h + 48, salt);
-    pkv_put_u32(h + 56, n);
-    size_t ml = strlen(c->arena.model_id);
-    pkv_put_u32(h + 60, (uint32_t)ml);
-    memcpy(h + 64, c->arena.model_id, ml);
+    kd_put_u32(h + 8, BN_VERSION);
+    kd_put_u32(h + 12, BN_HDR);
+    kd_put_u32(h + 16, g->num_layers);
+    kd_put_u32(h + 20, g->num_kv_heads);
+    kd_put_u32(h + 24, g->head_dim);
+    kd_put_u32(h + 28, bs);
+    kd_put_u32(h + 32, g->dtype);
+    kd_put_u32(h + 36, g->elem_size);
+    kd_put_u64(h + 40, g->block_bytes);
+    kd_put_u64(h + 48, salt);
+    kd_put_u32(h + 56, n);
+    size_t ml = strlen(g->model_id);
+    kd_put_u32(h + 60, (uint32_t)ml);
+    memcpy(h + 64, g->model_id, ml);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    pkv_put_u64(h + 320, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec);
+    kd_put_u64(h + 320, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec);
     /* Token section, little-endian. */
     size_t tbytes = (size_t)n * bs * 4;
     uint8_t *tsec = malloc(tbytes);
@@ -377,17 +378,20 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
         rc = kd_fail(x, KD_FAILED, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < (size_t)n * bs; i++) pkv_put_u32(tsec + 4 * i, ctok[i]);
-    pkv_put_u64(h + 328, XXH3_64bits(tsec, tbytes));
-    pkv_put_u64(h + 504, XXH3_64bits(h, 504));
+    for (size_t i = 0; i < (size_t)n * bs; i++) kd_put_u32(tsec + 4 * i, ctok[i]);
+    kd_put_u64(h + 328, XXH3_64bits(tsec, tbytes));
+    kd_put_u64(h + 504, XXH3_64bits(h, 504));
     w_put(&w, h, sizeof h);
     w_put(&w, tsec, tbytes);
     free(tsec);
     uint64_t by_codec[3] = {0, 0, 0}, stored_total = 0, plain_total = 0, shuf_total = 0;
     for (uint32_t i = 0; i < n && !w.err; i++) {
-        memcpy(raw, pkv_arena_block(&c->arena, chain[i]), bb);
+        pkv_block_info bk;
+        const void *slot = pkv_kv(c, chain[i], 0, PKV_K, 0); /* the payload starts there */
+        if (slot) memcpy(raw, slot, bb);
         uint64_t rsum = XXH3_64bits(raw, bb);
-        if (rsum != c->pool.b[chain[i]].payload_sum) { /* changed under us (live writer) */
+        if (!slot || pkv_inspect_block(c, chain[i], &bk) ||
+            rsum != bk.payload_sum) { /* changed under us (live writer) */
             rc = kd_fail(x, KD_FAILED, "block %u changed while it was exported (a live writer "
                          "evicted it); try again", chain[i]);
             goto out;
@@ -414,15 +418,15 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
         }
         uint8_t e[BN_ENTRY];
         memset(e, 0, sizeof e);
-        pkv_put_u32(e, codec);
-        pkv_put_u64(e + 8, len);
-        pkv_put_u64(e + 16, rsum);
+        kd_put_u32(e, codec);
+        kd_put_u64(e + 8, len);
+        kd_put_u64(e + 16, rsum);
         XXH3_state_t es;
         memset(&es, 0, sizeof es);
         XXH3_64bits_reset(&es);
         XXH3_64bits_update(&es, e, 24);
         XXH3_64bits_update(&es, data, len);
-        pkv_put_u64(e + 24, XXH3_64bits_digest(&es));
+        kd_put_u64(e + 24, XXH3_64bits_digest(&es));
         w_put(&w, e, sizeof e);
         w_put(&w, data, len);
         by_codec[codec]++;
@@ -430,8 +434,8 @@ int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
     }
     uint8_t tr[BN_TRAILER];
     memcpy(tr, BN_END, 8);
-    pkv_put_u64(tr + 8, n);
-    pkv_put_u64(tr + 16, XXH3_64bits_digest(st));
+    kd_put_u64(tr + 8, n);
+    kd_put_u64(tr + 16, XXH3_64bits_digest(st));
     if (!w.err) {
         /* The trailer's own bytes are not covered by the file checksum. */
         uint64_t off = w.off;
@@ -552,8 +556,8 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
                  (unsigned long long)o);
         return -1;
     }
-    uint32_t codec = pkv_get_u32(e), zero = pkv_get_u32(e + 4);
-    uint64_t len = pkv_get_u64(e + 8), rsum = pkv_get_u64(e + 16), esum = pkv_get_u64(e + 24);
+    uint32_t codec = kd_get_u32(e), zero = kd_get_u32(e + 4);
+    uint64_t len = kd_get_u64(e + 8), rsum = kd_get_u64(e + 16), esum = kd_get_u64(e + 24);
     uint64_t bb = b->block_bytes;
     if (codec > CODEC_SHUF_LZ4 || zero) {
         snprintf(why, wl, "%s: block entry %u has an unknown codec %u", b->path, i, codec);
@@ -577,7 +581,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
     XXH3_64bits_reset(&es);
     XXH3_64bits_update(&es, e, 24);
     XXH3_64bits_update(&es, dst, (size_t)len);
-    if (!pkv_sum_ok(esum, XXH3_64bits_digest(&es))) {
+    if (!kd_sum_ok(esum, XXH3_64bits_digest(&es))) {
         snprintf(why, wl, "%s: block entry %u: checksum mismatch (the file is damaged)", b->path, i);
         return -1;
     }
@@ -595,7 +599,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
         }
         if (codec == CODEC_SHUF_LZ4) unshuffle(b->raw, b->shuf, (size_t)bb, b->elem_size);
     }
-    if (!pkv_sum_ok(rsum, XXH3_64bits(b->raw, (size_t)bb))) {
+    if (!kd_sum_ok(rsum, XXH3_64bits(b->raw, (size_t)bb))) {
         snprintf(why, wl, "%s: block entry %u: payload checksum mismatch after decompression",
                  b->path, i);
         return -1;
@@ -647,27 +651,27 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         snprintf(why, wl, "%s: not a kvdump bundle (bad magic)", path);
         return -1;
     }
-    uint32_t ver = pkv_get_u32(h + 8);
+    uint32_t ver = kd_get_u32(h + 8);
     if (ver != BN_VERSION) {
         snprintf(why, wl, "%s: bundle format version %u is not supported (this kvdump reads %u)",
                  path, ver, BN_VERSION);
         return -1;
     }
-    if (!pkv_sum_ok(pkv_get_u64(h + 504), XXH3_64bits(h, 504))) {
+    if (!kd_sum_ok(kd_get_u64(h + 504), XXH3_64bits(h, 504))) {
         snprintf(why, wl, "%s: header checksum mismatch (the file is damaged)", path);
         return -1;
     }
-    b->num_layers = pkv_get_u32(h + 16);
-    b->num_kv_heads = pkv_get_u32(h + 20);
-    b->head_dim = pkv_get_u32(h + 24);
-    b->block_size = pkv_get_u32(h + 28);
-    b->dtype = pkv_get_u32(h + 32);
-    b->elem_size = pkv_get_u32(h + 36);
-    b->block_bytes = pkv_get_u64(h + 40);
-    b->salt = pkv_get_u64(h + 48);
-    b->nblocks = pkv_get_u32(h + 56);
-    uint32_t ml = pkv_get_u32(h + 60);
-    b->created_ns = pkv_get_u64(h + 320);
+    b->num_layers = kd_get_u32(h + 16);
+    b->num_kv_heads = kd_get_u32(h + 20);
+    b->head_dim = kd_get_u32(h + 24);
+    b->block_size = kd_get_u32(h + 28);
+    b->dtype = kd_get_u32(h + 32);
+    b->elem_size = kd_get_u32(h + 36);
+    b->block_bytes = kd_get_u64(h + 40);
+    b->salt = kd_get_u64(h + 48);
+    b->nblocks = kd_get_u32(h + 56);
+    uint32_t ml = kd_get_u32(h + 60);
+    b->created_ns = kd_get_u64(h + 320);
     pkv_options o;
     memset(&o, 0, sizeof o);
     o.num_layers = b->num_layers;
@@ -676,8 +680,8 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
     o.block_size = b->block_size;
     o.dtype = (pkv_dtype)b->dtype;
     o.capacity = 1;
-    pkv_geometry g;
-    if (pkv_get_u32(h + 12) != BN_HDR || pkv_geometry_from_options(&o, &g) ||
+    pkv_cache_info g;
+    if (kd_get_u32(h + 12) != BN_HDR || pkv_inspect_geometry(&o, &g) ||
         g.elem_size != b->elem_size || g.block_bytes != b->block_bytes ||
         b->block_bytes > BN_MAX_BLOCK || ml == 0 || ml > PKV_MODEL_ID_MAX ||
         memchr(h + 64, 0, ml) || b->nblocks == 0) {
@@ -709,11 +713,11 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         snprintf(why, wl, "%s: out of memory", path);
         goto out;
     }
-    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || !pkv_sum_ok(pkv_get_u64(h + 328), XXH3_64bits(tsec, (size_t)tbytes))) {
+    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || !kd_sum_ok(kd_get_u64(h + 328), XXH3_64bits(tsec, (size_t)tbytes))) {
         snprintf(why, wl, "%s: token section unreadable or checksum mismatch", path);
         goto out;
     }
-    for (uint64_t i = 0; i < tbytes / 4; i++) b->tokens[i] = pkv_get_u32(tsec + 4 * i);
+    for (uint64_t i = 0; i < tbytes / 4; i++) b->tokens[i] = kd_get_u32(tsec + 4 * i);
     XXH3_64bits_reset(xs);
     XXH3_64bits_update(xs, h, sizeof h);
     XXH3_64bits_update(xs, tsec, (size_t)tbytes);
@@ -728,8 +732,8 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
                  "trailer)", path, (unsigned long long)(b->size - off), BN_TRAILER);
         goto out;
     }
-    if (memcmp(tr, BN_END, 8) || pkv_get_u64(tr + 8) != b->nblocks ||
-        !pkv_sum_ok(pkv_get_u64(tr + 16), XXH3_64bits_digest(xs))) {
+    if (memcmp(tr, BN_END, 8) || kd_get_u64(tr + 8) != b->nblocks ||
+        !kd_sum_ok(kd_get_u64(tr + 16), XXH3_64bits_digest(xs))) {
         snprintf(why, wl, "%s: trailer missing or file checksum mismatch", path);
         goto out;
     }
@@ -857,7 +861,7 @@ int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
     uint32_t *chain = malloc(((size_t)b.nblocks + 1) * sizeof *chain);
     uint64_t id = have_keep ? keep : 0xF000000000000000ull | ((uint64_t)getpid() << 16);
     size_t n_cached = 0;
-    uint32_t imported = 0, present = 0, hit = 0, bad = PKV_NONE;
+    uint32_t imported = 0, present = 0, hit = 0, bad = PKV_NO_BLOCK;
     bool opened = false;
     int exit_rc = KD_OK;
     if (!prompt || !slots || !chain) {
@@ -924,7 +928,7 @@ int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
         goto out;
     }
     /* What a prompt now finds (read-only lookup, no counters touched). */
-    hit = chain_lookup(c, salt, prompt, b.nblocks, chain, false, &bad);
+    hit = chain_lookup(c, bs, salt, prompt, b.nblocks, chain, false, &bad);
     if (x->json) {
         kj *j = &x->j;
         kj_init(j, stdout);
