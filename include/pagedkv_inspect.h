@@ -75,9 +75,10 @@ int pkv_inspect_block_tokens(pkv_cache *cache, uint32_t b, uint32_t *out, size_t
 
 /* What pkv_inspect_check_block recomputes of a sealed block. */
 typedef struct pkv_block_check {
-    int in_file;          /* its slot was inside the arena file at open (below
-                             pkv_arena_info.valid_blocks: a short file loses the
-                             slots past its end) */
+    int in_file;          /* its slot is in the arena file: always, except on a
+                             read-only handle of a file cut short, which maps only
+                             the first pkv_arena_info.valid_blocks slots (recovery
+                             drops the sealed blocks past them) */
     int payload_ok;       /* in_file and payload_sum_actual == the sealed sum */
     uint64_t payload_sum_actual; /* XXH3-64 of the slot's payload now (0 if !in_file) */
     int chain_ok;         /* no parent, or the parent is a sealed block of the same
@@ -117,8 +118,10 @@ int pkv_inspect_prefix(pkv_cache *cache, uint64_t salt, const uint32_t *tokens, 
 typedef struct pkv_arena_info {
     char path[4096];       /* the arena file: dir/arena, or the file it links to */
     int linked;            /* dir/arena is a symbolic link (pkv_options.arena_dir) */
-    uint64_t valid_blocks; /* block slots the file held at open (a short file: fewer
-                              than capacity; their payload is missing) */
+    uint64_t valid_blocks; /* block slots the file held at open: capacity, or fewer
+                              for a file cut short (the payload of the others was
+                              lost; a writable open extends the file, a read-only
+                              one maps only these) */
 } pkv_arena_info;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: never (no lock: fixed at open). */

@@ -102,7 +102,8 @@ int pkv_inspect_check_block(pkv_cache *c, uint32_t b, pkv_block_check *out) {
         out->hash_hi_actual = h.hi;
         out->hash_lo_actual = h.lo;
     }
-    out->in_file = b < c->arena.valid_blocks;
+    /* a writable open extends a short file; a read-only one maps it as it is */
+    out->in_file = b < (c->arena.rdonly ? c->arena.valid_blocks : c->pool.capacity);
     if (out->in_file) {
         out->payload_sum_actual = pkv_arena_sum(&c->arena, b);
         out->payload_ok = out->payload_sum_actual == x->payload_sum;
