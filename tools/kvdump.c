@@ -17,6 +17,8 @@
  * and never changes the directory: the cache is opened with PKV_OPEN_RDONLY,
  * which loads the checkpoint chain (the full checkpoint, then its deltas) and
  * replays the valid log prefix in memory; kvdump never rebuilds state itself.
+ * Each command gathers what it shows through pagedkv.h and pagedkv_inspect.h
+ * (kd_state, kvdump_out.c), then checks and prints it in per-section pieces.
  * Exit codes: 0 ok, 1 problems found (verify), 2 usage or unreadable input, 3
  * the operation failed (export / import). docs/kvdump.md is the reference.
  */
