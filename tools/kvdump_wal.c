@@ -16,6 +16,7 @@
  * offset read from disk is checked against the bytes actually read before it is
  * used.
  */
+#include "internal.h" /* the log's internals (wal/wal.h), for this scanner only */
 #include "kvdump.h"
 
 #include <ctype.h>
@@ -28,6 +29,15 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+struct kd_logrec {
+    uint64_t seg, off;  /* segment number, byte offset of the record in its file */
+    uint32_t len;       /* record bytes, header and trailer included */
+    bool in_ckpt;       /* LSN <= the chain's newest LSN: recovery skips it */
+    pkv_rec r;          /* decoded */
+};
+
+uint64_t kd_spare_strays(uint64_t spare_mask) { return pkv_wal_spare_strays(spare_mask); }
 
 const char *kd_end_name(int r) {
     switch (r) {
