@@ -133,9 +133,9 @@ static void check_prompts(size_t max_tokens) {
     fj_free(fx);
 }
 
-Test(real_model, short_prompts_match_the_reference, .timeout = 600) { check_prompts(64); }
+Test(real_model, short_prompts_match_the_reference) { check_prompts(64); }
 
-Test(real_model, long_prompt_matches_the_reference, .timeout = 1800) {
+Test(real_model, long_prompt_matches_the_reference) {
     const char *on = getenv("PKV_TEST_LONG");
     if (!on || strcmp(on, "1")) cr_skip_test("set PKV_TEST_LONG=1 to run the 2,238-token prompt");
     check_prompts(100000);
