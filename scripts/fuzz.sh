@@ -11,7 +11,7 @@
 #   --regen-corpus  regenerate the seeds from real files (fuzz/gen_corpus.c),
 #                   minimize them into fuzz/corpus/<t>, then run as usual
 #   --keep          keep the scratch directory (default: removed unless a crash)
-#   target          record checkpoint recover bundle api kvdump (default: all)
+#   target          record checkpoint recover bundle api kvdump gguf (default: all)
 # Prints executions, exec/s, coverage and corpus size per target. Exits 1 if any
 # target crashed (a sanitizer report, a failed harness check, a leak, a timeout,
 # an out-of-memory or a unit that ran 10 s or more), after printing the path of each
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(record checkpoint recover bundle api kvdump)
+all=(record checkpoint recover bundle api kvdump gguf)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (have: ${all[*]})" >&2; exit 2; }
@@ -49,7 +49,8 @@ if [ ! -f $build/build.ninja ]; then
   CC=clang meson setup $build -Dfuzzing=true -Dtests=false -Dcuda=disabled -Dwerror=true \
     -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
-ninja -C $build $(for t in "${targets[@]}"; do echo fuzz/fuzz-$t; done) fuzz/gen_corpus >/dev/null
+ninja -C $build $(for t in "${targets[@]}"; do echo fuzz/fuzz-$t; done) fuzz/gen_corpus \
+  fuzz/gen_gguf_corpus >/dev/null
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:handle_segv=1:handle_abort=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -57,6 +58,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/pkv-fuzz.XXXXXX")
 
 if [ $regen -eq 1 ]; then
   $build/fuzz/gen_corpus "$work/seeds" >/dev/null
+  $build/fuzz/gen_gguf_corpus "$work/seeds/gguf"
   for t in "${targets[@]}"; do
     rm -rf "fuzz/corpus/$t.new"; mkdir -p "fuzz/corpus/$t.new"
     $build/fuzz/fuzz-$t -merge=1 -close_fd_mask=3 "fuzz/corpus/$t.new" "$work/seeds/$t" \

@@ -14,6 +14,8 @@
  */
 #include "model.h"
 
+#include "gguf.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -240,9 +242,8 @@ static int config_check(const pkvm_config *c) {
     return 0;
 }
 
-int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
-    if (!cfg || !out) return merr(PKV_EINVAL, "cfg or out is NULL");
-    *out = NULL;
+/* The model with its weight memory allocated and laid out, values unset. */
+static int model_alloc(const pkvm_config *cfg, pkvm_model **out) {
     int rc = config_check(cfg);
     if (rc) return rc;
     pkvm_model *m = calloc(1, sizeof *m);
@@ -263,15 +264,10 @@ int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
         pkvm_free(m);
         return merr(PKV_ENOMEM, "model weights (%zu floats)", total);
     }
-    uint64_t s = c->seed ^ 0x706b762d6d6f64ull; /* "pkv-mod" */
     float *p = m->mem;
     m->emb = p, p += V * D;
     m->final_norm = p, p += D;
     m->wout = p, p += V * D;
-    fill_uniform(m->emb, V * D, 1.0f, &s);
-    fill_norm(m->final_norm, D, &s);
-    /* Logits with a standard deviation of about 3: decisive greedy choices. */
-    fill_uniform(m->wout, V * D, 3.0f * sqrtf(3.0f / (float)D), &s);
     for (size_t l = 0; l < L; l++) {
         layer_w *w = &m->layers[l];
         w->attn_norm = p, p += D;
@@ -280,6 +276,32 @@ int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
         w->ffn_norm = p, p += D;
         w->w13 = p, p += 2 * F * D;
         w->w2 = p, p += D * F;
+    }
+    for (size_t i = 0; i < hd / 2; i++)
+        m->inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
+#if MODEL_X86
+    m->avx = model_cpu_avx();
+#endif
+    *out = m;
+    return 0;
+}
+
+int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
+    if (!cfg || !out) return merr(PKV_EINVAL, "cfg or out is NULL");
+    *out = NULL;
+    pkvm_model *m;
+    int rc = model_alloc(cfg, &m);
+    if (rc) return rc;
+    const pkvm_config *c = &m->cfg;
+    const size_t D = c->dim, L = c->n_layers, hd = c->head_dim, nh = c->n_heads,
+                 nkv = c->n_kv_heads, F = c->ffn_dim, V = c->vocab;
+    uint64_t s = c->seed ^ 0x706b762d6d6f64ull; /* "pkv-mod" */
+    fill_uniform(m->emb, V * D, 1.0f, &s);
+    fill_norm(m->final_norm, D, &s);
+    /* Logits with a standard deviation of about 3: decisive greedy choices. */
+    fill_uniform(m->wout, V * D, 3.0f * sqrtf(3.0f / (float)D), &s);
+    for (size_t l = 0; l < L; l++) {
+        layer_w *w = &m->layers[l];
         fill_norm(w->attn_norm, D, &s);
         fill_uniform(w->wqkv, (nh + 2 * nkv) * hd * D, sqrtf(3.0f / (float)D), &s);
         fill_uniform(w->wo, D * nh * hd, sqrtf(3.0f / (float)(nh * hd)), &s);
@@ -287,11 +309,128 @@ int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
         fill_uniform(w->w13, 2 * F * D, sqrtf(3.0f / (float)D), &s);
         fill_uniform(w->w2, D * F, sqrtf(3.0f / (float)F), &s);
     }
-    for (size_t i = 0; i < hd / 2; i++)
-        m->inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
-#if MODEL_X86
-    m->avx = model_cpu_avx();
-#endif
+    *out = m;
+    return 0;
+}
+
+/* ---- Weights from a GGUF (architecture "llama") ------------------------------ */
+
+static int gguf_req_u32(const pkv_gguf *g, const char *key, uint32_t *v) {
+    if (pkv_gguf_get_u32(g, key, v)) return merr(PKV_EINVAL, "%s", pkv_gguf_last_error());
+    return 0;
+}
+
+int pkvm_config_from_gguf(const pkv_gguf *g, pkvm_config *out) {
+    if (!g || !out) return merr(PKV_EINVAL, "gguf or out is NULL");
+    pkv_gguf_str arch;
+    if (pkv_gguf_get_str(g, "general.architecture", &arch))
+        return merr(PKV_EINVAL, "%s", pkv_gguf_last_error());
+    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5))
+        return merr(PKV_ENOTSUP, "architecture '%.*s': only llama is supported", (int)arch.len,
+                    arch.ptr);
+    pkvm_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "gguf");
+    int rc = gguf_req_u32(g, "llama.block_count", &c.n_layers);
+    if (!rc) rc = gguf_req_u32(g, "llama.embedding_length", &c.dim);
+    if (!rc) rc = gguf_req_u32(g, "llama.attention.head_count", &c.n_heads);
+    if (!rc) rc = gguf_req_u32(g, "llama.attention.head_count_kv", &c.n_kv_heads);
+    if (!rc) rc = gguf_req_u32(g, "llama.feed_forward_length", &c.ffn_dim);
+    if (rc) return rc;
+    pkv_gguf_arr toks;
+    if (pkv_gguf_get_arr(g, "tokenizer.ggml.tokens", PKV_GGUF_STRING, &toks))
+        return merr(PKV_EINVAL, "%s", pkv_gguf_last_error());
+    c.vocab = toks.n <= UINT32_MAX ? (uint32_t)toks.n : 0;
+    if (!c.n_heads || c.dim % c.n_heads) return merr(PKV_EINVAL, "width %u, %u heads", c.dim, c.n_heads);
+    c.head_dim = c.dim / c.n_heads;
+    uint32_t rot;
+    if (pkv_gguf_find(g, "llama.rope.dimension_count") >= 0 &&
+        (rc = gguf_req_u32(g, "llama.rope.dimension_count", &rot)) == 0 && rot != c.head_dim)
+        return merr(PKV_ENOTSUP, "partial rotary embedding (%u of %u)", rot, c.head_dim);
+    if (rc) return rc;
+    c.rope_theta = 10000.0f;
+    if (pkv_gguf_find(g, "llama.rope.freq_base") >= 0 &&
+        pkv_gguf_get_f32(g, "llama.rope.freq_base", &c.rope_theta))
+        return merr(PKV_EINVAL, "%s", pkv_gguf_last_error());
+    if (pkv_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c.norm_eps))
+        return merr(PKV_EINVAL, "%s", pkv_gguf_last_error());
+    *out = c;
+    return config_check(&c);
+}
+
+/* Tensor `name` as rows x cols floats (GGUF: ne[0] = cols, the input width). */
+static int load_rows(const pkv_gguf *g, const char *name, size_t rows, size_t cols, float *dst) {
+    const pkv_gguf_tensor *t = pkv_gguf_tensor_find(g, name);
+    if (!t) return merr(PKV_EINVAL, "tensor %s is missing", name);
+    if (t->ne[0] != cols || t->n_rows != rows)
+        return merr(PKV_EINVAL, "tensor %s is [%llu x %llu], expected [%zu x %zu]", name,
+                    (unsigned long long)t->n_rows, (unsigned long long)t->ne[0], rows, cols);
+    int rc = pkv_gguf_tensor_f32(t, dst);
+    return rc ? merr(rc, "%s", pkv_gguf_last_error()) : 0;
+}
+
+/* llama.cpp's converter interleaves each Q/K head's two rotary halves (row 2i + j
+ * of a head holds the half-split row j * hd/2 + i); undo it for the half-split
+ * RoPE of pkvm_forward. */
+static int unpermute_heads(float *w, size_t heads, size_t hd, size_t cols) {
+    float *tmp = malloc(hd * cols * sizeof *tmp);
+    if (!tmp) return merr(PKV_ENOMEM, "unpermute");
+    for (size_t h = 0; h < heads; h++) {
+        float *head = w + h * hd * cols;
+        for (size_t i = 0; i < hd / 2; i++)
+            for (size_t j = 0; j < 2; j++)
+                memcpy(tmp + (j * hd / 2 + i) * cols, head + (2 * i + j) * cols,
+                       cols * sizeof *tmp);
+        memcpy(head, tmp, hd * cols * sizeof *tmp);
+    }
+    free(tmp);
+    return 0;
+}
+
+static int load_layer(const pkv_gguf *g, const pkvm_config *c, size_t l, layer_w *w) {
+    const size_t D = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads,
+                 F = c->ffn_dim;
+    char name[64];
+#define LOAD(suffix, rows, cols, dst)                                                  \
+    do {                                                                                \
+        snprintf(name, sizeof name, "blk.%zu." suffix ".weight", l);                   \
+        int rc_ = load_rows(g, name, rows, cols, dst);                                  \
+        if (rc_) return rc_;                                                            \
+    } while (0)
+    LOAD("attn_norm", 1, D, w->attn_norm);
+    LOAD("attn_q", nh * hd, D, w->wqkv);
+    LOAD("attn_k", nkv * hd, D, w->wqkv + nh * hd * D);
+    LOAD("attn_v", nkv * hd, D, w->wqkv + (nh + nkv) * hd * D);
+    LOAD("attn_output", D, nh * hd, w->wo);
+    LOAD("ffn_norm", 1, D, w->ffn_norm);
+    LOAD("ffn_gate", F, D, w->w13);
+    LOAD("ffn_up", F, D, w->w13 + F * D);
+    LOAD("ffn_down", D, F, w->w2);
+#undef LOAD
+    int rc = unpermute_heads(w->wqkv, nh, hd, D);
+    return rc ? rc : unpermute_heads(w->wqkv + nh * hd * D, nkv, hd, D);
+}
+
+int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out) {
+    if (!g || !out) return merr(PKV_EINVAL, "gguf or out is NULL");
+    *out = NULL;
+    pkvm_config cfg;
+    int rc = pkvm_config_from_gguf(g, &cfg);
+    pkvm_model *m = NULL;
+    if (!rc) rc = model_alloc(&cfg, &m);
+    if (rc) return rc;
+    const pkvm_config *c = &m->cfg;
+    rc = load_rows(g, "token_embd.weight", c->vocab, c->dim, m->emb);
+    if (!rc) rc = load_rows(g, "output_norm.weight", 1, c->dim, m->final_norm);
+    if (!rc) /* tied embeddings when there is no output matrix */
+        rc = load_rows(g, pkv_gguf_tensor_find(g, "output.weight") ? "output.weight"
+                                                                     : "token_embd.weight",
+                       c->vocab, c->dim, m->wout);
+    for (size_t l = 0; l < c->n_layers && !rc; l++) rc = load_layer(g, c, l, &m->layers[l]);
+    if (rc) {
+        pkvm_free(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }

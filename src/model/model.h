@@ -4,8 +4,9 @@
  * Decoder-only transformer: token embedding, RMSNorm, rotary position embedding
  * (half-split, as in Llama/HF), grouped-query attention through
  * pkv_attn_decode(), SwiGLU MLP, output projection, greedy sampling. Weights are
- * generated from a seed (no download); tokens are bytes (0..255) plus a few
- * specials, so prompts are plain text.
+ * generated from a seed (no download; tokens are bytes (0..255) plus a few
+ * specials, so prompts are plain text), or read from a GGUF file of a real Llama
+ * model (pkvm_create_gguf; its tokens come from src/model/tokenizer.h).
  *
  * Two ways to run it on a token sequence:
  *  - paged (pkvm_engine): pagedkv as an inference engine uses it: pkv_seq_open
@@ -63,6 +64,17 @@ typedef struct pkvm_model pkvm_model;
 
 /* Generate the weights. PKV_EINVAL for an inconsistent config, PKV_ENOMEM. */
 int pkvm_create(const pkvm_config *cfg, pkvm_model **out);
+
+/* A model from a GGUF file of architecture "llama" (src/model/gguf.h): its
+ * hyper-parameters, and its weights converted to f32 (Q/K rows put back in the
+ * half-split rotary order; the output is the embedding when the file has no
+ * output.weight). The handle does not keep the file. PKV_ENOTSUP (another
+ * architecture, partial rotary, a tensor type without a converter), PKV_EINVAL
+ * (a key or tensor missing or of the wrong shape), PKV_ENOMEM. Blocks: converts
+ * every weight (seconds for 135M parameters). */
+typedef struct pkv_gguf pkv_gguf;
+int pkvm_config_from_gguf(const pkv_gguf *g, pkvm_config *out);
+int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out);
 void pkvm_free(pkvm_model *m);
 const pkvm_config *pkvm_config_of(const pkvm_model *m);
 /* Parameter count. */

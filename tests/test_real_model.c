@@ -1,0 +1,142 @@
+/*
+ * test_real_model.c — the model of src/model/model.c on SmolLM2-135M-Instruct's
+ * real weights (pkvm_create_gguf), f32 K/V, against the transformers reference
+ * in tests/data/smollm2-fixture.json: the first generated position's top-20
+ * logits within 1e-3, and the greedy continuations token-identical. The prompts
+ * of up to 64 tokens run by default; the 2,238-token one too when
+ * PKV_TEST_LONG=1 (minutes on two cores). Skipped when the model file is absent.
+ */
+#include "fixture_json.h"
+#include "gguf.h"
+#include "model.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *model_path(void) {
+    static char buf[4096];
+    const char *p = getenv("PKV_MODEL");
+    if (!p || !*p) {
+        const char *cache = getenv("PKV_MODEL_CACHE"), *home = getenv("HOME");
+        if (cache && *cache)
+            snprintf(buf, sizeof buf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+        else
+            snprintf(buf, sizeof buf, "%s/.cache/pagedkv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                     home ? home : "/tmp");
+        p = buf;
+    }
+    FILE *f = fopen(p, "rb");
+    if (!f) cr_skip_test("model file %s is absent: run scripts/get-model.sh (scripts/test.sh "
+                         "does) or set PKV_MODEL", p);
+    fclose(f);
+    return p;
+}
+
+/* A contiguous f32 K/V buffer for max_ctx tokens, seen as one block. */
+typedef struct kvbuf {
+    pkv_kv_view v;
+    void *buf;
+    uint32_t table[1];
+} kvbuf;
+
+static void kv_init(kvbuf *k, const pkvm_config *c, size_t max_ctx) {
+    const size_t row = (size_t)c->head_dim * 4, head = max_ctx * row,
+                 kind = head * c->n_kv_heads, layer = 2 * kind, bytes = layer * c->n_layers;
+    k->buf = calloc(1, bytes);
+    cr_assert_not_null(k->buf);
+    k->table[0] = 0;
+    k->v = (pkv_kv_view){.base = k->buf, .dtype = PKV_F32, .num_layers = c->n_layers,
+                         .num_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                         .block_size = (uint32_t)max_ctx, .num_blocks = 1,
+                         .block_stride = bytes, .layer_stride = layer, .kind_stride = kind,
+                         .head_stride = head, .token_stride = row};
+}
+
+/* Run tokens[from..to) (positions from..to-1); logits of the last one. */
+static void run(pkvm_model *m, kvbuf *k, const uint32_t *tokens, size_t from, size_t to,
+                float *logits) {
+    pkvm_row rows[128];
+    for (size_t p0 = from; p0 < to; p0 += 128) {
+        size_t n = to - p0 < 128 ? to - p0 : 128;
+        for (size_t i = 0; i < n; i++) {
+            size_t p = p0 + i;
+            rows[i] = (pkvm_row){.token = tokens[p], .pos = (uint32_t)p,
+                                 .slot = {0, (uint32_t)p}, .table = k->table, .n_table = 1,
+                                 .logits = p == to - 1 ? logits : NULL};
+        }
+        cr_assert_eq(pkvm_forward(m, &k->v, rows, n), 0, "%s", pkvm_last_error());
+    }
+}
+
+static void check_prompts(size_t max_tokens) {
+    const char *path = model_path();
+    const char *err = NULL;
+    fj *fx = fj_load(PKV_FIXTURE_DIR "/smollm2-fixture.json", &err);
+    cr_assert_not_null(fx, "fixture: %s", err);
+    pkv_gguf *g;
+    cr_assert_eq(pkv_gguf_open(path, &g), 0, "%s", pkv_gguf_last_error());
+    pkvm_model *m;
+    cr_assert_eq(pkvm_create_gguf(g, &m), 0, "%s", pkvm_last_error());
+    pkv_gguf_close(g);
+    pkvm_set_threads(m, 2);
+    const pkvm_config *c = pkvm_config_of(m);
+    cr_assert(c->n_layers == 30 && c->dim == 576 && c->n_heads == 9 && c->n_kv_heads == 3 &&
+              c->head_dim == 64 && c->ffn_dim == 1536 && c->vocab == 49152);
+    float *logits = malloc(c->vocab * sizeof *logits);
+    const fj *prompts = fj_get(fx, "prompts");
+    size_t ran = 0;
+    for (size_t pi = 0; pi < prompts->len; pi++) {
+        const fj *p = &prompts->item[pi];
+        const fj *ids = fj_get(p, "ids"), *greedy = fj_get(p, "greedy");
+        if (ids->len > max_tokens) continue;
+        const char *name = fj_get(p, "name")->str;
+        size_t n = ids->len, total = n + greedy->len;
+        uint32_t *toks = malloc(total * sizeof *toks);
+        for (size_t i = 0; i < n; i++) toks[i] = (uint32_t)ids->item[i].num;
+        kvbuf k;
+        kv_init(&k, c, total);
+        run(m, &k, toks, 0, n, logits);
+        /* First generated position: the reference's top 20 logits. */
+        const fj *tid = fj_get(p, "top20_ids"), *tv = fj_get(p, "top20_logits");
+        double worst = 0;
+        for (size_t j = 0; j < tid->len; j++) {
+            double d = fabs((double)logits[(uint32_t)tid->item[j].num] - tv->item[j].num);
+            if (d > worst) worst = d;
+        }
+        cr_log_info("%s (%zu tokens): max |delta| over the top-20 logits %.3g", name, n, worst);
+        cr_expect(worst <= 1e-3, "%s: top-20 logits differ by up to %g (> 1e-3)", name, worst);
+        /* Greedy continuation. */
+        size_t j = 0;
+        for (; j < greedy->len; j++) {
+            uint32_t want = (uint32_t)greedy->item[j].num, got = pkvm_argmax(logits, c->vocab);
+            if (got != want) {
+                uint32_t second = pkvm_rank(logits, c->vocab, 1);
+                cr_expect_eq(got, want, "%s: greedy token %zu is %u, reference %u (margin to "
+                             "the runner-up %g)", name, j, got, want,
+                             (double)(logits[got] - logits[second]));
+                break;
+            }
+            toks[n + j] = got;
+            if (j + 1 < greedy->len) run(m, &k, toks, n + j, n + j + 1, logits);
+        }
+        cr_log_info("%s: %zu of %zu greedy tokens identical", name, j, greedy->len);
+        free(k.buf);
+        free(toks);
+        ran++;
+    }
+    cr_expect(ran >= 1);
+    free(logits);
+    pkvm_free(m);
+    fj_free(fx);
+}
+
+Test(real_model, short_prompts_match_the_reference) { check_prompts(64); }
+
+Test(real_model, long_prompt_matches_the_reference) {
+    const char *on = getenv("PKV_TEST_LONG");
+    if (!on || strcmp(on, "1")) cr_skip_test("set PKV_TEST_LONG=1 to run the 2,238-token prompt");
+    check_prompts(100000);
+}
