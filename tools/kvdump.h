@@ -4,10 +4,10 @@
  * kvdump links a private static build of the library and reads its internal
  * structures (src/internal.h, src/wal/wal.h) after a read-only open
  * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). The
- * scanner (kvdump_wal.c) re-implements the reading rules of src/wal/replay.c for
- * the checkpoint chain (full checkpoint + delta checkpoints) and the log, so that
- * it can show every delta and record and say why the chain breaks or where the
- * valid log ends; the bundle
+ * scanner (kvdump_wal.c) reads the checkpoint chain and the log through the
+ * library's log reader (include/pagedkv_log.h: recovery's own rules, in
+ * src/wal/reader.c), so that it can show every delta and record and say why the
+ * chain breaks or where the valid log ends; the bundle
  * code (kvdump_bundle.c) exports through the internals and imports through the
  * public API only. docs/kvdump.md is the reference.
  */
@@ -15,6 +15,7 @@
 #define KVDUMP_H
 
 #include "internal.h"
+#include "pagedkv_log.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -184,7 +185,7 @@ typedef struct kd_logrec {
     uint64_t seg, off;  /* segment number, byte offset of the record in its file */
     uint32_t len;       /* record bytes, header and trailer included */
     bool in_ckpt;       /* LSN <= the chain's newest LSN: recovery skips it */
-    pkv_rec r;          /* decoded */
+    pkv_log_rec r;      /* decoded */
 } kd_logrec;
 
 /* One delta checkpoint file, delta-<no> (docs/format.md). Its place in the chain

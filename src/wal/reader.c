@@ -467,8 +467,10 @@ again:
         bool covered = first + nrec - 1 < expect; /* wholly in the checkpoint */
         if (!covered && first > expect) break;    /* not a continuation: invalid */
         if (L->on_frame &&
-            (rc = L->on_frame(L->ctx, s, off, first, nrec, bytes, covered, expect - 1)))
+            (rc = L->on_frame(L->ctx, s, off, first, nrec, bytes, covered, expect - 1))) {
+            *expect_io = expect;
             return rc;
+        }
         if (!covered) {
             reached = true;
             expect = first + nrec;
