@@ -1868,6 +1868,59 @@ Test(kvdump, a_stray_spare_is_reported)
     cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
 }
 
+/* A segment numbered 2^63 or more: recovery refuses the directory (the next
+ * segment's number would wrap to 0 and sort before the log it continues), and
+ * kvdump, reading through the same listing, says the same instead of reading
+ * the log as if the file were not there. */
+Test(kvdump, a_segment_number_recovery_refuses_is_refused_too)
+{
+    char dir[512], big[600];
+    pkv_cache *c = build_ref("bigseg", PKV_F32, PKV_DURABLE_GROUP, dir, sizeof dir);
+    pt_close(c);
+    snprintf(big, sizeof big, "%s/wal-%016llx", dir, 1ull << 63);
+    FILE *f = fopen(big, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    uint64_t before = dir_print(dir);
+    pkv_options o;
+    opts(&o, PKV_F32, PKV_DURABLE_GROUP);
+    o.flags |= PKV_OPEN_RDONLY;
+    pkv_cache *r = NULL;
+    PT_ERR(pkv_open(dir, &o, &r), PKV_ECORRUPT);
+    cr_assert(strstr(pkv_last_error(), "segment number out of range"), "%s", pkv_last_error());
+    kres k = KD("wal", dir);
+    KD_EXPECT(k, 2);
+    cr_assert(strstr(k.err, "wal-8000000000000000: segment number out of range"), "%s", k.err);
+    kres_free(&k);
+    jv *v = KDJ(2, "wal", dir);
+    cr_assert(strstr(js(v, "error.message"), "segment number out of range"));
+    jfree(v);
+    v = KDJ(1, "verify", dir);
+    cr_assert(!jb(v, "ok"));
+    bool found = false;
+    for (size_t i = 0; i < jcount(v, "problems"); i++) {
+        char key[48];
+        snprintf(key, sizeof key, "problems.%zu.kind", i);
+        const char *kind = js(v, key);
+        snprintf(key, sizeof key, "problems.%zu.message", i);
+        found |= !strcmp(kind, "log_unreadable") &&
+                 strstr(js(v, key), "segment number out of range") != NULL;
+    }
+    cr_assert(found, "verify does not report the segment recovery refuses");
+    jfree(v);
+    cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
+    /* One below 2^63 is a segment like any other (its header is invalid). */
+    unlink(big);
+    snprintf(big, sizeof big, "%s/wal-%016llx", dir, (1ull << 63) - 1);
+    f = fopen(big, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    v = KDJ(0, "wal", dir);
+    cr_assert_str_eq(js(v, "end.reason"), "clean");
+    jfree(v);
+    unlink(big);
+}
+
 /* ---- Delta checkpoints ----------------------------------------------------------------- */
 
 /* A chain: the reference cache, a full checkpoint (the first after an open always
