@@ -1921,6 +1921,41 @@ Test(kvdump, a_segment_number_recovery_refuses_is_refused_too)
     unlink(big);
 }
 
+/* A full checkpoint whose header is intact but whose body is damaged: recovery
+ * reads it in full and fails; kvdump, reading it with recovery's reader, calls
+ * it unreadable too rather than trusting its header. */
+Test(kvdump, a_checkpoint_with_a_damaged_body_is_refused_as_recovery_refuses_it)
+{
+    char dir[512], ck[600];
+    pkv_cache *c = build_ref("ckbody", PKV_F32, PKV_DURABLE_GROUP, dir, sizeof dir);
+    PT_OK(pkv_checkpoint(c));
+    pkv_stats st = pt_stats(c);
+    pt_close(c);
+    snprintf(ck, sizeof ck, "%s/ckpt-%016llx", dir, (unsigned long long)st.checkpoint_lsn);
+    size_t n;
+    free(rd_file(ck, &n));
+    cr_assert(n > 64 + 16);
+    flip(ck, 64 + (n - 64) / 2);
+    pkv_options o;
+    opts(&o, PKV_F32, PKV_DURABLE_GROUP);
+    o.flags |= PKV_OPEN_RDONLY;
+    pkv_cache *r = NULL;
+    cr_assert(pkv_open(dir, &o, &r) < 0, "recovery accepted a damaged checkpoint");
+    jv *v = KDJ(0, "wal", dir);
+    cr_assert(!jb(v, "checkpoint.ok"), "kvdump trusted the checkpoint's header alone");
+    cr_assert(!jnull(v, "checkpoint.error"));
+    jfree(v);
+    v = KDJ(1, "verify", dir);
+    bool found = false;
+    for (size_t i = 0; i < jcount(v, "problems"); i++) {
+        char key[48];
+        snprintf(key, sizeof key, "problems.%zu.kind", i);
+        found |= !strcmp(js(v, key), "checkpoint");
+    }
+    cr_assert(found, "verify does not report the damaged checkpoint");
+    jfree(v);
+}
+
 /* ---- Delta checkpoints ----------------------------------------------------------------- */
 
 /* A chain: the reference cache, a full checkpoint (the first after an open always
