@@ -6,8 +6,8 @@
  * every segment's verdict and where and why the log ends. All reading rules are
  * wal/reader.c's (the listing, segment headers, frames, records, the end of the
  * log, the chain's link checks) and checkpoint.c's (a checkpoint file's header,
- * checksum and decompression); this file only gathers what they report into the
- * structures of the header, and reads each delta's body for its counts.
+ * checksum and decompression, and the checks of loading one: pkv_ckpt_check);
+ * this file only gathers what they report into the structures of the header.
  *
  * Unlike recovery it may run beside a live writer: a chain file that vanishes
  * while read (a newer full checkpoint removed it) makes it list again, and the
@@ -146,69 +146,6 @@ static void delta_fail(delta *d, int stage, const char *fmt, ...) {
     d->fail = stage;
 }
 
-/* Count a delta's changed sealed and freed blocks and its sequences, with the
- * bounds checks pkv_ckpt_load makes (its head was checked by pkv_ckpt_info). */
-static void parse_delta(const uint8_t *raw, size_t len, const pkv_log_arena *a, delta *d) {
-    const uint32_t bs = pkv_get_u32(raw + 4), cap = pkv_get_u32(raw + 8);
-    if (bs != a->block_size || cap != a->capacity) {
-        delta_fail(d, DF_BODY, "geometry (block size %u, capacity %u) differs from the "
-                   "arena's (%u, %llu)", bs, cap, a->block_size,
-                   (unsigned long long)a->capacity);
-        return;
-    }
-    const size_t per = 56 + 4ull * bs;
-    size_t off = 32 + 8 * 8; /* head with the link, counters */
-    if (len < off + 8) goto truncated; /* from here on off <= len */
-    uint64_t ns = pkv_get_u64(raw + off);
-    off += 8;
-    if (ns > cap || ns * per > len - off) {
-        delta_fail(d, DF_BODY, "bad sealed block count %llu", (unsigned long long)ns);
-        return;
-    }
-    for (uint64_t i = 0; i < ns; i++, off += per) {
-        uint32_t blk = pkv_get_u32(raw + off), parent = pkv_get_u32(raw + off + 4);
-        if (blk >= cap || (parent != PKV_NONE && parent >= cap)) {
-            delta_fail(d, DF_BODY, "block %u / parent %u out of range", blk, parent);
-            return;
-        }
-    }
-    if (len - off < 8) goto truncated;
-    uint64_t nf = pkv_get_u64(raw + off);
-    off += 8;
-    if (nf > cap || nf * 4 > len - off) {
-        delta_fail(d, DF_BODY, "bad freed block count %llu", (unsigned long long)nf);
-        return;
-    }
-    for (uint64_t i = 0; i < nf; i++, off += 4)
-        if (pkv_get_u32(raw + off) >= cap) {
-            delta_fail(d, DF_BODY, "freed block %u out of range", pkv_get_u32(raw + off));
-            return;
-        }
-    if (len - off < 8) goto truncated;
-    uint64_t nq = pkv_get_u64(raw + off);
-    off += 8;
-    for (uint64_t i = 0; i < nq; i++) {
-        if (len - off < 32) goto truncated;
-        uint32_t nb = pkv_get_u32(raw + off + 24), ntail = pkv_get_u32(raw + off + 28);
-        off += 32;
-        if (ntail >= bs || 4ull * nb + 4ull * ntail > len - off) {
-            delta_fail(d, DF_BODY, "sequence %llu malformed", (unsigned long long)i);
-            return;
-        }
-        off += 4ull * nb + 4ull * ntail;
-    }
-    if (off != len) {
-        delta_fail(d, DF_BODY, "%zu trailing bytes", len - off);
-        return;
-    }
-    d->pub.sealed = ns;
-    d->pub.freed = nf;
-    d->pub.sequences = nq;
-    return;
-truncated:
-    delta_fail(d, DF_BODY, "truncated");
-}
-
 /* The file before delta i in the chain, for messages. */
 static void prev_name(const pkv_logview *g, size_t i, char *out, size_t n) {
     if (i == 0 || g->deltas[i - 1].pub.state != PKV_LOG_DELTA_APPLIED)
@@ -297,7 +234,14 @@ static void read_delta(pkv_logview *g, size_t i, uint8_t **raw, size_t *len, boo
     if (!pkv_ckpt_info(*raw, *len, &m) && m.delta) {
         p->prev_lsn = m.prev_lsn;
         p->prev_sum = m.prev_sum;
-        parse_delta(*raw, *len, &g->arena, d);
+        pkv_ckpt_counts n;
+        if (pkv_ckpt_check(*raw, *len, g->arena.block_size, g->arena.capacity, &n)) {
+            delta_fail(d, DF_BODY, "%s", pkv_last_error());
+        } else {
+            p->sealed = n.sealed;
+            p->freed = n.freed;
+            p->sequences = n.sequences;
+        }
     }
 }
 

@@ -386,6 +386,16 @@ int pkv_ckpt_info(const uint8_t *raw, size_t len, pkv_ckpt_meta *out);
  * blocks (a delta's on top of what is loaded), and, with seqs, its sequences (only
  * the newest file of a chain is given seqs; the others' are checked, not applied). */
 int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs);
+/* pkv_ckpt_load's checks without loading, against an arena of block_size and
+ * capacity (the log reader's look at a delta): 0 and what it holds, or
+ * PKV_ECORRUPT with load's message. */
+typedef struct pkv_ckpt_counts {
+    uint64_t sealed;    /* blocks it holds sealed */
+    uint64_t freed;     /* a delta's blocks no longer sealed */
+    uint64_t sequences;
+} pkv_ckpt_counts;
+int pkv_ckpt_check(const uint8_t *raw, size_t len, uint32_t block_size, uint64_t capacity,
+                   pkv_ckpt_counts *n);
 /* Read and decompress a checkpoint or delta file (magic: CKPT_MAGIC or
  * DELTA_MAGIC); *body_sum: the XXH3-64 of its body (may be NULL). */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
