@@ -47,12 +47,13 @@ typedef struct pkv_log_arena {
 #define PKV_LOG_LIVE 1u
 #define PKV_LOG_MAYBE_LIVE 2u
 
-/* List `dir` and read its checkpoint chain (every delta in full, to check its
- * link, as recovery does). The log itself is read by pkv_logview_read.
+/* List `dir` and read its checkpoint chain (the full checkpoint and every delta
+ * in full, to check them and their links, as recovery does). The log itself is
+ * read by pkv_logview_read. The handle is freed by pkv_logview_close.
  * Errors: PKV_EINVAL (NULL argument, unknown flag), PKV_EIO (the directory cannot
  * be listed), PKV_ECORRUPT (a segment number >= 2^63, which recovery refuses too),
- * PKV_ENOMEM. A damaged or broken chain is not an error: pkv_log_chain says so.
- * Blocks: I/O. */
+ * PKV_ENOMEM; on failure *out is NULL. A damaged or broken chain is not an
+ * error: pkv_logview_chain says so. Blocks: I/O. */
 int pkv_logview_open(const char *dir, const pkv_log_arena *arena, uint32_t flags,
                      pkv_logview **out);
 /* Free the handle (NULL: nothing). Never fails, never blocks. */

@@ -320,10 +320,11 @@ static int list_and_read(pkv_logview *g, bool *vanished) {
     return 0;
 }
 
-int pkv_logview_open(const char *dir, const pkv_log_arena *arena, uint32_t flags, pkv_logview **out) {
+int pkv_logview_open(const char *dir, const pkv_log_arena *arena, uint32_t flags,
+                     pkv_logview **out) {
+    if (out) *out = NULL;
     if (!dir || !arena || !out || (flags & ~(PKV_LOG_LIVE | PKV_LOG_MAYBE_LIVE)))
         return pkv_err(PKV_EINVAL, "pkv_logview_open: NULL argument or unknown flag");
-    *out = NULL;
     pkv_logview *g = calloc(1, sizeof *g);
     if (!g || !(g->dir = strdup(dir))) {
         free(g);

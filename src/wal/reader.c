@@ -400,10 +400,8 @@ static int watch_end(const pkv_rd_log *L, pkv_rd_seg *s, uint64_t off, uint64_t 
 /* ---- Reading the log ------------------------------------------------------------ */
 
 /* Why the frames of segment s stop at off (nothing valid continues there). */
-static void classify(const pkv_rd_log *L, pkv_rd_seg *s, uint64_t off, uint64_t expect,
-                     bool reached, pkv_scan_res later, uint64_t f, uint64_t at,
-                     pkv_rd_end *e) {
-    (void)L;
+static void classify(pkv_rd_seg *s, uint64_t off, uint64_t expect, bool reached,
+                     pkv_scan_res later, uint64_t f, uint64_t at, pkv_rd_end *e) {
     e->off = off;
     e->expect = expect;
     if (later != PKV_SCAN_NONE) {
@@ -429,14 +427,25 @@ static void classify(const pkv_rd_log *L, pkv_rd_seg *s, uint64_t off, uint64_t 
         }
         return;
     }
+    /* Nothing recovery cuts: only zeros (writing may resume here), the file's
+     * end, bytes of no frame, or damage among frames the checkpoint covers. */
     e->zero = !s->err && zero_from(s, off);
     h = s->err ? NULL : pkv_rd_at(s, off, FRAME_HDR);
-    if (off + FRAME_HDR > s->len) e->reason = PKV_END_EOF;
-    else if (e->zero) e->reason = PKV_END_CLEAN;
-    else if (!h || pkv_get_u32(h) != FRAME_MAGIC) e->reason = PKV_END_GARBAGE;
-    else if (pkv_get_u32(h + 4) != s->epoch) e->reason = PKV_END_STALE, e->val = pkv_get_u32(h + 4);
-    else e->reason = PKV_END_TORN, e->covered = true, e->val = pkv_get_u32(h + 20),
-         e->nrec = pkv_get_u32(h + 16);
+    if (off + FRAME_HDR > s->len) {
+        e->reason = PKV_END_EOF;
+    } else if (e->zero) {
+        e->reason = PKV_END_CLEAN;
+    } else if (!h || pkv_get_u32(h) != FRAME_MAGIC) {
+        e->reason = PKV_END_GARBAGE;
+    } else if (pkv_get_u32(h + 4) != s->epoch) {
+        e->reason = PKV_END_STALE;
+        e->val = pkv_get_u32(h + 4);
+    } else {
+        e->reason = PKV_END_TORN;
+        e->covered = true;
+        e->val = pkv_get_u32(h + 20);
+        e->nrec = pkv_get_u32(h + 16);
+    }
 }
 
 /* Read one segment (open, valid, not after a gap) from *expect on. */
@@ -496,11 +505,12 @@ again:
             e->reason = PKV_END_IN_PROGRESS;
             e->off = off;
             e->expect = expect;
+            e->seg_len = s->len;
             return s->err;
         }
     }
     if (s->err) return s->err;
-    classify(L, s, off, expect, reached, later, f, at, e);
+    classify(s, off, expect, reached, later, f, at, e);
     e->seg_len = s->len;
     return s->err;
 }
@@ -511,7 +521,7 @@ static void seg_end(pkv_rd_log *L, const pkv_rd_seg *s, const pkv_rd_end *e) {
 
 /* A segment that starts after a hole: *gap set when it holds a valid frame (or
  * too many candidates to tell), so records are missing before it. */
-static int gap_check(pkv_rd_log *L, pkv_rd_seg *s, uint64_t expect, pkv_rd_end *e, bool *gap) {
+static int gap_check(pkv_rd_seg *s, uint64_t expect, pkv_rd_end *e, bool *gap) {
     uint64_t f, at;
     pkv_scan_res r = pkv_rd_scan(s, SEG_HDR - 8, 0, false, &f, &at);
     memset(e, 0, sizeof *e);
@@ -527,7 +537,6 @@ static int gap_check(pkv_rd_log *L, pkv_rd_seg *s, uint64_t expect, pkv_rd_end *
         e->seg_size = s->size;
         e->seg_epoch = s->epoch;
     }
-    (void)L;
     return s->err;
 }
 
@@ -561,7 +570,7 @@ int pkv_rd_log_read(pkv_rd_log *L, const uint64_t *nos, size_t n, uint64_t after
         if (!s.valid) continue; /* a header that never became durable: nothing in it */
         if (s.start > expect) { /* a gap: records between are missing */
             bool gap;
-            rc = gap_check(L, &s, expect, &e, &gap);
+            rc = gap_check(&s, expect, &e, &gap);
             pkv_rd_seg_close(&s);
             if (rc) break;
             seg_end(L, &s, &e);
@@ -572,7 +581,6 @@ int pkv_rd_log_read(pkv_rd_log *L, const uint64_t *nos, size_t n, uint64_t after
         rc = seg_read(L, &s, &expect, &e);
         pkv_rd_seg_close(&s);
         if (rc) break;
-        L->any_read = true;
         L->torn_bytes += e.torn_bytes;
         seg_end(L, &s, &e);
         *end = e;

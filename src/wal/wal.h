@@ -527,7 +527,8 @@ enum {
     PKV_END_NOT_NEXT,   /* a valid frame that does not continue the log: cut */
     PKV_END_CORRUPT,    /* damage followed by valid frames (or too many candidates) */
     PKV_END_GAP,        /* a later segment starts after a hole in the LSNs */
-    PKV_END_BAD_RECORD, /* an invalid record inside a valid frame */
+    PKV_END_BAD_RECORD, /* an invalid record inside a valid frame (the caller's
+                           verdict on pkv_rd_records failing: recovery fails) */
     PKV_END_IN_PROGRESS,/* a frame at the end changed while it was watched */
 };
 typedef struct pkv_rd_end {
@@ -542,9 +543,7 @@ typedef struct pkv_rd_end {
     uint32_t val;        /* STALE: the epoch found; TORN: the frame's length field */
     uint32_t nrec;       /* TORN: the frame's record count field */
     uint64_t torn_bytes; /* TORN / NOT_NEXT after frames it applied: bytes cut */
-    bool zero;           /* CLEAN: writing may resume at off */
-    int bad;             /* BAD_RECORD: PKV_RECBAD_* */
-    char msg[300];       /* BAD_RECORD: recovery's message */
+    bool zero;           /* only zeros from off: writing may resume there */
     uint64_t seg_len, seg_size; /* of the segment where the log ends */
     uint32_t seg_epoch;
 } pkv_rd_end;
@@ -578,7 +577,6 @@ typedef struct pkv_rd_log {
     uint64_t skipped_bytes; /* damaged bytes among covered frames, skipped */
     uint64_t torn_bytes;    /* all segments */
     uint64_t last_lsn;      /* last valid LSN */
-    bool any_read;
 } pkv_rd_log;
 /* Read segments nos[0..n) after LSN `after` with recovery's rules: from the last
  * valid segment starting at or before after + 1; invalid headers skipped; a gap
