@@ -614,9 +614,9 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
                 uint64_t *next_seg);
 /* Apply one decoded record to the recovering state. */
 int pkv_replay_apply(pkv_cache *c, const pkv_rec *r);
-/* For the fuzz harnesses (fuzz/) and kvdump: the frame reading of pkv_recover on a
- * segment image in memory (data[0, len), frames from offset SEG_HDR), and the
- * rebuild + verification that ends recovery. */
+/* For the fuzz harnesses (fuzz/): the reader's frame reading as recovery uses it
+ * (reader.c), on a segment image in memory (data[0, len), frames from offset
+ * SEG_HDR), and the rebuild + verification that ends recovery. */
 bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t off,
                          uint64_t *first, uint32_t *nrec, uint32_t *bytes);
 int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
