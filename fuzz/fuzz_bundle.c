@@ -13,6 +13,7 @@
  * with PKV_FUZZING, so every bundle checksum matches.
  */
 #include "fuzz_common.h"
+#include "internal.h" /* pkv_get_u32/u64 */
 #include "kvdump.h"
 
 #include <stdio.h>

@@ -73,6 +73,10 @@ typedef struct pkv_log_dir {
 } pkv_log_dir;
 /* Never fails (NULL arguments: nothing), never blocks. */
 void pkv_logview_dir(const pkv_logview *log, pkv_log_dir *out);
+/* Of the wal-spare-<k> files of spare_mask (bit k, as pkv_log_dir.spare_mask),
+ * those outside the run the writer recycles: the strays a writable open deletes.
+ * Never fails, never blocks. */
+uint64_t pkv_logview_spare_strays(uint64_t spare_mask);
 
 /* ---- The checkpoint chain -------------------------------------------------------
  * Recovery loads the newest full checkpoint ckpt-<base>, then every delta-<n>

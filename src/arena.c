@@ -508,10 +508,9 @@ void pkv_arena_copy_tokens(const pkv_arena *a, uint32_t dst, uint32_t src, uint3
  * vzeroupper. Until something clears them, every legacy-SSE instruction that
  * runs next, in this library (built for baseline x86-64) and in libc, pays the
  * SSE/AVX transition cost, and on Intel the core keeps its wide-vector power
- * licence. Measured on the decode loop (docs/benchmarks-history.md, "A biased cache
- * lock, adopted, and the payload checksum's dirty vector state"): the 512-byte
- * sum of a sealing commit took
- * ~270 cycles instead of ~80, about 7 ns per decoded token. So clear them after
+ * licence: a sealing commit's small checksum then costs several times its clean
+ * cost (docs/benchmarks-history.md, "A biased cache lock, adopted, and the
+ * payload checksum's dirty vector state"). So clear them after
  * each sum, where the CPU and the OS support AVX (vzeroupper is an AVX
  * instruction; without AVX the dispatcher never used those paths). */
 #if defined(PKV_XXH3_DISPATCHED) && (defined(__GNUC__) || defined(__clang__))

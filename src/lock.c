@@ -4,11 +4,11 @@
  *
  * Every pkv_* call takes the cache lock once, and a decoding engine makes two
  * calls per token, so the uncontended lock and unlock are on the hottest path
- * there is. glibc's pthread_mutex_lock/unlock spend ~60 instructions a pair on
- * type, owner and elision bookkeeping around the one atomic operation each needs
- * (9-11 ns a pair on the development VM); a plain futex mutex takes just the two
- * atomic operations (6 ns), and even those were ~16 ns of an ~80 ns decode token,
- * since each drains the store buffer. A biased lock takes none.
+ * there is. glibc's pthread_mutex_lock/unlock spend tens of instructions a pair
+ * on type, owner and elision bookkeeping around the one atomic operation each
+ * needs; a plain futex mutex takes just the two atomic operations, and even those
+ * are a visible share of a decode token, since each drains the store buffer. A
+ * biased lock takes none (docs/benchmarks-history.md has the figures).
  *
  * The futex mutex, v ("Futexes Are Tricky", U. Drepper, mutex 2): 0 free, 1 held,
  * 2 held and perhaps waited on. Lock: CAS 0 -> 1, else spin briefly, then swap in

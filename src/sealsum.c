@@ -2,12 +2,11 @@
  * sealsum.c — seal checksums computed ahead, on helper threads: for a
  * pkv_seq_step_batch call, and for a commit that seals several blocks.
  *
- * Sealing a block checksums its whole K/V payload (seq.c seal(), pkv_arena_sum):
- * at a model's real block size, ~150 us for 2 MiB on one core at memory speed. A
- * scheduler thread stepping 256 sequences seals ~16 blocks per step, so the
- * checksums alone took it ~2.4 ms per step, and committing a 4k-token prefill
- * seals 256 blocks at once (~38 ms). With pkv_options.seal_threads > 1, a batch
- * first finds the blocks its commits will seal and checksums them on up to that
+ * Sealing a block checksums its whole K/V payload (seq.c seal(), pkv_arena_sum),
+ * which at a real model's block size (megabytes) is memory-bound work that a
+ * scheduler thread stepping hundreds of sequences, or a long prefill sealing
+ * hundreds of blocks at once, would otherwise do serially. With
+ * pkv_options.seal_threads > 1, a batch first finds the blocks its commits will seal and checksums them on up to that
  * many threads (the calling thread is one of them), then runs its steps as
  * before; a single commit that seals two blocks or more does the same for them
  * just before it seals (pkv_seal_sums_range); seal() takes the sum computed

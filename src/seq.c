@@ -603,7 +603,7 @@ int pkv_seq_fork(pkv_cache *c, uint64_t parent, uint64_t child) {
         goto out;
     }
     /* An empty parent may have no table at all: memcpy from NULL is undefined
-     * even for 0 bytes (UBSan, found by fuzz/fuzz_api.c). */
+     * even for 0 bytes. */
     if (p->nblocks) memcpy(s->blocks, p->blocks, (size_t)p->nblocks * sizeof *s->blocks);
     s->nblocks = p->nblocks;
     for (uint32_t i = 0; i < s->nblocks; i++) pkv_block_acquire(c, s->blocks[i]);

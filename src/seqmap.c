@@ -10,14 +10,13 @@
  * Ids come from callers (an engine may pass request ids from its clients) and
  * from the log and checkpoint (which a forger writes), so the slot of an id is
  * keyed with a random seed drawn once per process: with a fixed hash, ids chosen
- * to share a home slot make every look-up walk one cluster (65,536 such
- * sequences took an open 8.7 s). Iteration order is therefore not stable
+ * to share a home slot would make every look-up walk one cluster (an open
+ * quadratic in the number of sequences). Iteration order is therefore not stable
  * between processes (pkv_seq_list promises none). Fuzzing builds use a fixed
  * seed, so that an input replays the same way. Where getrandom fails the seed is
  * derived from the clock and the pid instead. The seed is a process global, not
- * a field of the map: 8 more bytes in struct pkv_cache moved its hot fields
- * across cache lines and cost the decode loop ~4 ns/token (pkv-decodeloop,
- * docs/benchmarks-history.md).
+ * a field of the map: 8 more bytes in struct pkv_cache move its hot fields
+ * across cache lines, which the decode loop pays for on every token.
  */
 #include "internal.h"
 

@@ -932,9 +932,8 @@ Test(wal, no_limbo_wait_evicts_instead)
 
 /* ---- Retired log segments are deleted without the cache lock -------------------- */
 
-/* Unlinking a preallocated 32 MiB segment can take tens of milliseconds (26-39 ms
- * on the development VM's ext4); done under the cache lock it stalled every caller
- * that long. The I/O backend below wraps the default one: on each unlink of a log
+/* Unlinking a preallocated segment can take milliseconds; done under the cache
+ * lock it would stall every caller that long. The I/O backend below wraps the default one: on each unlink of a log
  * segment it has another thread take the cache lock (pkv_get_stats) and waits for it,
  * up to 10 s. If the checkpoint held the lock there, that thread could only get it
  * after the unlink returned, so the wait times out and is counted. */

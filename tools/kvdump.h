@@ -1,26 +1,58 @@
 /*
  * kvdump.h — shared declarations of the kvdump tool (tools/kvdump*.c).
  *
- * kvdump links a private static build of the library and reads its internal
- * structures (src/internal.h, src/wal/wal.h) after a read-only open
- * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). The
- * scanner (kvdump_wal.c) reads the checkpoint chain and the log through the
- * library's log reader (include/pagedkv_log.h: recovery's own rules, in
- * src/wal/reader.c), so that it can show every delta and record and say why the
- * chain breaks or where the valid log ends; the bundle
- * code (kvdump_bundle.c) exports through the internals and imports through the
- * public API only. docs/kvdump.md is the reference.
+ * kvdump reaches a cache through its documented interfaces only: pagedkv.h and
+ * the read-only inspection API of pagedkv_inspect.h, after a read-only open
+ * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). It
+ * reads the arena header itself (docs/format.md), and so does the bundle code
+ * (kvdump_bundle.c) with bundles; import goes through the public API like any
+ * writer. The log scanner (kvdump_wal.c) reads the checkpoint chain (full
+ * checkpoint + delta checkpoints) and the log through the read-only log reader
+ * of pagedkv_log.h (recovery's own rules, src/wal/reader.c), so that it can show
+ * every delta and record and say why the chain breaks or where the valid log
+ * ends. docs/kvdump.md is the reference.
  */
 #ifndef KVDUMP_H
 #define KVDUMP_H
 
-#include "internal.h"
-#include "pagedkv_log.h"
+#include "pagedkv.h"
+#include "pagedkv_inspect.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+
+/* ---- Little-endian fields of the files kvdump reads and writes --------------- */
+
+#define KD_PAGE 4096u /* the arena header page (docs/format.md) */
+
+static inline uint32_t kd_get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t kd_get_u64(const uint8_t *p) {
+    return (uint64_t)kd_get_u32(p) | (uint64_t)kd_get_u32(p + 4) << 32;
+}
+static inline void kd_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kd_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A checksum read from a file against the one computed from its bytes. The
+ * fuzzing build of kvdump's code (fuzz/, PKV_FUZZING) accepts every one, as the
+ * library's pkv_sum_ok does, so that fuzz inputs reach the parsers behind them. */
+static inline bool kd_sum_ok(uint64_t stored, uint64_t computed) {
+#ifdef PKV_FUZZING
+    (void)stored;
+    (void)computed;
+    return true;
+#else
+    return stored == computed;
+#endif
+}
 
 /* Exit codes (docs/kvdump.md). */
 enum {
@@ -59,7 +91,7 @@ void kj_str(kj *j, const char *key, const char *s);
 void kj_strf(kj *j, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void kj_hex64(kj *j, const char *key, uint64_t v); /* "0x%016llx" string */
-void kj_block(kj *j, const char *key, uint32_t b);  /* number, or null for PKV_NONE */
+void kj_block(kj *j, const char *key, uint32_t b);  /* number, or null for PKV_NO_BLOCK */
 /* Start / end the document: { "kvdump": 1, "command": cmd, ... } */
 void kj_begin_doc(kj *j, const char *cmd);
 void kj_end_doc(kj *j);
@@ -121,11 +153,39 @@ const char *kd_printable(const char *s, char *buf, size_t n);
 bool kd_parse_u64(const char *s, uint64_t *out);
 
 /* State of a block as kvdump reports it. */
-const char *kd_block_state(const pkv_block *x); /* "free" "cached" "used" */
-/* Per block, the number of its tokens known from the tables: B for a sealed
- * block, the committed tokens in it for an open one, 0 for a free one. A
- * malloc'd array of capacity entries, or NULL (out of memory). */
-uint32_t *kd_ntok_table(const pkv_cache *c);
+const char *kd_block_state(const pkv_block_info *x); /* "free" "cached" "used" */
+/* Its kind: "sealed", "open" or "free". */
+const char *kd_block_kind(const pkv_block_info *x);
+
+/* ---- What the commands read of an opened cache (kvdump_out.c) ------------- */
+
+typedef struct kd_seqv {
+    uint64_t id;
+    pkv_seq_info inf;
+    uint32_t *blocks; /* its block table: inf.n_blocks entries */
+} kd_seqv;
+
+typedef struct kd_state {
+    pkv_cache_info inf;
+    pkv_arena_info arena;
+    uint32_t cap;          /* blocks (inf.capacity) */
+    pkv_block_info *blk;   /* per block */
+    uint32_t *depth;       /* per block: 1 for a chain's first block, 0 for a block
+                              not sealed or of a broken chain */
+    /* Per block, the number of its tokens known from the tables: B for a sealed
+     * block, the committed tokens in it for an open one, 0 for a free one. */
+    uint32_t *ntok;
+    kd_seqv *seq;          /* every sequence, by id */
+    size_t nseq;
+    uint64_t sealed;       /* sealed blocks */
+} kd_state;
+
+/* Read the blocks, depths and sequences of x->c into s. 0, or a negative PKV_E*
+ * code with s empty (out of memory, or the cache failed a call). */
+int kd_state_load(pkv_cache *c, kd_state *s);
+void kd_state_free(kd_state *s);
+/* The sequence with this id in s, or NULL. */
+const kd_seqv *kd_state_seq(const kd_state *s, uint64_t id);
 
 /* Convert one element to float. */
 float kd_elem(const uint8_t *p, uint32_t dtype);
@@ -181,15 +241,11 @@ typedef struct kd_seg {
     char end_detail[200];
 } kd_seg;
 
-typedef struct kd_logrec {
-    uint64_t seg, off;  /* segment number, byte offset of the record in its file */
-    uint32_t len;       /* record bytes, header and trailer included */
-    bool in_ckpt;       /* LSN <= the chain's newest LSN: recovery skips it */
-    pkv_log_rec r;      /* decoded */
-} kd_logrec;
+/* One record the scan read (its decoded form is the scanner's: kvdump_wal.c). */
+typedef struct kd_logrec kd_logrec;
 
 /* One delta checkpoint file, delta-<no> (docs/format.md). Its place in the chain
- * that recovery loads (load_chain() in src/wal/replay.c): */
+ * that recovery loads (pkv_rd_link in src/wal/reader.c): */
 enum kd_delta_state {
     KD_DELTA_APPLIED = 0, /* links onto the file before it: recovery applies it */
     KD_DELTA_STALE,       /* no <= the full checkpoint's LSN: left from an older chain
@@ -255,14 +311,17 @@ typedef struct kd_log {
 
 typedef int (*kd_rec_cb)(void *ctx, const kd_log *L, const kd_logrec *r);
 /* Scan the directory's checkpoint chain and log like recovery does; call cb for
- * every record read (in LSN order). The full checkpoint's header is read, and
- * every delta in full (to check its link and count its changes); the log is read
- * from the newest file of the chain that loads. 0, or an error from cb, or a
+ * every record read (in LSN order). The full checkpoint and every delta are read
+ * in full (to check them and their links, and count a delta's changes); the log
+ * is read from the newest file of the chain that loads. 0, or an error from cb, or a
  * negative PKV_E* code with a message in why (directory unreadable, out of
  * memory). */
 int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,
                 char *why, size_t why_len);
 void kd_log_free(kd_log *L);
+/* The wal-spare-<k> files of spare_mask that lie outside the run the log
+ * recycles (strays), as a mask of the same kind. */
+uint64_t kd_spare_strays(uint64_t spare_mask);
 
 /* ---- Commands -------------------------------------------------------------- */
 

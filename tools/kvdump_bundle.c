@@ -69,28 +69,21 @@ static void unshuffle(uint8_t *dst, const uint8_t *src, size_t n, uint32_t e) {
 /* The longest chain of sealed, not BAD blocks matching tokens[0 .. nb*B) under
  * salt, like pkv_seq_open's prefix match but without changing anything. With
  * check_payload, the chain also stops at the first block whose payload does not
- * match its checksum. Returns the number of blocks, written to out. */
-static uint32_t chain_lookup(pkv_cache *c, uint64_t salt, const uint32_t *tokens, uint64_t nb,
-                             uint32_t *out, bool check_payload, uint32_t *bad_block) {
-    const uint32_t bs = c->pool.block_size;
-    pkv_h128 h = pkv_hash_root(c->arena.secret, salt);
-    uint32_t parent = PKV_NONE, n = 0;
-    *bad_block = PKV_NONE;
-    pkv_lock(c);
-    for (uint64_t i = 0; i < nb && i < c->pool.capacity; i++) {
-        h = pkv_hash_block(c->arena.secret, h, tokens + i * bs, bs);
-        uint32_t b = pkv_index_find(&c->index, &c->pool, h, parent, salt, tokens + i * bs);
-        if (b == PKV_NONE) break;
-        if (check_payload && (b >= c->arena.valid_blocks ||
-                              pkv_arena_sum(&c->arena, b) !=
-                                  c->pool.b[b].payload_sum)) {
-            *bad_block = b;
-            break;
+ * match its checksum (*bad_block). Returns the number of blocks, written to out
+ * (nb entries). */
+static uint32_t chain_lookup(pkv_cache *c, uint32_t bs, uint64_t salt, const uint32_t *tokens,
+                             uint64_t nb, uint32_t *out, bool check_payload, uint32_t *bad_block) {
+    size_t n = 0;
+    *bad_block = PKV_NO_BLOCK;
+    if (pkv_inspect_prefix(c, salt, tokens, (size_t)(nb * bs), out, (size_t)nb, &n)) return 0;
+    for (size_t i = 0; check_payload && i < n; i++) {
+        pkv_block_check chk;
+        if (pkv_inspect_check_block(c, out[i], &chk) || !chk.payload_ok) {
+            *bad_block = out[i];
+            return (uint32_t)i;
         }
-        out[n++] = parent = b;
     }
-    pkv_unlock(c);
-    return n;
+    return (uint32_t)n;
 }
 
 /* ---- Prompt files ---------------------------------------------------------- */
@@ -146,7 +139,7 @@ static int read_prompt(const char *path, bool u32, uint32_t **tok, size_t *n, ch
             snprintf(why, wl, "%s: %zu bytes, not a whole number of u32 token ids", path, len);
             goto bad;
         }
-        for (size_t i = 0; i < len; i += 4) t[k++] = pkv_get_u32(b + i);
+        for (size_t i = 0; i < len; i += 4) t[k++] = kd_get_u32(b + i);
     } else {
         for (size_t i = 0; i < len;) {
             unsigned char ch = b[i];
@@ -224,289 +217,357 @@ static const char export_usage[] =
     "  --shuffle MODE    byte-shuffle the elements before LZ4: auto (default: per\n"
     "                    block, whichever is smaller), on, off\n";
 
-int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
+/* What `kvdump export` was asked for. */
+typedef struct export_req {
+    const char *vseq, *prompt_path, *outp;
+    bool prompt_u32;
+    int mode;              /* --shuffle: 0 auto, 1 on, 2 off */
+    uint64_t seq_id, salt;
+} export_req;
+
+/* 0, or an exit code after kd_fail (-1: --help printed). */
+static int export_parse(kd_ctx *x, int argc, char **argv, export_req *q) {
     kd_opt opts[] = {{"--seq", true, NULL},     {"--prompt", true, NULL},
                      {"--prompt-u32", true, NULL}, {"--salt", true, NULL},
                      {"-o", true, NULL},        {"--output", true, NULL},
                      {"--shuffle", true, NULL}, {NULL, false, NULL}};
     const char *pos[1];
     int np = kd_parse(x, argc, argv, 2, opts, pos, 1, export_usage);
-    if (np == -1) return KD_OK;
+    if (np == -1) return -1;
     if (np < 0) return KD_USAGE;
     if (np != 1) return kd_fail(x, KD_USAGE, "missing DIR (see kvdump export --help)");
     x->dir = pos[0];
-    const char *vseq = kd_optval(opts, "--seq"), *vp = kd_optval(opts, "--prompt"),
-               *vpu = kd_optval(opts, "--prompt-u32"), *vs = kd_optval(opts, "--salt"),
-               *outp = kd_optval(opts, "-o"), *vsh = kd_optval(opts, "--shuffle");
-    if (!outp) outp = kd_optval(opts, "--output");
-    if (((vseq != NULL) + (vp != NULL) + (vpu != NULL)) != 1)
+    memset(q, 0, sizeof *q);
+    const char *vp = kd_optval(opts, "--prompt"), *vpu = kd_optval(opts, "--prompt-u32"),
+               *vs = kd_optval(opts, "--salt"), *vsh = kd_optval(opts, "--shuffle");
+    q->vseq = kd_optval(opts, "--seq");
+    q->outp = kd_optval(opts, "-o");
+    if (!q->outp) q->outp = kd_optval(opts, "--output");
+    if (((q->vseq != NULL) + (vp != NULL) + (vpu != NULL)) != 1)
         return kd_fail(x, KD_USAGE, "give exactly one of --seq, --prompt, --prompt-u32");
-    if (!outp || !*outp) return kd_fail(x, KD_USAGE, "missing -o BUNDLE");
-    if (vs && vseq) return kd_fail(x, KD_USAGE, "--salt goes with --prompt (a sequence has its own)");
-    int mode = 0; /* 0 auto, 1 on, 2 off */
+    if (!q->outp || !*q->outp) return kd_fail(x, KD_USAGE, "missing -o BUNDLE");
+    if (vs && q->vseq) return kd_fail(x, KD_USAGE, "--salt goes with --prompt (a sequence has its own)");
     if (vsh) {
-        if (!strcmp(vsh, "auto")) mode = 0;
-        else if (!strcmp(vsh, "on")) mode = 1;
-        else if (!strcmp(vsh, "off")) mode = 2;
+        if (!strcmp(vsh, "auto")) q->mode = 0;
+        else if (!strcmp(vsh, "on")) q->mode = 1;
+        else if (!strcmp(vsh, "off")) q->mode = 2;
         else return kd_fail(x, KD_USAGE, "--shuffle must be auto, on or off");
     }
-    uint64_t seq_id = 0, salt = 0;
-    if (vseq && !kd_parse_u64(vseq, &seq_id)) return kd_fail(x, KD_USAGE, "--seq: '%s' is not an id", vseq);
-    if (vs && !kd_parse_u64(vs, &salt)) return kd_fail(x, KD_USAGE, "--salt: '%s' is not a number", vs);
-    char why[1024];
-    uint32_t *prompt = NULL;
-    size_t nprompt = 0;
-    if ((vp || vpu) && read_prompt(vp ? vp : vpu, vpu != NULL, &prompt, &nprompt, why, sizeof why))
-        return kd_fail(x, KD_USAGE, "%s", why);
-    int rc = kd_open(x);
-    if (rc) {
-        free(prompt);
-        return rc;
-    }
-    pkv_cache *c = x->c;
-    const pkv_geometry *g = &c->arena.geo;
-    const uint32_t bs = g->block_size;
-    uint32_t *chain = NULL, n = 0, bad = PKV_NONE;
-    const uint32_t *ctok = NULL; /* token ids of the chain, nblocks * bs */
-    uint32_t *tokbuf = NULL;
-    uint8_t *raw = NULL, *shuf = NULL, *c1 = NULL, *c2 = NULL;
-    int fd = -1;
-    char tmp[4200] = "";
-    XXH3_state_t *st = XXH3_createState();
-    if (g->block_bytes > BN_MAX_BLOCK) {
-        rc = kd_fail(x, KD_FAILED, "blocks of %llu bytes are too large for a bundle (at most %llu)",
-                     (unsigned long long)g->block_bytes, (unsigned long long)BN_MAX_BLOCK);
-        goto out;
-    }
-    if (vseq) {
-        const pkv_seq *s = pkv_seqmap_get(&c->seqs, seq_id);
-        if (!s) {
-            rc = kd_fail(x, KD_FAILED, "no sequence %llu in %s", (unsigned long long)seq_id, x->dir);
-            goto out;
-        }
-        salt = s->salt;
-        uint64_t full = s->committed / bs;
-        chain = malloc((full + 1) * sizeof *chain);
-        tokbuf = malloc((full * bs + 1) * sizeof *tokbuf);
-        if (!chain || !tokbuf) {
-            rc = kd_fail(x, KD_FAILED, "out of memory");
-            goto out;
-        }
-        for (uint64_t k = 0; k < full; k++) {
-            uint32_t b = s->blocks[k];
-            if (c->pool.b[b].state != BLK_SEALED) break;
-            if (b >= c->arena.valid_blocks ||
-                pkv_arena_sum(&c->arena, b) != c->pool.b[b].payload_sum) {
-                rc = kd_fail(x, KD_FAILED, "block %u (entry %llu of sequence %llu) fails its payload "
-                             "checksum; not exported (kvdump verify lists the damage)", b,
-                             (unsigned long long)k, (unsigned long long)seq_id);
-                goto out;
-            }
-            memcpy(tokbuf + k * bs, pkv_pool_tokens(&c->pool, b), (size_t)bs * 4);
-            chain[n++] = b;
-        }
-        ctok = tokbuf;
-        if (!n) {
-            rc = kd_fail(x, KD_FAILED, "sequence %llu has no full (sealed) block to export "
-                         "(%llu committed tokens, %u per block)", (unsigned long long)seq_id,
-                         (unsigned long long)s->committed, bs);
-            goto out;
-        }
-    } else {
-        uint64_t nb = nprompt / bs;
-        chain = malloc((nb + 1) * sizeof *chain);
-        if (!chain) {
-            rc = kd_fail(x, KD_FAILED, "out of memory");
-            goto out;
-        }
-        n = chain_lookup(c, salt, prompt, nb, chain, true, &bad);
-        if (bad != PKV_NONE)
-            kd_warn(x, "block %u (prefix block %u) fails its payload checksum: the export stops "
-                    "before it", bad, n);
-        ctok = prompt;
-        if (!n) {
-            rc = kd_fail(x, KD_FAILED, "no cached block matches the prompt (%zu tokens, %u per "
-                         "block, salt %llu)", nprompt, bs, (unsigned long long)salt);
-            goto out;
-        }
-    }
-    /* Write. */
-    snprintf(tmp, sizeof tmp, "%s.tmp", outp);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = kd_fail(x, KD_FAILED, "create %s: %s", tmp, strerror(errno));
-        tmp[0] = '\0';
-        goto out;
-    }
-    size_t bb = (size_t)g->block_bytes;
-    int bound = LZ4_compressBound((int)bb);
-    raw = malloc(bb);
-    shuf = malloc(bb);
-    c1 = malloc((size_t)bound + 1);
-    c2 = malloc((size_t)bound + 1);
-    if (!raw || !shuf || !c1 || !c2 || !st) {
+    if (q->vseq && !kd_parse_u64(q->vseq, &q->seq_id))
+        return kd_fail(x, KD_USAGE, "--seq: '%s' is not an id", q->vseq);
+    if (vs && !kd_parse_u64(vs, &q->salt)) return kd_fail(x, KD_USAGE, "--salt: '%s' is not a number", vs);
+    q->prompt_path = vp ? vp : vpu;
+    q->prompt_u32 = vpu != NULL;
+    return 0;
+}
+
+/* The blocks to export and their token ids (chain order). */
+typedef struct export_src {
+    uint32_t *chain, n;
+    uint32_t *tokens; /* n * block_size */
+} export_src;
+
+/* The full (sealed) blocks of sequence q->seq_id, all of them passing their
+ * payload checksum; q->salt becomes the sequence's. 0, or an exit code. */
+static int export_from_seq(kd_ctx *x, uint32_t bs, export_req *q, export_src *e) {
+    pkv_seq_info si;
+    if (pkv_seq_get_info(x->c, q->seq_id, &si))
+        return kd_fail(x, KD_FAILED, "no sequence %llu in %s", (unsigned long long)q->seq_id, x->dir);
+    q->salt = si.salt;
+    uint64_t full = si.committed / bs;
+    uint32_t *table = malloc((si.n_blocks + 1) * sizeof *table);
+    e->chain = malloc((full + 1) * sizeof *e->chain);
+    e->tokens = malloc((full * bs + 1) * sizeof *e->tokens);
+    int rc = 0;
+    if (!table || !e->chain || !e->tokens || pkv_seq_blocks(x->c, q->seq_id, table, si.n_blocks, NULL))
         rc = kd_fail(x, KD_FAILED, "out of memory");
-        goto out;
+    for (uint64_t k = 0; !rc && k < full; k++) {
+        uint32_t b = table[k];
+        pkv_block_info bk;
+        pkv_block_check chk;
+        if (pkv_inspect_block(x->c, b, &bk) || bk.state != PKV_BLOCK_SEALED) break;
+        if (pkv_inspect_check_block(x->c, b, &chk) || !chk.payload_ok) {
+            rc = kd_fail(x, KD_FAILED, "block %u (entry %llu of sequence %llu) fails its payload "
+                         "checksum; not exported (kvdump verify lists the damage)", b,
+                         (unsigned long long)k, (unsigned long long)q->seq_id);
+            break;
+        }
+        pkv_inspect_block_tokens(x->c, b, e->tokens + k * bs, bs, NULL);
+        e->chain[e->n++] = b;
     }
-    wout w = {fd, 0, st, 0};
-    XXH3_64bits_reset(st);
+    free(table);
+    if (!rc && !e->n)
+        rc = kd_fail(x, KD_FAILED, "sequence %llu has no full (sealed) block to export "
+                     "(%llu committed tokens, %u per block)", (unsigned long long)q->seq_id,
+                     (unsigned long long)si.committed, bs);
+    return rc;
+}
+
+/* The cached chain the prompt hits under q->salt, up to the first block that
+ * fails its payload checksum. Takes over the prompt. 0, or an exit code. */
+static int export_from_prompt(kd_ctx *x, uint32_t bs, const export_req *q, uint32_t *prompt,
+                              size_t nprompt, export_src *e) {
+    uint64_t nb = nprompt / bs;
+    uint32_t bad = PKV_NO_BLOCK;
+    e->tokens = prompt;
+    e->chain = malloc((nb + 1) * sizeof *e->chain);
+    if (!e->chain) return kd_fail(x, KD_FAILED, "out of memory");
+    e->n = chain_lookup(x->c, bs, q->salt, prompt, nb, e->chain, true, &bad);
+    if (bad != PKV_NO_BLOCK)
+        kd_warn(x, "block %u (prefix block %u) fails its payload checksum: the export stops "
+                "before it", bad, e->n);
+    if (!e->n)
+        return kd_fail(x, KD_FAILED, "no cached block matches the prompt (%zu tokens, %u per "
+                       "block, salt %llu)", nprompt, bs, (unsigned long long)q->salt);
+    return 0;
+}
+
+/* The bundle being written, and what it measured. */
+typedef struct bwriter {
+    wout w;
+    size_t bb;                 /* block_bytes */
+    int bound, mode;
+    uint8_t *raw, *shuf, *c1, *c2;
+    uint64_t by_codec[3], stored_total, plain_total, shuf_total;
+} bwriter;
+
+/* The 512-byte header and the token section (bundle format version 1). false:
+ * out of memory. */
+static bool write_header(bwriter *bw, const pkv_cache_info *g, uint64_t salt,
+                         const export_src *e) {
     uint8_t h[BN_HDR];
     memset(h, 0, sizeof h);
     memcpy(h, BN_MAGIC, 8);
-    pkv_put_u32(h + 8, BN_VERSION);
-    pkv_put_u32(h + 12, BN_HDR);
-    pkv_put_u32(h + 16, g->num_layers);
-    pkv_put_u32(h + 20, g->num_kv_heads);
-    pkv_put_u32(h + 24, g->head_dim);
-    pkv_put_u32(h + 28, bs);
-    pkv_put_u32(h + 32, g->dtype);
-    pkv_put_u32(h + 36, g->elem_size);
-    pkv_put_u64(h + 40, g->block_bytes);
-    pkv_put_u64(h + 48, salt);
-    pkv_put_u32(h + 56, n);
-    size_t ml = strlen(c->arena.model_id);
-    pkv_put_u32(h + 60, (uint32_t)ml);
-    memcpy(h + 64, c->arena.model_id, ml);
+    kd_put_u32(h + 8, BN_VERSION);
+    kd_put_u32(h + 12, BN_HDR);
+    kd_put_u32(h + 16, g->num_layers);
+    kd_put_u32(h + 20, g->num_kv_heads);
+    kd_put_u32(h + 24, g->head_dim);
+    kd_put_u32(h + 28, g->block_size);
+    kd_put_u32(h + 32, (uint32_t)g->dtype);
+    kd_put_u32(h + 36, g->elem_size);
+    kd_put_u64(h + 40, g->block_bytes);
+    kd_put_u64(h + 48, salt);
+    kd_put_u32(h + 56, e->n);
+    size_t ml = strlen(g->model_id);
+    kd_put_u32(h + 60, (uint32_t)ml);
+    memcpy(h + 64, g->model_id, ml);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    pkv_put_u64(h + 320, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec);
-    /* Token section, little-endian. */
-    size_t tbytes = (size_t)n * bs * 4;
+    kd_put_u64(h + 320, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec);
+    size_t ntok = (size_t)e->n * g->block_size, tbytes = ntok * 4;
     uint8_t *tsec = malloc(tbytes);
-    if (!tsec) {
-        rc = kd_fail(x, KD_FAILED, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < (size_t)n * bs; i++) pkv_put_u32(tsec + 4 * i, ctok[i]);
-    pkv_put_u64(h + 328, XXH3_64bits(tsec, tbytes));
-    pkv_put_u64(h + 504, XXH3_64bits(h, 504));
-    w_put(&w, h, sizeof h);
-    w_put(&w, tsec, tbytes);
+    if (!tsec) return false;
+    for (size_t i = 0; i < ntok; i++) kd_put_u32(tsec + 4 * i, e->tokens[i]);
+    kd_put_u64(h + 328, XXH3_64bits(tsec, tbytes));
+    kd_put_u64(h + 504, XXH3_64bits(h, 504));
+    w_put(&bw->w, h, sizeof h);
+    w_put(&bw->w, tsec, tbytes);
     free(tsec);
-    uint64_t by_codec[3] = {0, 0, 0}, stored_total = 0, plain_total = 0, shuf_total = 0;
-    for (uint32_t i = 0; i < n && !w.err; i++) {
-        memcpy(raw, pkv_arena_block(&c->arena, chain[i]), bb);
-        uint64_t rsum = XXH3_64bits(raw, bb);
-        if (rsum != c->pool.b[chain[i]].payload_sum) { /* changed under us (live writer) */
-            rc = kd_fail(x, KD_FAILED, "block %u changed while it was exported (a live writer "
-                         "evicted it); try again", chain[i]);
-            goto out;
-        }
-        int l1 = -1, l2 = -1;
-        if (mode != 1) l1 = LZ4_compress_default((const char *)raw, (char *)c1, (int)bb, bound);
-        if (mode != 2) {
-            shuffle(shuf, raw, bb, g->elem_size);
-            l2 = LZ4_compress_default((const char *)shuf, (char *)c2, (int)bb, bound);
-        }
-        plain_total += l1 > 0 ? (uint64_t)l1 : bb;
-        shuf_total += l2 > 0 ? (uint64_t)l2 : bb;
-        uint32_t codec = CODEC_RAW;
-        const uint8_t *data = raw;
-        uint64_t len = bb;
-        if (l1 > 0 && (uint64_t)l1 < len && (l2 <= 0 || l1 <= l2)) {
-            codec = CODEC_LZ4;
-            data = c1;
-            len = (uint64_t)l1;
-        } else if (l2 > 0 && (uint64_t)l2 < len) {
-            codec = CODEC_SHUF_LZ4;
-            data = c2;
-            len = (uint64_t)l2;
-        }
-        uint8_t e[BN_ENTRY];
-        memset(e, 0, sizeof e);
-        pkv_put_u32(e, codec);
-        pkv_put_u64(e + 8, len);
-        pkv_put_u64(e + 16, rsum);
-        XXH3_state_t es;
-        memset(&es, 0, sizeof es);
-        XXH3_64bits_reset(&es);
-        XXH3_64bits_update(&es, e, 24);
-        XXH3_64bits_update(&es, data, len);
-        pkv_put_u64(e + 24, XXH3_64bits_digest(&es));
-        w_put(&w, e, sizeof e);
-        w_put(&w, data, len);
-        by_codec[codec]++;
-        stored_total += len;
+    return true;
+}
+
+/* One block entry: the smallest of raw, LZ4 and shuffle+LZ4 (as --shuffle
+ * allows) of bw->raw, whose checksum is rsum. */
+static void write_entry(bwriter *bw, uint32_t elem, uint64_t rsum) {
+    const size_t bb = bw->bb;
+    int l1 = -1, l2 = -1;
+    if (bw->mode != 1) l1 = LZ4_compress_default((const char *)bw->raw, (char *)bw->c1, (int)bb, bw->bound);
+    if (bw->mode != 2) {
+        shuffle(bw->shuf, bw->raw, bb, elem);
+        l2 = LZ4_compress_default((const char *)bw->shuf, (char *)bw->c2, (int)bb, bw->bound);
     }
+    bw->plain_total += l1 > 0 ? (uint64_t)l1 : bb;
+    bw->shuf_total += l2 > 0 ? (uint64_t)l2 : bb;
+    uint32_t codec = CODEC_RAW;
+    const uint8_t *data = bw->raw;
+    uint64_t len = bb;
+    if (l1 > 0 && (uint64_t)l1 < len && (l2 <= 0 || l1 <= l2)) {
+        codec = CODEC_LZ4;
+        data = bw->c1;
+        len = (uint64_t)l1;
+    } else if (l2 > 0 && (uint64_t)l2 < len) {
+        codec = CODEC_SHUF_LZ4;
+        data = bw->c2;
+        len = (uint64_t)l2;
+    }
+    uint8_t e[BN_ENTRY];
+    memset(e, 0, sizeof e);
+    kd_put_u32(e, codec);
+    kd_put_u64(e + 8, len);
+    kd_put_u64(e + 16, rsum);
+    XXH3_state_t es;
+    memset(&es, 0, sizeof es);
+    XXH3_64bits_reset(&es);
+    XXH3_64bits_update(&es, e, 24);
+    XXH3_64bits_update(&es, data, len);
+    kd_put_u64(e + 24, XXH3_64bits_digest(&es));
+    w_put(&bw->w, e, sizeof e);
+    w_put(&bw->w, data, len);
+    bw->by_codec[codec]++;
+    bw->stored_total += len;
+}
+
+/* The entries of every block, each read from the arena and checked against its
+ * sealed checksum. 0, or an exit code. */
+static int write_entries(kd_ctx *x, bwriter *bw, uint32_t elem, const export_src *e) {
+    for (uint32_t i = 0; i < e->n && !bw->w.err; i++) {
+        pkv_block_info bk;
+        const void *slot = pkv_kv(x->c, e->chain[i], 0, PKV_K, 0); /* the payload starts there */
+        if (slot) memcpy(bw->raw, slot, bw->bb);
+        uint64_t rsum = XXH3_64bits(bw->raw, bw->bb);
+        if (!slot || pkv_inspect_block(x->c, e->chain[i], &bk) ||
+            rsum != bk.payload_sum) /* changed under us (live writer) */
+            return kd_fail(x, KD_FAILED, "block %u changed while it was exported (a live writer "
+                           "evicted it); try again", e->chain[i]);
+        write_entry(bw, elem, rsum);
+    }
+    return 0;
+}
+
+/* The trailer, then fsync. The trailer's own bytes are not covered by the file
+ * checksum. */
+static void write_trailer(bwriter *bw, uint32_t n) {
     uint8_t tr[BN_TRAILER];
     memcpy(tr, BN_END, 8);
-    pkv_put_u64(tr + 8, n);
-    pkv_put_u64(tr + 16, XXH3_64bits_digest(st));
-    if (!w.err) {
-        /* The trailer's own bytes are not covered by the file checksum. */
-        uint64_t off = w.off;
-        ssize_t r = pwrite(fd, tr, sizeof tr, (off_t)off);
-        if (r != (ssize_t)sizeof tr) w.err = r < 0 ? errno : EIO;
-        else w.off += sizeof tr;
+    kd_put_u64(tr + 8, n);
+    kd_put_u64(tr + 16, XXH3_64bits_digest(bw->w.st));
+    if (!bw->w.err) {
+        ssize_t r = pwrite(bw->w.fd, tr, sizeof tr, (off_t)bw->w.off);
+        if (r != (ssize_t)sizeof tr) bw->w.err = r < 0 ? errno : EIO;
+        else bw->w.off += sizeof tr;
     }
-    if (!w.err && fsync(fd)) w.err = errno;
-    if (w.err) {
-        rc = kd_fail(x, KD_FAILED, "write %s: %s", tmp, strerror(w.err));
-        goto out;
-    }
-    close(fd);
-    fd = -1;
-    if (rename(tmp, outp)) {
-        rc = kd_fail(x, KD_FAILED, "rename %s to %s: %s", tmp, outp, strerror(errno));
-        goto out;
-    }
-    tmp[0] = '\0';
-    uint64_t rawtot = (uint64_t)n * bb;
-    if (x->json) {
-        kj *j = &x->j;
-        kj_init(j, stdout);
-        kj_begin_doc(j, "export");
-        x->doc_open = true;
-        kj_str(j, "dir", x->dir);
-        kj_str(j, "bundle", outp);
-        kj_u64(j, "blocks", n);
-        kj_u64(j, "tokens", (uint64_t)n * bs);
-        kj_u64(j, "salt", salt);
-        kj_arr(j, "source_blocks", true);
-        for (uint32_t i = 0; i < n; i++) kj_u64(j, NULL, chain[i]);
-        kj_end_arr(j);
-        kj_u64(j, "raw_bytes", rawtot);
-        kj_u64(j, "stored_bytes", stored_total);
-        kj_u64(j, "bundle_bytes", w.off);
-        kj_dbl(j, "ratio", stored_total ? (double)rawtot / (double)stored_total : 0.0);
-        kj_obj(j, "codecs", true);
-        kj_u64(j, "raw", by_codec[CODEC_RAW]);
-        kj_u64(j, "lz4", by_codec[CODEC_LZ4]);
-        kj_u64(j, "shuffle_lz4", by_codec[CODEC_SHUF_LZ4]);
-        kj_end_obj(j);
-        if (mode != 1) kj_u64(j, "lz4_only_bytes", plain_total);
-        else kj_null(j, "lz4_only_bytes");
-        if (mode != 2) kj_u64(j, "shuffle_only_bytes", shuf_total);
-        else kj_null(j, "shuffle_only_bytes");
-        kj_end_doc(j);
+    if (!bw->w.err && fsync(bw->w.fd)) bw->w.err = errno;
+}
+
+static void bwriter_free(bwriter *bw) {
+    if (bw->w.fd >= 0) close(bw->w.fd);
+    if (bw->w.st) XXH3_freeState(bw->w.st);
+    free(bw->raw);
+    free(bw->shuf);
+    free(bw->c1);
+    free(bw->c2);
+}
+
+/* Write the bundle to q->outp (through outp.tmp, renamed into place). 0, or an
+ * exit code; bw keeps the measurements. */
+static int write_bundle(kd_ctx *x, const pkv_cache_info *g, const export_req *q,
+                        const export_src *e, bwriter *bw) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", q->outp);
+    bw->bb = (size_t)g->block_bytes;
+    bw->bound = LZ4_compressBound((int)bw->bb);
+    bw->mode = q->mode;
+    bw->w.st = XXH3_createState();
+    bw->w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (bw->w.fd < 0) return kd_fail(x, KD_FAILED, "create %s: %s", tmp, strerror(errno));
+    bw->raw = malloc(bw->bb);
+    bw->shuf = malloc(bw->bb);
+    bw->c1 = malloc((size_t)bw->bound + 1);
+    bw->c2 = malloc((size_t)bw->bound + 1);
+    int rc = 0;
+    if (!bw->raw || !bw->shuf || !bw->c1 || !bw->c2 || !bw->w.st) {
+        rc = kd_fail(x, KD_FAILED, "out of memory");
     } else {
-        char b1[32], b2[32];
-        printf("exported %u block%s (%llu tokens, salt %llu) to %s\n", n, n == 1 ? "" : "s",
-               (unsigned long long)n * bs, (unsigned long long)salt, outp);
-        printf("payload %s -> %s stored (ratio %.3f); codecs: %llu shuffle+lz4, %llu lz4, %llu raw\n",
-               kd_bytes(b1, sizeof b1, rawtot), kd_bytes(b2, sizeof b2, stored_total),
-               stored_total ? (double)rawtot / (double)stored_total : 0.0,
-               (unsigned long long)by_codec[CODEC_SHUF_LZ4], (unsigned long long)by_codec[CODEC_LZ4],
-               (unsigned long long)by_codec[CODEC_RAW]);
-        if (mode == 0)
-            printf("measured: lz4 alone %llu bytes (ratio %.3f), shuffle+lz4 alone %llu bytes "
-                   "(ratio %.3f)\n", (unsigned long long)plain_total,
-                   plain_total ? (double)rawtot / (double)plain_total : 0.0,
-                   (unsigned long long)shuf_total,
-                   shuf_total ? (double)rawtot / (double)shuf_total : 0.0);
+        XXH3_64bits_reset(bw->w.st);
+        if (!write_header(bw, g, q->salt, e)) rc = kd_fail(x, KD_FAILED, "out of memory");
+        if (!rc) rc = write_entries(x, bw, g->elem_size, e);
+        if (!rc) write_trailer(bw, e->n);
+        if (!rc && bw->w.err) rc = kd_fail(x, KD_FAILED, "write %s: %s", tmp, strerror(bw->w.err));
     }
-    rc = KD_OK;
-out:
-    if (fd >= 0) close(fd);
-    if (tmp[0]) unlink(tmp);
-    if (st) XXH3_freeState(st);
-    free(raw);
-    free(shuf);
-    free(c1);
-    free(c2);
-    free(chain);
-    free(tokbuf);
-    free(prompt);
+    if (!rc) {
+        close(bw->w.fd);
+        bw->w.fd = -1;
+        if (rename(tmp, q->outp))
+            rc = kd_fail(x, KD_FAILED, "rename %s to %s: %s", tmp, q->outp, strerror(errno));
+    }
+    if (rc) unlink(tmp);
+    return rc;
+}
+
+static void export_json(kd_ctx *x, const export_req *q, const export_src *e, uint32_t bs,
+                        const bwriter *bw) {
+    uint64_t rawtot = (uint64_t)e->n * bw->bb;
+    kj *j = &x->j;
+    kj_init(j, stdout);
+    kj_begin_doc(j, "export");
+    x->doc_open = true;
+    kj_str(j, "dir", x->dir);
+    kj_str(j, "bundle", q->outp);
+    kj_u64(j, "blocks", e->n);
+    kj_u64(j, "tokens", (uint64_t)e->n * bs);
+    kj_u64(j, "salt", q->salt);
+    kj_arr(j, "source_blocks", true);
+    for (uint32_t i = 0; i < e->n; i++) kj_u64(j, NULL, e->chain[i]);
+    kj_end_arr(j);
+    kj_u64(j, "raw_bytes", rawtot);
+    kj_u64(j, "stored_bytes", bw->stored_total);
+    kj_u64(j, "bundle_bytes", bw->w.off);
+    kj_dbl(j, "ratio", bw->stored_total ? (double)rawtot / (double)bw->stored_total : 0.0);
+    kj_obj(j, "codecs", true);
+    kj_u64(j, "raw", bw->by_codec[CODEC_RAW]);
+    kj_u64(j, "lz4", bw->by_codec[CODEC_LZ4]);
+    kj_u64(j, "shuffle_lz4", bw->by_codec[CODEC_SHUF_LZ4]);
+    kj_end_obj(j);
+    if (q->mode != 1) kj_u64(j, "lz4_only_bytes", bw->plain_total);
+    else kj_null(j, "lz4_only_bytes");
+    if (q->mode != 2) kj_u64(j, "shuffle_only_bytes", bw->shuf_total);
+    else kj_null(j, "shuffle_only_bytes");
+    kj_end_doc(j);
+}
+
+static void export_text(const export_req *q, const export_src *e, uint32_t bs,
+                        const bwriter *bw) {
+    uint64_t rawtot = (uint64_t)e->n * bw->bb;
+    char b1[32], b2[32];
+    printf("exported %u block%s (%llu tokens, salt %llu) to %s\n", e->n, e->n == 1 ? "" : "s",
+           (unsigned long long)e->n * bs, (unsigned long long)q->salt, q->outp);
+    printf("payload %s -> %s stored (ratio %.3f); codecs: %llu shuffle+lz4, %llu lz4, %llu raw\n",
+           kd_bytes(b1, sizeof b1, rawtot), kd_bytes(b2, sizeof b2, bw->stored_total),
+           bw->stored_total ? (double)rawtot / (double)bw->stored_total : 0.0,
+           (unsigned long long)bw->by_codec[CODEC_SHUF_LZ4],
+           (unsigned long long)bw->by_codec[CODEC_LZ4], (unsigned long long)bw->by_codec[CODEC_RAW]);
+    if (q->mode == 0)
+        printf("measured: lz4 alone %llu bytes (ratio %.3f), shuffle+lz4 alone %llu bytes "
+               "(ratio %.3f)\n", (unsigned long long)bw->plain_total,
+               bw->plain_total ? (double)rawtot / (double)bw->plain_total : 0.0,
+               (unsigned long long)bw->shuf_total,
+               bw->shuf_total ? (double)rawtot / (double)bw->shuf_total : 0.0);
+}
+
+int kd_cmd_export(kd_ctx *x, int argc, char **argv) {
+    export_req q;
+    int rc = export_parse(x, argc, argv, &q);
+    if (rc) return rc < 0 ? KD_OK : rc;
+    char why[1024];
+    uint32_t *prompt = NULL;
+    size_t nprompt = 0;
+    if (q.prompt_path && read_prompt(q.prompt_path, q.prompt_u32, &prompt, &nprompt, why, sizeof why))
+        return kd_fail(x, KD_USAGE, "%s", why);
+    if ((rc = kd_open(x))) {
+        free(prompt);
+        return rc;
+    }
+    pkv_cache_info g;
+    pkv_info(x->c, &g);
+    export_src e = {NULL, 0, NULL};
+    bwriter bw;
+    memset(&bw, 0, sizeof bw);
+    bw.w.fd = -1;
+    if (g.block_bytes > BN_MAX_BLOCK)
+        rc = kd_fail(x, KD_FAILED, "blocks of %llu bytes are too large for a bundle (at most %llu)",
+                     (unsigned long long)g.block_bytes, (unsigned long long)BN_MAX_BLOCK);
+    else if (q.vseq)
+        rc = export_from_seq(x, g.block_size, &q, &e);
+    else
+        rc = export_from_prompt(x, g.block_size, &q, prompt, nprompt, &e);
+    if (e.tokens != prompt) free(prompt); /* else e owns it */
+    if (!rc) rc = write_bundle(x, &g, &q, &e, &bw);
+    if (!rc && x->json) export_json(x, &q, &e, g.block_size, &bw);
+    else if (!rc) export_text(&q, &e, g.block_size, &bw);
+    bwriter_free(&bw);
+    free(e.chain);
+    free(e.tokens);
     kd_close(x);
     if (rc == KD_OK) {
         fflush(stdout);
@@ -552,8 +613,8 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
                  (unsigned long long)o);
         return -1;
     }
-    uint32_t codec = pkv_get_u32(e), zero = pkv_get_u32(e + 4);
-    uint64_t len = pkv_get_u64(e + 8), rsum = pkv_get_u64(e + 16), esum = pkv_get_u64(e + 24);
+    uint32_t codec = kd_get_u32(e), zero = kd_get_u32(e + 4);
+    uint64_t len = kd_get_u64(e + 8), rsum = kd_get_u64(e + 16), esum = kd_get_u64(e + 24);
     uint64_t bb = b->block_bytes;
     if (codec > CODEC_SHUF_LZ4 || zero) {
         snprintf(why, wl, "%s: block entry %u has an unknown codec %u", b->path, i, codec);
@@ -577,7 +638,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
     XXH3_64bits_reset(&es);
     XXH3_64bits_update(&es, e, 24);
     XXH3_64bits_update(&es, dst, (size_t)len);
-    if (!pkv_sum_ok(esum, XXH3_64bits_digest(&es))) {
+    if (!kd_sum_ok(esum, XXH3_64bits_digest(&es))) {
         snprintf(why, wl, "%s: block entry %u: checksum mismatch (the file is damaged)", b->path, i);
         return -1;
     }
@@ -595,7 +656,7 @@ static int read_entry(bundle *b, uint32_t i, uint64_t *off, XXH3_state_t *st, ch
         }
         if (codec == CODEC_SHUF_LZ4) unshuffle(b->raw, b->shuf, (size_t)bb, b->elem_size);
     }
-    if (!pkv_sum_ok(rsum, XXH3_64bits(b->raw, (size_t)bb))) {
+    if (!kd_sum_ok(rsum, XXH3_64bits(b->raw, (size_t)bb))) {
         snprintf(why, wl, "%s: block entry %u: payload checksum mismatch after decompression",
                  b->path, i);
         return -1;
@@ -647,27 +708,27 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         snprintf(why, wl, "%s: not a kvdump bundle (bad magic)", path);
         return -1;
     }
-    uint32_t ver = pkv_get_u32(h + 8);
+    uint32_t ver = kd_get_u32(h + 8);
     if (ver != BN_VERSION) {
         snprintf(why, wl, "%s: bundle format version %u is not supported (this kvdump reads %u)",
                  path, ver, BN_VERSION);
         return -1;
     }
-    if (!pkv_sum_ok(pkv_get_u64(h + 504), XXH3_64bits(h, 504))) {
+    if (!kd_sum_ok(kd_get_u64(h + 504), XXH3_64bits(h, 504))) {
         snprintf(why, wl, "%s: header checksum mismatch (the file is damaged)", path);
         return -1;
     }
-    b->num_layers = pkv_get_u32(h + 16);
-    b->num_kv_heads = pkv_get_u32(h + 20);
-    b->head_dim = pkv_get_u32(h + 24);
-    b->block_size = pkv_get_u32(h + 28);
-    b->dtype = pkv_get_u32(h + 32);
-    b->elem_size = pkv_get_u32(h + 36);
-    b->block_bytes = pkv_get_u64(h + 40);
-    b->salt = pkv_get_u64(h + 48);
-    b->nblocks = pkv_get_u32(h + 56);
-    uint32_t ml = pkv_get_u32(h + 60);
-    b->created_ns = pkv_get_u64(h + 320);
+    b->num_layers = kd_get_u32(h + 16);
+    b->num_kv_heads = kd_get_u32(h + 20);
+    b->head_dim = kd_get_u32(h + 24);
+    b->block_size = kd_get_u32(h + 28);
+    b->dtype = kd_get_u32(h + 32);
+    b->elem_size = kd_get_u32(h + 36);
+    b->block_bytes = kd_get_u64(h + 40);
+    b->salt = kd_get_u64(h + 48);
+    b->nblocks = kd_get_u32(h + 56);
+    uint32_t ml = kd_get_u32(h + 60);
+    b->created_ns = kd_get_u64(h + 320);
     pkv_options o;
     memset(&o, 0, sizeof o);
     o.num_layers = b->num_layers;
@@ -676,8 +737,8 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
     o.block_size = b->block_size;
     o.dtype = (pkv_dtype)b->dtype;
     o.capacity = 1;
-    pkv_geometry g;
-    if (pkv_get_u32(h + 12) != BN_HDR || pkv_geometry_from_options(&o, &g) ||
+    pkv_cache_info g;
+    if (kd_get_u32(h + 12) != BN_HDR || pkv_inspect_geometry(&o, &g) ||
         g.elem_size != b->elem_size || g.block_bytes != b->block_bytes ||
         b->block_bytes > BN_MAX_BLOCK || ml == 0 || ml > PKV_MODEL_ID_MAX ||
         memchr(h + 64, 0, ml) || b->nblocks == 0) {
@@ -709,11 +770,11 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
         snprintf(why, wl, "%s: out of memory", path);
         goto out;
     }
-    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || !pkv_sum_ok(pkv_get_u64(h + 328), XXH3_64bits(tsec, (size_t)tbytes))) {
+    if (bread(b, tsec, (size_t)tbytes, BN_HDR) || !kd_sum_ok(kd_get_u64(h + 328), XXH3_64bits(tsec, (size_t)tbytes))) {
         snprintf(why, wl, "%s: token section unreadable or checksum mismatch", path);
         goto out;
     }
-    for (uint64_t i = 0; i < tbytes / 4; i++) b->tokens[i] = pkv_get_u32(tsec + 4 * i);
+    for (uint64_t i = 0; i < tbytes / 4; i++) b->tokens[i] = kd_get_u32(tsec + 4 * i);
     XXH3_64bits_reset(xs);
     XXH3_64bits_update(xs, h, sizeof h);
     XXH3_64bits_update(xs, tsec, (size_t)tbytes);
@@ -728,8 +789,8 @@ static int bundle_open(bundle *b, const char *path, char *why, size_t wl) {
                  "trailer)", path, (unsigned long long)(b->size - off), BN_TRAILER);
         goto out;
     }
-    if (memcmp(tr, BN_END, 8) || pkv_get_u64(tr + 8) != b->nblocks ||
-        !pkv_sum_ok(pkv_get_u64(tr + 16), XXH3_64bits_digest(xs))) {
+    if (memcmp(tr, BN_END, 8) || kd_get_u64(tr + 8) != b->nblocks ||
+        !kd_sum_ok(kd_get_u64(tr + 16), XXH3_64bits_digest(xs))) {
         snprintf(why, wl, "%s: trailer missing or file checksum mismatch", path);
         goto out;
     }
@@ -758,222 +819,276 @@ static const char import_usage[] =
     "  --keep-seq ID   leave the prefix held by an open sequence ID (pinned, never\n"
     "                  evicted) instead of closing it (cached, evictable)\n";
 
-int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
+/* What `kvdump import` was asked for. */
+typedef struct import_req {
+    const char *bundle_path;
+    uint64_t capacity, salt, keep;
+    bool have_salt, have_keep;
+} import_req;
+
+/* 0, or an exit code after kd_fail (-1: --help printed). */
+static int import_parse(kd_ctx *x, int argc, char **argv, import_req *q) {
     kd_opt opts[] = {{"--capacity", true, NULL}, {"--salt", true, NULL},
                      {"--keep-seq", true, NULL}, {NULL, false, NULL}};
     const char *pos[2];
     int np = kd_parse(x, argc, argv, 2, opts, pos, 2, import_usage);
-    if (np == -1) return KD_OK;
+    if (np == -1) return -1;
     if (np < 0) return KD_USAGE;
     if (np != 2) return kd_fail(x, KD_USAGE, "expected DIR and BUNDLE (see kvdump import --help)");
     x->dir = pos[0];
+    memset(q, 0, sizeof *q);
+    q->bundle_path = pos[1];
     const char *v;
-    uint64_t capacity = 0, salt = 0, keep = 0;
-    bool have_salt = false, have_keep = false;
-    if ((v = kd_optval(opts, "--capacity")) && (!kd_parse_u64(v, &capacity) || !capacity))
+    if ((v = kd_optval(opts, "--capacity")) && (!kd_parse_u64(v, &q->capacity) || !q->capacity))
         return kd_fail(x, KD_USAGE, "--capacity: '%s' is not a positive number", v);
     if ((v = kd_optval(opts, "--salt"))) {
-        if (!kd_parse_u64(v, &salt)) return kd_fail(x, KD_USAGE, "--salt: '%s' is not a number", v);
-        have_salt = true;
+        if (!kd_parse_u64(v, &q->salt)) return kd_fail(x, KD_USAGE, "--salt: '%s' is not a number", v);
+        q->have_salt = true;
     }
     if ((v = kd_optval(opts, "--keep-seq"))) {
-        if (!kd_parse_u64(v, &keep)) return kd_fail(x, KD_USAGE, "--keep-seq: '%s' is not an id", v);
-        have_keep = true;
+        if (!kd_parse_u64(v, &q->keep)) return kd_fail(x, KD_USAGE, "--keep-seq: '%s' is not an id", v);
+        q->have_keep = true;
     }
+    return 0;
+}
+
+/* The target: an existing cache must match the bundle's geometry and model; a
+ * missing one is created (q->capacity: its size, or 0 for an existing one).
+ * *blocks: the capacity to budget memory for. 0, or an exit code. */
+static int import_target(kd_ctx *x, const bundle *b, import_req *q, bool *created,
+                         uint64_t *blocks) {
     char why[1024];
-    bundle b;
-    if (bundle_open(&b, pos[1], why, sizeof why)) {
-        bundle_close(&b);
-        return kd_fail(x, KD_USAGE, "%s", why);
-    }
-    if (!have_salt) salt = b.salt;
-    const uint32_t bs = b.block_size;
-    /* The target: an existing cache must match; a missing one is created. */
-    bool created = false;
     kd_hdr h;
-    int hrc = kd_read_header(x->dir, &h, why, sizeof why);
-    if (hrc == 0) {
-        if (h.num_layers != b.num_layers || h.num_kv_heads != b.num_kv_heads ||
-            h.head_dim != b.head_dim || h.block_size != b.block_size || h.dtype != b.dtype) {
-            bundle_close(&b);
+    *created = false;
+    if (kd_read_header(x->dir, &h, why, sizeof why) == 0) {
+        if (h.num_layers != b->num_layers || h.num_kv_heads != b->num_kv_heads ||
+            h.head_dim != b->head_dim || h.block_size != b->block_size || h.dtype != b->dtype)
             return kd_fail(x, KD_USAGE, "geometry mismatch: the bundle holds %u layers x %u kv heads "
                            "x head_dim %u, %s, %u tokens per block; the cache %u x %u x %u, %s, %u",
-                           b.num_layers, b.num_kv_heads, b.head_dim, kd_dtype_name(b.dtype),
-                           b.block_size, h.num_layers, h.num_kv_heads, h.head_dim,
+                           b->num_layers, b->num_kv_heads, b->head_dim, kd_dtype_name(b->dtype),
+                           b->block_size, h.num_layers, h.num_kv_heads, h.head_dim,
                            kd_dtype_name(h.dtype), h.block_size);
-        }
-        if (strcmp(h.model_id, b.model_id)) {
+        if (strcmp(h.model_id, b->model_id)) {
             char m1[PKV_MODEL_ID_MAX + 1], m2[PKV_MODEL_ID_MAX + 1];
-            kd_printable(b.model_id, m1, sizeof m1);
+            kd_printable(b->model_id, m1, sizeof m1);
             kd_printable(h.model_id, m2, sizeof m2);
-            bundle_close(&b);
             return kd_fail(x, KD_USAGE, "model mismatch: the bundle holds K/V of model \"%s\", the "
                            "cache of \"%s\"", m1, m2);
         }
-        if (capacity) kd_warn(x, "--capacity ignored: the cache exists");
-        capacity = 0;
-    } else {
-        char apath[4200];
-        struct stat st;
-        snprintf(apath, sizeof apath, "%s/arena", x->dir);
-        bool missing = stat(apath, &st) && errno == ENOENT;
-        if (!missing) {
-            bundle_close(&b);
-            return kd_fail(x, KD_USAGE, "%s", why);
-        }
-        if (!capacity) capacity = b.nblocks * 2ull < 1024 ? 1024 : b.nblocks * 2ull;
-        created = true;
+        if (q->capacity) kd_warn(x, "--capacity ignored: the cache exists");
+        q->capacity = 0;
+        *blocks = h.capacity;
+        return 0;
     }
+    char apath[4200];
+    struct stat st;
+    snprintf(apath, sizeof apath, "%s/arena", x->dir);
+    if (!(stat(apath, &st) && errno == ENOENT)) return kd_fail(x, KD_USAGE, "%s", why);
+    if (!q->capacity) q->capacity = b->nblocks * 2ull < 1024 ? 1024 : b->nblocks * 2ull;
+    *created = true;
+    *blocks = q->capacity;
+    return 0;
+}
+
+/* Open (or create) the target for writing. 0, or an exit code. */
+static int import_open(kd_ctx *x, const bundle *b, const import_req *q, uint64_t blocks,
+                       pkv_cache **c) {
+    char why[1024];
+    if (kd_check_memory(blocks, b->block_size, why, sizeof why))
+        return kd_fail(x, KD_USAGE, "%s", why);
     pkv_options o;
     pkv_options_init(&o);
-    o.num_layers = b.num_layers;
-    o.num_kv_heads = b.num_kv_heads;
-    o.head_dim = b.head_dim;
-    o.block_size = bs;
-    o.dtype = (pkv_dtype)b.dtype;
-    o.capacity = capacity;
-    o.model_id = b.model_id;
+    o.num_layers = b->num_layers;
+    o.num_kv_heads = b->num_kv_heads;
+    o.head_dim = b->head_dim;
+    o.block_size = b->block_size;
+    o.dtype = (pkv_dtype)b->dtype;
+    o.capacity = q->capacity;
+    o.model_id = b->model_id;
     o.durability = PKV_DURABLE_NONE; /* one pkv_sync at the end makes it all durable */
-    pkv_cache *c = NULL;
-    int rc = kd_check_memory(created ? capacity : h.capacity, bs, why, sizeof why);
-    if (rc) {
+    int rc = pkv_open(x->dir, &o, c);
+    if (!rc) return 0;
+    return kd_fail(x, rc == PKV_EGEOMETRY || rc == PKV_EMODEL || rc == PKV_ECORRUPT ||
+                   rc == PKV_EVERSION ? KD_USAGE : KD_FAILED,
+                   "cannot open %s for writing: %s: %s%s", x->dir, pkv_strerror(rc),
+                   pkv_last_error(), rc == PKV_EBUSY ? " (import needs the writer's lock; "
+                   "stop the process that holds the cache)" : "");
+}
+
+/* An import in progress: the sequence that carries the prefix in. */
+typedef struct importer {
+    pkv_cache *c;
+    bundle *b;
+    uint64_t id, salt, ntok;
+    uint32_t *prompt;     /* the bundle's tokens and one more */
+    pkv_slot *slots;      /* block_size */
+    bool opened;
+    uint32_t present, imported;
+} importer;
+
+/* Copy the K/V of bundle block b->raw into the slots of the appended block. */
+static int import_payload(kd_ctx *x, importer *im) {
+    const bundle *b = im->b;
+    const uint64_t tokb = (uint64_t)b->head_dim * b->elem_size, run = b->block_size * tokb;
+    for (uint32_t t = 0; t < b->block_size; t++)
+        for (uint32_t l = 0; l < b->num_layers; l++)
+            for (uint32_t k = 0; k < 2; k++)
+                for (uint32_t hh = 0; hh < b->num_kv_heads; hh++) {
+                    uint8_t *dst = pkv_kv(im->c, im->slots[t].block, l, (pkv_kind)k, hh);
+                    const uint8_t *src = b->raw + (((uint64_t)l * 2 + k) * b->num_kv_heads + hh) * run;
+                    if (!dst) return kd_fail(x, KD_FAILED, "pkv_kv returned no address");
+                    memcpy(dst + im->slots[t].offset * tokb, src + t * tokb, (size_t)tokb);
+                }
+    return 0;
+}
+
+/* Append, fill and commit bundle block i. 0, or an exit code. */
+static int import_block(kd_ctx *x, importer *im, uint32_t i) {
+    bundle *b = im->b;
+    const uint32_t bs = b->block_size;
+    char why[1024];
+    uint64_t off = b->entry_off[i];
+    if (read_entry(b, i, &off, NULL, why, sizeof why)) /* changed since validated */
+        return kd_fail(x, KD_USAGE, "%s", why);
+    int rc = pkv_seq_append(im->c, im->id, im->prompt + (uint64_t)i * bs, bs, im->slots);
+    if (rc)
+        return kd_fail(x, KD_FAILED, "after %u of %u blocks: pkv_seq_append: %s: %s", im->imported,
+                       b->nblocks - im->present, pkv_strerror(rc), pkv_last_error());
+    if ((rc = import_payload(x, im))) return rc;
+    rc = pkv_seq_commit(im->c, im->id, bs);
+    if (rc)
+        return kd_fail(x, KD_FAILED, "after %u blocks: pkv_seq_commit: %s: %s", im->imported,
+                       pkv_strerror(rc), pkv_last_error());
+    im->imported++;
+    return 0;
+}
+
+/* Open a sequence on the bundle's prompt (the blocks already cached attach),
+ * import the others, close it unless --keep-seq, sync. 0, or an exit code. */
+static int import_blocks(kd_ctx *x, importer *im, const import_req *q) {
+    const uint32_t bs = im->b->block_size;
+    size_t n_cached = 0;
+    int rc;
+    for (int tries = 0;; tries++) {
+        rc = pkv_seq_open(im->c, im->id, im->salt, im->prompt, im->ntok + 1, &n_cached);
+        if (rc != PKV_EEXIST || q->have_keep || tries > 100) break;
+        im->id++;
+    }
+    if (rc) return kd_fail(x, KD_FAILED, "pkv_seq_open: %s: %s", pkv_strerror(rc), pkv_last_error());
+    im->opened = true;
+    im->present = (uint32_t)(n_cached / bs);
+    for (uint32_t i = im->present; i < im->b->nblocks; i++)
+        if ((rc = import_block(x, im, i))) return rc;
+    if (!q->have_keep) {
+        rc = pkv_seq_close(im->c, im->id);
+        im->opened = false;
+        if (rc) return kd_fail(x, KD_FAILED, "pkv_seq_close: %s: %s", pkv_strerror(rc), pkv_last_error());
+    }
+    rc = pkv_sync(im->c);
+    if (rc) return kd_fail(x, KD_FAILED, "pkv_sync: %s: %s", pkv_strerror(rc), pkv_last_error());
+    return 0;
+}
+
+static void import_json(kd_ctx *x, const importer *im, const import_req *q, bool created,
+                        uint32_t hit) {
+    const bundle *b = im->b;
+    kj *j = &x->j;
+    kj_init(j, stdout);
+    kj_begin_doc(j, "import");
+    x->doc_open = true;
+    kj_str(j, "dir", x->dir);
+    kj_str(j, "bundle", b->path);
+    kj_bool(j, "created", created);
+    kj_str(j, "model_id", b->model_id);
+    kj_u64(j, "blocks", b->nblocks);
+    kj_u64(j, "tokens", im->ntok);
+    kj_u64(j, "salt", im->salt);
+    kj_u64(j, "present", im->present);
+    kj_u64(j, "imported", im->imported);
+    kj_u64(j, "hit_blocks", hit);
+    if (q->have_keep) kj_u64(j, "seq", im->id);
+    else kj_null(j, "seq");
+    kj_u64(j, "stored_bytes", b->stored_bytes);
+    kj_obj(j, "codecs", true);
+    kj_u64(j, "raw", b->codecs[CODEC_RAW]);
+    kj_u64(j, "lz4", b->codecs[CODEC_LZ4]);
+    kj_u64(j, "shuffle_lz4", b->codecs[CODEC_SHUF_LZ4]);
+    kj_end_obj(j);
+    kj_end_doc(j);
+}
+
+static void import_text(const kd_ctx *x, const importer *im, const import_req *q, bool created,
+                        uint32_t hit) {
+    const bundle *b = im->b;
+    char pm[PKV_MODEL_ID_MAX + 1];
+    printf("imported %u block%s, skipped %u already present (%u blocks, %llu tokens, salt "
+           "%llu, model \"%s\") into %s%s\n", im->imported, im->imported == 1 ? "" : "s",
+           im->present, b->nblocks, (unsigned long long)im->ntok, (unsigned long long)im->salt,
+           kd_printable(b->model_id, pm, sizeof pm), x->dir, created ? " (created)" : "");
+    printf("a prompt starting with these %llu tokens now hits %u of %u blocks\n",
+           (unsigned long long)im->ntok, hit, b->nblocks);
+    if (q->have_keep) printf("the blocks are held by sequence %llu\n", (unsigned long long)im->id);
+}
+
+/* Import into the opened cache and report. 0, or an exit code. */
+static int import_run(kd_ctx *x, importer *im, const import_req *q, bool created) {
+    const bundle *b = im->b;
+    uint32_t *chain = malloc(((size_t)b->nblocks + 1) * sizeof *chain);
+    im->prompt = malloc((im->ntok + 1) * sizeof *im->prompt);
+    im->slots = malloc((size_t)b->block_size * sizeof *im->slots);
+    int rc = 0;
+    if (!im->prompt || !im->slots || !chain) {
+        rc = kd_fail(x, KD_FAILED, "out of memory");
+    } else {
+        memcpy(im->prompt, b->tokens, im->ntok * sizeof *im->prompt);
+        im->prompt[im->ntok] = 0; /* one more token, so the whole prefix may hit */
+        rc = import_blocks(x, im, q);
+    }
+    if (!rc) {
+        /* What a prompt now finds (read-only lookup, no counters touched). */
+        uint32_t bad, hit = chain_lookup(im->c, b->block_size, im->salt, im->prompt, b->nblocks,
+                                         chain, false, &bad);
+        if (x->json) import_json(x, im, q, created, hit);
+        else import_text(x, im, q, created, hit);
+        if (hit != b->nblocks)
+            rc = kd_fail(x, KD_FAILED, "only %u of %u imported blocks are found by a prefix lookup",
+                         hit, b->nblocks);
+    }
+    if (im->opened && !q->have_keep) pkv_seq_close(im->c, im->id);
+    free(chain);
+    free(im->prompt);
+    free(im->slots);
+    return rc;
+}
+
+int kd_cmd_import(kd_ctx *x, int argc, char **argv) {
+    import_req q;
+    int rc = import_parse(x, argc, argv, &q);
+    if (rc) return rc < 0 ? KD_OK : rc;
+    char why[1024];
+    bundle b;
+    if (bundle_open(&b, q.bundle_path, why, sizeof why)) {
         bundle_close(&b);
         return kd_fail(x, KD_USAGE, "%s", why);
     }
-    rc = pkv_open(x->dir, &o, &c);
-    if (rc) {
-        bundle_close(&b);
-        return kd_fail(x, rc == PKV_EGEOMETRY || rc == PKV_EMODEL || rc == PKV_ECORRUPT ||
-                       rc == PKV_EVERSION ? KD_USAGE : KD_FAILED,
-                       "cannot open %s for writing: %s: %s%s", x->dir, pkv_strerror(rc),
-                       pkv_last_error(), rc == PKV_EBUSY ? " (import needs the writer's lock; "
-                       "stop the process that holds the cache)" : "");
+    bool created = false;
+    uint64_t blocks = 0;
+    importer im;
+    memset(&im, 0, sizeof im);
+    rc = import_target(x, &b, &q, &created, &blocks);
+    if (!rc) rc = import_open(x, &b, &q, blocks, &im.c);
+    if (!rc) {
+        im.b = &b;
+        im.salt = q.have_salt ? q.salt : b.salt;
+        im.ntok = (uint64_t)b.nblocks * b.block_size;
+        im.id = q.have_keep ? q.keep : 0xF000000000000000ull | ((uint64_t)getpid() << 16);
+        rc = import_run(x, &im, &q, created);
+        pkv_close(im.c);
     }
-    pkv_cache_info inf;
-    pkv_info(c, &inf);
-    uint64_t ntok = (uint64_t)b.nblocks * bs;
-    uint32_t *prompt = malloc((ntok + 1) * sizeof *prompt);
-    pkv_slot *slots = malloc((size_t)bs * sizeof *slots);
-    uint32_t *chain = malloc(((size_t)b.nblocks + 1) * sizeof *chain);
-    uint64_t id = have_keep ? keep : 0xF000000000000000ull | ((uint64_t)getpid() << 16);
-    size_t n_cached = 0;
-    uint32_t imported = 0, present = 0, hit = 0, bad = PKV_NONE;
-    bool opened = false;
-    int exit_rc = KD_OK;
-    if (!prompt || !slots || !chain) {
-        exit_rc = kd_fail(x, KD_FAILED, "out of memory");
-        goto out;
-    }
-    memcpy(prompt, b.tokens, ntok * sizeof *prompt);
-    prompt[ntok] = 0; /* one more token, so the whole prefix may hit */
-    for (int tries = 0;; tries++) {
-        rc = pkv_seq_open(c, id, salt, prompt, ntok + 1, &n_cached);
-        if (rc != PKV_EEXIST || have_keep || tries > 100) break;
-        id++;
-    }
-    if (rc) {
-        exit_rc = kd_fail(x, KD_FAILED, "pkv_seq_open: %s: %s", pkv_strerror(rc), pkv_last_error());
-        goto out;
-    }
-    opened = true;
-    present = (uint32_t)(n_cached / bs);
-    uint64_t run = (uint64_t)bs * b.head_dim * b.elem_size, tokb = (uint64_t)b.head_dim * b.elem_size;
-    for (uint32_t i = present; i < b.nblocks; i++) {
-        uint64_t off = b.entry_off[i];
-        if (read_entry(&b, i, &off, NULL, why, sizeof why)) { /* changed since validated */
-            exit_rc = kd_fail(x, KD_USAGE, "%s", why);
-            goto out;
-        }
-        rc = pkv_seq_append(c, id, prompt + (uint64_t)i * bs, bs, slots);
-        if (rc) {
-            exit_rc = kd_fail(x, KD_FAILED, "after %u of %u blocks: pkv_seq_append: %s: %s",
-                              imported, b.nblocks - present, pkv_strerror(rc), pkv_last_error());
-            goto out;
-        }
-        for (uint32_t t = 0; t < bs; t++)
-            for (uint32_t l = 0; l < b.num_layers; l++)
-                for (uint32_t k = 0; k < 2; k++)
-                    for (uint32_t hh = 0; hh < b.num_kv_heads; hh++) {
-                        uint8_t *dst = pkv_kv(c, slots[t].block, l, (pkv_kind)k, hh);
-                        const uint8_t *src = b.raw + (((uint64_t)l * 2 + k) * b.num_kv_heads + hh) * run;
-                        if (!dst) {
-                            exit_rc = kd_fail(x, KD_FAILED, "pkv_kv returned no address");
-                            goto out;
-                        }
-                        memcpy(dst + slots[t].offset * tokb, src + t * tokb, (size_t)tokb);
-                    }
-        rc = pkv_seq_commit(c, id, bs);
-        if (rc) {
-            exit_rc = kd_fail(x, KD_FAILED, "after %u blocks: pkv_seq_commit: %s: %s", imported,
-                              pkv_strerror(rc), pkv_last_error());
-            goto out;
-        }
-        imported++;
-    }
-    if (!have_keep) {
-        rc = pkv_seq_close(c, id);
-        opened = false;
-        if (rc) {
-            exit_rc = kd_fail(x, KD_FAILED, "pkv_seq_close: %s: %s", pkv_strerror(rc), pkv_last_error());
-            goto out;
-        }
-    }
-    rc = pkv_sync(c);
-    if (rc) {
-        exit_rc = kd_fail(x, KD_FAILED, "pkv_sync: %s: %s", pkv_strerror(rc), pkv_last_error());
-        goto out;
-    }
-    /* What a prompt now finds (read-only lookup, no counters touched). */
-    hit = chain_lookup(c, salt, prompt, b.nblocks, chain, false, &bad);
-    if (x->json) {
-        kj *j = &x->j;
-        kj_init(j, stdout);
-        kj_begin_doc(j, "import");
-        x->doc_open = true;
-        kj_str(j, "dir", x->dir);
-        kj_str(j, "bundle", b.path);
-        kj_bool(j, "created", created);
-        kj_str(j, "model_id", b.model_id);
-        kj_u64(j, "blocks", b.nblocks);
-        kj_u64(j, "tokens", ntok);
-        kj_u64(j, "salt", salt);
-        kj_u64(j, "present", present);
-        kj_u64(j, "imported", imported);
-        kj_u64(j, "hit_blocks", hit);
-        if (have_keep) kj_u64(j, "seq", id);
-        else kj_null(j, "seq");
-        kj_u64(j, "stored_bytes", b.stored_bytes);
-        kj_obj(j, "codecs", true);
-        kj_u64(j, "raw", b.codecs[CODEC_RAW]);
-        kj_u64(j, "lz4", b.codecs[CODEC_LZ4]);
-        kj_u64(j, "shuffle_lz4", b.codecs[CODEC_SHUF_LZ4]);
-        kj_end_obj(j);
-        kj_end_doc(j);
-    } else {
-        char pm[PKV_MODEL_ID_MAX + 1];
-        printf("imported %u block%s, skipped %u already present (%u blocks, %llu tokens, salt "
-               "%llu, model \"%s\") into %s%s\n", imported, imported == 1 ? "" : "s", present,
-               b.nblocks, (unsigned long long)ntok, (unsigned long long)salt,
-               kd_printable(b.model_id, pm, sizeof pm), x->dir,
-               created ? " (created)" : "");
-        printf("a prompt starting with these %llu tokens now hits %u of %u blocks\n",
-               (unsigned long long)ntok, hit, b.nblocks);
-        if (have_keep) printf("the blocks are held by sequence %llu\n", (unsigned long long)id);
-    }
-    if (hit != b.nblocks) {
-        exit_rc = kd_fail(x, KD_FAILED, "only %u of %u imported blocks are found by a prefix lookup",
-                          hit, b.nblocks);
-    }
-out:
-    if (opened && !have_keep) pkv_seq_close(c, id);
-    pkv_close(c);
-    free(prompt);
-    free(slots);
-    free(chain);
     bundle_close(&b);
-    if (exit_rc == KD_OK) {
+    if (rc == KD_OK) {
         fflush(stdout);
         if (ferror(stdout)) return kd_fail(x, KD_FAILED, "writing the output failed");
     }
-    return exit_rc;
+    return rc;
 }

@@ -1,7 +1,9 @@
 /*
  * kvdump_out.c — what every kvdump command shares: the JSON writer, error
- * reporting, command-line parsing, reading the arena header, and the read-only
- * open of a cache directory (with retries while a live writer renames files).
+ * reporting, command-line parsing, reading the arena header, the read-only open
+ * of a cache directory (with retries while a live writer renames files), and
+ * what the commands read of the opened cache (kd_state: every block's metadata
+ * and depth, every sequence's table) through pagedkv.h and pagedkv_inspect.h.
  */
 #include "kvdump.h"
 
@@ -134,7 +136,7 @@ void kj_hex64(kj *j, const char *key, uint64_t v) {
     kj_strf(j, key, "0x%016llx", (unsigned long long)v);
 }
 void kj_block(kj *j, const char *key, uint32_t b) {
-    if (b == PKV_NONE) kj_null(j, key);
+    if (b == PKV_NO_BLOCK) kj_null(j, key);
     else kj_u64(j, key, b);
 }
 
@@ -258,31 +260,104 @@ bool kd_parse_u64(const char *s, uint64_t *out) {
     return true;
 }
 
-const char *kd_block_state(const pkv_block *x) {
+const char *kd_block_state(const pkv_block_info *x) {
     if (x->ref > 0) return "used";
-    if (x->state == BLK_SEALED) return "cached";
+    if (x->state == PKV_BLOCK_SEALED) return "cached";
     return "free";
 }
 
-uint32_t *kd_ntok_table(const pkv_cache *c) {
-    const pkv_pool *p = &c->pool;
-    uint32_t *n = calloc(p->capacity ? p->capacity : 1, sizeof *n);
-    if (!n) return NULL;
-    for (uint32_t b = 0; b < p->capacity; b++)
-        if (p->b[b].state == BLK_SEALED) n[b] = p->block_size;
-    for (uint64_t i = 0; i <= c->seqs.mask; i++) {
-        const pkv_seq *s = c->seqs.slots[i];
-        if (!s) continue;
-        for (uint32_t k = 0; k < s->nblocks; k++) {
-            uint32_t b = s->blocks[k];
-            if (b >= p->capacity || p->b[b].state == BLK_SEALED) continue;
-            uint64_t start = (uint64_t)k * p->block_size;
-            uint64_t t = s->committed > start ? s->committed - start : 0;
-            if (t > p->block_size) t = p->block_size;
-            if (t > n[b]) n[b] = (uint32_t)t;
+const char *kd_block_kind(const pkv_block_info *x) {
+    return x->state == PKV_BLOCK_SEALED ? "sealed" : x->state == PKV_BLOCK_OPEN ? "open" : "free";
+}
+
+/* ---- What the commands read of an opened cache ------------------------------- */
+
+static int cmp_seqv(const void *a, const void *b) {
+    uint64_t x = ((const kd_seqv *)a)->id, y = ((const kd_seqv *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+/* Every sequence of c with its block table, sorted by id. */
+static int load_seqs(pkv_cache *c, kd_state *s) {
+    size_t n = 0;
+    int rc = pkv_seq_list(c, NULL, 0, &n);
+    if (rc && rc != PKV_ERANGE) return rc;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    s->seq = calloc(n ? n : 1, sizeof *s->seq);
+    if (!ids || !s->seq) {
+        free(ids);
+        return PKV_ENOMEM;
+    }
+    rc = pkv_seq_list(c, ids, n, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        kd_seqv *q = &s->seq[s->nseq];
+        q->id = ids[i];
+        if ((rc = pkv_seq_get_info(c, q->id, &q->inf))) break;
+        q->blocks = malloc((q->inf.n_blocks ? q->inf.n_blocks : 1) * sizeof *q->blocks);
+        if (!q->blocks) rc = PKV_ENOMEM;
+        else rc = pkv_seq_blocks(c, q->id, q->blocks, q->inf.n_blocks, NULL);
+        s->nseq++; /* its table is freed with the others */
+    }
+    free(ids);
+    if (!rc) qsort(s->seq, s->nseq, sizeof *s->seq, cmp_seqv);
+    return rc;
+}
+
+/* The tokens each block holds as far as the tables say (kd_state.ntok). */
+static void count_tokens(kd_state *s) {
+    const uint32_t bs = s->inf.block_size;
+    for (uint32_t b = 0; b < s->cap; b++)
+        s->ntok[b] = s->blk[b].state == PKV_BLOCK_SEALED ? bs : 0;
+    for (size_t i = 0; i < s->nseq; i++) {
+        const kd_seqv *q = &s->seq[i];
+        for (uint64_t k = 0; k < q->inf.n_blocks; k++) {
+            uint32_t b = q->blocks[k];
+            if (b >= s->cap || s->blk[b].state == PKV_BLOCK_SEALED) continue;
+            uint64_t start = k * bs;
+            uint64_t t = q->inf.committed > start ? q->inf.committed - start : 0;
+            if (t > bs) t = bs;
+            if (t > s->ntok[b]) s->ntok[b] = (uint32_t)t;
         }
     }
-    return n;
+}
+
+int kd_state_load(pkv_cache *c, kd_state *s) {
+    memset(s, 0, sizeof *s);
+    int rc = pkv_info(c, &s->inf);
+    if (!rc) rc = pkv_inspect_arena(c, &s->arena);
+    if (rc) return rc;
+    s->cap = (uint32_t)s->inf.capacity;
+    size_t n = s->cap ? s->cap : 1;
+    s->blk = malloc(n * sizeof *s->blk);
+    s->depth = malloc(n * sizeof *s->depth);
+    s->ntok = malloc(n * sizeof *s->ntok);
+    if (!s->blk || !s->depth || !s->ntok) rc = PKV_ENOMEM;
+    for (uint32_t b = 0; !rc && b < s->cap; b++) {
+        rc = pkv_inspect_block(c, b, &s->blk[b]);
+        s->sealed += s->blk[b].state == PKV_BLOCK_SEALED;
+    }
+    if (!rc) rc = pkv_inspect_depths(c, s->depth, s->cap);
+    if (!rc) rc = load_seqs(c, s);
+    if (rc) {
+        kd_state_free(s);
+        return rc;
+    }
+    count_tokens(s);
+    return 0;
+}
+
+void kd_state_free(kd_state *s) {
+    for (size_t i = 0; i < s->nseq; i++) free(s->seq[i].blocks);
+    free(s->seq);
+    free(s->blk);
+    free(s->depth);
+    free(s->ntok);
+    memset(s, 0, sizeof *s);
+}
+
+const kd_seqv *kd_state_seq(const kd_state *s, uint64_t id) {
+    kd_seqv key = {.id = id};
+    return bsearch(&key, s->seq, s->nseq, sizeof *s->seq, cmp_seqv);
 }
 
 float kd_elem(const uint8_t *p, uint32_t dtype) {
@@ -413,7 +488,7 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
             snprintf(why, wl, "%s: %s", path, strerror(errno));
         return KD_USAGE;
     }
-    uint8_t b[PKV_PAGE];
+    uint8_t b[KD_PAGE];
     int rc = 0;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
         snprintf(why, wl, "%s is not a regular file", path);
@@ -421,16 +496,16 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
         goto out;
     }
     h->file_size = (uint64_t)st.st_size;
-    if (st.st_size < (off_t)PKV_PAGE) {
+    if (st.st_size < (off_t)KD_PAGE) {
         snprintf(why, wl, "%s: %lld bytes, shorter than its %u-byte header (truncated)", path,
-                 (long long)st.st_size, PKV_PAGE);
+                 (long long)st.st_size, KD_PAGE);
         rc = st.st_size >= 8 ? KD_PROBLEMS : KD_USAGE;
         if (st.st_size >= 8 && (pread(fd, b, 8, 0) != 8 || memcmp(b, "PAGEDKV\0", 8)))
             rc = KD_USAGE;
         goto out;
     }
-    ssize_t r = pread(fd, b, PKV_PAGE, 0);
-    if (r != (ssize_t)PKV_PAGE) {
+    ssize_t r = pread(fd, b, KD_PAGE, 0);
+    if (r != (ssize_t)KD_PAGE) {
         snprintf(why, wl, "%s: cannot read the header: %s", path, r < 0 ? strerror(errno) : "short read");
         rc = KD_USAGE;
         goto out;
@@ -440,32 +515,32 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
         rc = KD_USAGE;
         goto out;
     }
-    h->version = pkv_get_u32(b + 8);
+    h->version = kd_get_u32(b + 8);
     if (h->version != 1) {
         snprintf(why, wl, "%s: format version %u is not supported (kvdump reads version 1)", path,
                  h->version);
         rc = KD_USAGE;
         goto out;
     }
-    if (!pkv_sum_ok(pkv_get_u64(b + 4088), XXH3_64bits(b, 4088))) {
+    if (!kd_sum_ok(kd_get_u64(b + 4088), XXH3_64bits(b, 4088))) {
         snprintf(why, wl, "%s: header checksum mismatch (the header is damaged)", path);
         rc = KD_PROBLEMS;
         goto out;
     }
-    h->header_bytes = pkv_get_u32(b + 12);
-    h->num_layers = pkv_get_u32(b + 16);
-    h->num_kv_heads = pkv_get_u32(b + 20);
-    h->head_dim = pkv_get_u32(b + 24);
-    h->block_size = pkv_get_u32(b + 28);
-    h->dtype = pkv_get_u32(b + 32);
-    h->elem_size = pkv_get_u32(b + 36);
-    h->capacity = pkv_get_u64(b + 40);
-    h->block_bytes = pkv_get_u64(b + 48);
-    h->slot_bytes = pkv_get_u64(b + 56);
-    h->data_offset = pkv_get_u64(b + 64);
-    h->secret = pkv_get_u64(b + 72);
-    h->created_ns = pkv_get_u64(b + 80);
-    h->model_len = pkv_get_u32(b + 88);
+    h->header_bytes = kd_get_u32(b + 12);
+    h->num_layers = kd_get_u32(b + 16);
+    h->num_kv_heads = kd_get_u32(b + 20);
+    h->head_dim = kd_get_u32(b + 24);
+    h->block_size = kd_get_u32(b + 28);
+    h->dtype = kd_get_u32(b + 32);
+    h->elem_size = kd_get_u32(b + 36);
+    h->capacity = kd_get_u64(b + 40);
+    h->block_bytes = kd_get_u64(b + 48);
+    h->slot_bytes = kd_get_u64(b + 56);
+    h->data_offset = kd_get_u64(b + 64);
+    h->secret = kd_get_u64(b + 72);
+    h->created_ns = kd_get_u64(b + 80);
+    h->model_len = kd_get_u32(b + 88);
     pkv_options o;
     memset(&o, 0, sizeof o);
     o.num_layers = h->num_layers;
@@ -474,9 +549,9 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
     o.block_size = h->block_size;
     o.dtype = (pkv_dtype)h->dtype;
     o.capacity = h->capacity;
-    pkv_geometry g;
-    if (pkv_geometry_from_options(&o, &g) || h->capacity == 0 || h->header_bytes != PKV_PAGE ||
-        h->data_offset != PKV_PAGE || h->elem_size != g.elem_size ||
+    pkv_cache_info g;
+    if (pkv_inspect_geometry(&o, &g) || h->capacity == 0 || h->header_bytes != KD_PAGE ||
+        h->data_offset != KD_PAGE || h->elem_size != g.elem_size ||
         h->block_bytes != g.block_bytes || h->slot_bytes != g.slot_bytes ||
         h->model_len == 0 || h->model_len > PKV_MODEL_ID_MAX ||
         memchr(b + 92, 0, h->model_len)) {

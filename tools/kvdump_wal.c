@@ -20,10 +20,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* A little-endian u32 of a record's block or token list. */
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+struct kd_logrec {
+    uint64_t seg, off;  /* segment number, byte offset of the record in its file */
+    uint32_t len;       /* record bytes, header and trailer included */
+    bool in_ckpt;       /* LSN <= the chain's newest LSN: recovery skips it */
+    pkv_log_rec r;      /* decoded */
+};
+
+uint64_t kd_spare_strays(uint64_t spare_mask) { return pkv_logview_spare_strays(spare_mask); }
 
 const char *kd_end_name(int r) {
     switch (r) {
@@ -428,14 +432,14 @@ static void print_list(const uint8_t *p, uint32_t n) {
     enum { SHOW = 16 };
     putchar('[');
     for (uint32_t i = 0; i < n && i < SHOW; i++)
-        printf(i ? " %u" : "%u", get_u32(p + 4ull * i));
+        printf(i ? " %u" : "%u", kd_get_u32(p + 4ull * i));
     if (n > SHOW) printf(" ...+%u", n - SHOW);
     putchar(']');
 }
 
 static void json_list(kj *j, const char *key, const uint8_t *p, uint32_t n) {
     kj_arr(j, key, true);
-    for (uint32_t i = 0; i < n; i++) kj_u64(j, NULL, get_u32(p + 4ull * i));
+    for (uint32_t i = 0; i < n; i++) kj_u64(j, NULL, kd_get_u32(p + 4ull * i));
     kj_end_arr(j);
 }
 

@@ -817,8 +817,8 @@ cudaError_t launch_cfg(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
 
 /* One configuration per (type, head_dim, HT): 4 warps, a 24 KiB ring (3 stages
  * of 4 rows per token group; 2 rows for 32-byte lanes), 512-token sub-chunks
- * (256 at HT 8). Tuned on an H200 (docs/cuda.md): deeper or shallower rings, 8
- * warps or fewer rows per stage were 5-8% slower at 4k-128k context. */
+ * (256 at HT 8): the configuration that measured fastest on an H200 (docs/cuda.md
+ * has the comparison). */
 template <typename T, int D, int HT>
 cudaError_t launch_fast_h(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
     constexpr int CH = D * T::SIZE / 16 > 32 ? D * T::SIZE / 16 / 32 : 1;
@@ -827,8 +827,7 @@ cudaError_t launch_fast_h(const pkv_cuk_attn &a, dim3 grid, cudaStream_t st) {
 }
 
 /* The tensor-core kernel (f16/bf16, head_dim 64/128, 2-8 query heads per kv
- * head). Four stages per warp measured best on an H200 (docs/cuda.md: 2 and 3
- * were 1-8 points lower). Its shared memory (148 KiB at head_dim 128) is above
+ * head). Four stages per warp measured best on an H200 (docs/cuda.md). Its shared memory (148 KiB at head_dim 128) is above
  * the 48 KiB default, so the limit is raised before every launch or occupancy
  * query (cheap, and needs no once-only state). */
 constexpr int MMA_STAGES = 4;

@@ -545,11 +545,11 @@ static bool do_checkpoint(pkv_cache *c) {
     while (keep + 1 < w->nsegs && w->segs[keep + 1].start_lsn <= lsn + 1) keep++;
     const pkv_io_ops *io = w->io;
     const size_t live = w->nsegs - keep;
-    /* Segments to delete are unlinked once the lock is released: unlinking a
-     * preallocated 32 MiB file took 26-39 ms on this VM's ext4, and every caller
-     * waited for it. They are out of w->segs by then, and segment numbers are
+    /* Segments to delete are unlinked once the lock is released, because
+     * unlinking a large preallocated file can take milliseconds and every caller
+     * would wait for it. They are out of w->segs by then, and segment numbers are
      * never reused, so nothing can open them meanwhile. Without memory for the
-     * list they are unlinked here, as before. */
+     * list they are unlinked here, under the lock. */
     uint64_t *dead = keep ? malloc(keep * sizeof *dead) : NULL;
     size_t ndead = 0;
     for (size_t i = 0; i < keep; i++) {

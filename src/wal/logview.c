@@ -524,6 +524,10 @@ void pkv_logview_dir(const pkv_logview *g, pkv_log_dir *out) {
     out->ckpt_tmp = g->d.ckpt_tmp;
 }
 
+uint64_t pkv_logview_spare_strays(uint64_t spare_mask) {
+    return pkv_wal_spare_strays(spare_mask);
+}
+
 void pkv_logview_chain(const pkv_logview *g, pkv_log_chain *out) {
     if (g && out) *out = g->chain;
 }
