@@ -114,6 +114,7 @@ typedef struct pkv_log_delta {
     uint64_t lsn;         /* the LSN its header says */
     uint64_t secret, file_bytes, mtime_ns, raw_bytes, body_sum;
     uint64_t prev_lsn, prev_sum; /* the file it applies on */
+    int decoded;          /* it reads and decodes: the three counts below hold */
     uint64_t sealed;      /* changed blocks sealed now */
     uint64_t freed;       /* changed blocks no longer sealed */
     uint64_t sequences;   /* all sequences at its LSN */

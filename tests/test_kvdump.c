@@ -2320,6 +2320,30 @@ Test(kvdump, delta_chain_replaced_renamed_damaged_or_without_base)
  * and its deletion of the deltas) are ignored by recovery: notes, not problems,
  * and counted apart in the summary. Without delta support kvdump would not see
  * them at all (no note, no "stale" member). */
+/* A delta that does not read or decode shows no counts (null), not zeros. */
+Test(kvdump, an_unreadable_deltas_counts_are_null)
+{
+    char dir[512], src[600], dst[600];
+    uint64_t lsn[3];
+    build_chain("nulldelta", dir, sizeof dir, lsn);
+    cr_assert(lsn[0] > 1);
+    delta_path(dir, lsn[1], src, sizeof src);
+    delta_path(dir, lsn[0] - 1, dst, sizeof dst); /* below the base: stale */
+    size_t n;
+    uint8_t *b = rd_file(src, &n);
+    cr_assert(n > 80);
+    b[n - 1] ^= 0x5a; /* its body checksum fails */
+    wr_file(dst, b, n);
+    free(b);
+    jv *v = KDJ(0, "summary", dir);
+    cr_assert_eq(ju(v, "checkpoint_chain.files.0.lsn"), lsn[0] - 1);
+    cr_assert_str_eq(js(v, "checkpoint_chain.files.0.state"), "stale");
+    cr_assert(jnull(v, "checkpoint_chain.files.0.sealed_blocks"),
+              "an unreadable delta's counts are shown as zeros");
+    cr_assert(!jnull(v, "checkpoint_chain.files.1.sealed_blocks"));
+    jfree(v);
+}
+
 Test(kvdump, stale_deltas_are_notes)
 {
     char dir[512], p[600];

@@ -276,6 +276,7 @@ static int copy_chain(const pkv_logview *v, kd_log *L) {
         x->body_sum = p.body_sum;
         x->prev_lsn = p.prev_lsn;
         x->prev_sum = p.prev_sum;
+        x->fail = !p.decoded;
         x->sealed = p.sealed;
         x->freed = p.freed;
         x->sequences = p.sequences;

@@ -238,6 +238,7 @@ static void read_delta(pkv_logview *g, size_t i, uint8_t **raw, size_t *len, boo
         if (pkv_ckpt_check(*raw, *len, g->arena.block_size, g->arena.capacity, &n)) {
             delta_fail(d, DF_BODY, "%s", pkv_last_error());
         } else {
+            p->decoded = 1;
             p->sealed = n.sealed;
             p->freed = n.freed;
             p->sequences = n.sequences;
