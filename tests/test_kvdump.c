@@ -1868,6 +1868,94 @@ Test(kvdump, a_stray_spare_is_reported)
     cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
 }
 
+/* A segment numbered 2^63 or more: recovery refuses the directory (the next
+ * segment's number would wrap to 0 and sort before the log it continues), and
+ * kvdump, reading through the same listing, says the same instead of reading
+ * the log as if the file were not there. */
+Test(kvdump, a_segment_number_recovery_refuses_is_refused_too)
+{
+    char dir[512], big[600];
+    pkv_cache *c = build_ref("bigseg", PKV_F32, PKV_DURABLE_GROUP, dir, sizeof dir);
+    pt_close(c);
+    snprintf(big, sizeof big, "%s/wal-%016llx", dir, 1ull << 63);
+    FILE *f = fopen(big, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    uint64_t before = dir_print(dir);
+    pkv_options o;
+    opts(&o, PKV_F32, PKV_DURABLE_GROUP);
+    o.flags |= PKV_OPEN_RDONLY;
+    pkv_cache *r = NULL;
+    PT_ERR(pkv_open(dir, &o, &r), PKV_ECORRUPT);
+    cr_assert(strstr(pkv_last_error(), "segment number out of range"), "%s", pkv_last_error());
+    kres k = KD("wal", dir);
+    KD_EXPECT(k, 2);
+    cr_assert(strstr(k.err, "wal-8000000000000000: segment number out of range"), "%s", k.err);
+    kres_free(&k);
+    jv *v = KDJ(2, "wal", dir);
+    cr_assert(strstr(js(v, "error.message"), "segment number out of range"));
+    jfree(v);
+    v = KDJ(1, "verify", dir);
+    cr_assert(!jb(v, "ok"));
+    bool found = false;
+    for (size_t i = 0; i < jcount(v, "problems"); i++) {
+        char key[48];
+        snprintf(key, sizeof key, "problems.%zu.kind", i);
+        const char *kind = js(v, key);
+        snprintf(key, sizeof key, "problems.%zu.message", i);
+        found |= !strcmp(kind, "log_unreadable") &&
+                 strstr(js(v, key), "segment number out of range") != NULL;
+    }
+    cr_assert(found, "verify does not report the segment recovery refuses");
+    jfree(v);
+    cr_assert_eq(dir_print(dir), before, "kvdump changed the directory");
+    /* One below 2^63 is a segment like any other (its header is invalid). */
+    unlink(big);
+    snprintf(big, sizeof big, "%s/wal-%016llx", dir, (1ull << 63) - 1);
+    f = fopen(big, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    v = KDJ(0, "wal", dir);
+    cr_assert_str_eq(js(v, "end.reason"), "clean");
+    jfree(v);
+    unlink(big);
+}
+
+/* A full checkpoint whose header is intact but whose body is damaged: recovery
+ * reads it in full and fails; kvdump, reading it with recovery's reader, calls
+ * it unreadable too rather than trusting its header. */
+Test(kvdump, a_checkpoint_with_a_damaged_body_is_refused_as_recovery_refuses_it)
+{
+    char dir[512], ck[600];
+    pkv_cache *c = build_ref("ckbody", PKV_F32, PKV_DURABLE_GROUP, dir, sizeof dir);
+    PT_OK(pkv_checkpoint(c));
+    pkv_stats st = pt_stats(c);
+    pt_close(c);
+    snprintf(ck, sizeof ck, "%s/ckpt-%016llx", dir, (unsigned long long)st.checkpoint_lsn);
+    size_t n;
+    free(rd_file(ck, &n));
+    cr_assert(n > 64 + 16);
+    flip(ck, 64 + (n - 64) / 2);
+    pkv_options o;
+    opts(&o, PKV_F32, PKV_DURABLE_GROUP);
+    o.flags |= PKV_OPEN_RDONLY;
+    pkv_cache *r = NULL;
+    cr_assert(pkv_open(dir, &o, &r) < 0, "recovery accepted a damaged checkpoint");
+    jv *v = KDJ(0, "wal", dir);
+    cr_assert(!jb(v, "checkpoint.ok"), "kvdump trusted the checkpoint's header alone");
+    cr_assert(!jnull(v, "checkpoint.error"));
+    jfree(v);
+    v = KDJ(1, "verify", dir);
+    bool found = false;
+    for (size_t i = 0; i < jcount(v, "problems"); i++) {
+        char key[48];
+        snprintf(key, sizeof key, "problems.%zu.kind", i);
+        found |= !strcmp(js(v, key), "checkpoint");
+    }
+    cr_assert(found, "verify does not report the damaged checkpoint");
+    jfree(v);
+}
+
 /* ---- Delta checkpoints ----------------------------------------------------------------- */
 
 /* A chain: the reference cache, a full checkpoint (the first after an open always
@@ -2232,6 +2320,30 @@ Test(kvdump, delta_chain_replaced_renamed_damaged_or_without_base)
  * and its deletion of the deltas) are ignored by recovery: notes, not problems,
  * and counted apart in the summary. Without delta support kvdump would not see
  * them at all (no note, no "stale" member). */
+/* A delta that does not read or decode shows no counts (null), not zeros. */
+Test(kvdump, an_unreadable_deltas_counts_are_null)
+{
+    char dir[512], src[600], dst[600];
+    uint64_t lsn[3];
+    build_chain("nulldelta", dir, sizeof dir, lsn);
+    cr_assert(lsn[0] > 1);
+    delta_path(dir, lsn[1], src, sizeof src);
+    delta_path(dir, lsn[0] - 1, dst, sizeof dst); /* below the base: stale */
+    size_t n;
+    uint8_t *b = rd_file(src, &n);
+    cr_assert(n > 80);
+    b[n - 1] ^= 0x5a; /* its body checksum fails */
+    wr_file(dst, b, n);
+    free(b);
+    jv *v = KDJ(0, "summary", dir);
+    cr_assert_eq(ju(v, "checkpoint_chain.files.0.lsn"), lsn[0] - 1);
+    cr_assert_str_eq(js(v, "checkpoint_chain.files.0.state"), "stale");
+    cr_assert(jnull(v, "checkpoint_chain.files.0.sealed_blocks"),
+              "an unreadable delta's counts are shown as zeros");
+    cr_assert(!jnull(v, "checkpoint_chain.files.1.sealed_blocks"));
+    jfree(v);
+}
+
 Test(kvdump, stale_deltas_are_notes)
 {
     char dir[512], p[600];

@@ -6,11 +6,11 @@
  * (PKV_OPEN_RDONLY: no lock, nothing written, the arena mapped PROT_READ). It
  * reads the arena header itself (docs/format.md), and so does the bundle code
  * (kvdump_bundle.c) with bundles; import goes through the public API like any
- * writer. The log scanner (kvdump_wal.c) re-implements the reading rules of
- * src/wal/replay.c for the checkpoint chain (full checkpoint + delta
- * checkpoints) and the log, so that it can show every delta and record and say
- * why the chain breaks or where the valid log ends; it alone still includes the
- * library's internal headers, in its own file. docs/kvdump.md is the reference.
+ * writer. The log scanner (kvdump_wal.c) reads the checkpoint chain (full
+ * checkpoint + delta checkpoints) and the log through the read-only log reader
+ * of pagedkv_log.h (recovery's own rules, src/wal/reader.c), so that it can show
+ * every delta and record and say why the chain breaks or where the valid log
+ * ends. docs/kvdump.md is the reference.
  */
 #ifndef KVDUMP_H
 #define KVDUMP_H
@@ -245,7 +245,7 @@ typedef struct kd_seg {
 typedef struct kd_logrec kd_logrec;
 
 /* One delta checkpoint file, delta-<no> (docs/format.md). Its place in the chain
- * that recovery loads (load_chain() in src/wal/replay.c): */
+ * that recovery loads (pkv_rd_link in src/wal/reader.c): */
 enum kd_delta_state {
     KD_DELTA_APPLIED = 0, /* links onto the file before it: recovery applies it */
     KD_DELTA_STALE,       /* no <= the full checkpoint's LSN: left from an older chain
@@ -311,9 +311,9 @@ typedef struct kd_log {
 
 typedef int (*kd_rec_cb)(void *ctx, const kd_log *L, const kd_logrec *r);
 /* Scan the directory's checkpoint chain and log like recovery does; call cb for
- * every record read (in LSN order). The full checkpoint's header is read, and
- * every delta in full (to check its link and count its changes); the log is read
- * from the newest file of the chain that loads. 0, or an error from cb, or a
+ * every record read (in LSN order). The full checkpoint and every delta are read
+ * in full (to check them and their links, and count a delta's changes); the log
+ * is read from the newest file of the chain that loads. 0, or an error from cb, or a
  * negative PKV_E* code with a message in why (directory unreadable, out of
  * memory). */
 int kd_log_scan(const char *dir, const kd_hdr *h, kd_log *L, kd_rec_cb cb, void *ctx,

@@ -576,23 +576,30 @@ int pkv_ckpt_info(const uint8_t *raw, size_t len, pkv_ckpt_meta *out) {
     return read_head(&b, &bs, &cap, out);
 }
 
-int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
-    pkv_pool *p = &c->pool;
-    const uint32_t bs = p->block_size;
+/* Load a raw snapshot into c, or with c NULL only check it (against geometry
+ * bs / capacity) and count what it holds: one walk, so the checks exist once. */
+static int ckpt_walk(pkv_cache *c, uint32_t bs, uint64_t capacity, const uint8_t *raw,
+                     size_t len, bool seqs, pkv_ckpt_counts *n) {
+    pkv_pool *p = c ? &c->pool : NULL;
     rbuf b = {raw, len, 0, false};
     uint32_t cbs, cap;
     pkv_ckpt_meta m;
     int rc = read_head(&b, &cbs, &cap, &m);
     if (rc) return rc;
-    if (cbs != bs || cap != p->capacity)
+    if (cbs != bs || cap != capacity)
         return pkv_err(PKV_ECORRUPT, "checkpoint geometry (block size %u, capacity %u) "
-                       "differs from the arena's (%u, %u)", cbs, cap, bs, p->capacity);
-    pkv_counters *k = &c->ctr;
-    uint64_t *ctr[8] = {&k->hit_tokens, &k->miss_tokens, &k->hit_blocks, &k->miss_blocks,
-                        &k->evictions, &k->cow_copies, &k->dedupes, &k->seals};
-    for (int i = 0; i < 8; i++) *ctr[i] = rb_u64(&b);
+                       "differs from the arena's (%u, %llu)", cbs, cap, bs,
+                       (unsigned long long)capacity);
+    for (int i = 0; i < 8; i++) {
+        uint64_t v = rb_u64(&b);
+        if (!c) continue;
+        pkv_counters *k = &c->ctr;
+        uint64_t *ctr[8] = {&k->hit_tokens, &k->miss_tokens, &k->hit_blocks, &k->miss_blocks,
+                            &k->evictions, &k->cow_copies, &k->dedupes, &k->seals};
+        *ctr[i] = v;
+    }
     uint64_t ns = rb_u64(&b);
-    if (b.bad || ns > p->capacity || ns * entry_bytes(bs) > len - b.off)
+    if (b.bad || ns > cap || ns * entry_bytes(bs) > len - b.off)
         return pkv_err(PKV_ECORRUPT, "checkpoint: bad sealed block count %llu",
                        (unsigned long long)ns);
     /* The count check above covers all ns records: decode them without
@@ -601,9 +608,10 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
     const uint8_t *q = raw + b.off;
     for (uint64_t i = 0; i < ns; i++, q += per) {
         uint32_t blk = pkv_get_u32(q), parent = pkv_get_u32(q + 4);
-        if (blk >= p->capacity || (parent != PKV_NONE && parent >= p->capacity))
+        if (blk >= cap || (parent != PKV_NONE && parent >= cap))
             return pkv_err(PKV_ECORRUPT, "checkpoint: block %u / parent %u out of range",
                            blk, parent);
+        if (!c) continue;
         pkv_block *x = &p->b[blk];
         x->state = BLK_SEALED;
         x->parent = parent;
@@ -621,16 +629,18 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
 #endif
     }
     b.off += ns * per;
+    uint64_t nf = 0;
     if (m.delta) {
         /* Blocks sealed in the chain before, no longer sealed now. */
-        uint64_t nf = rb_u64(&b);
-        if (b.bad || nf > p->capacity || nf * 4 > len - b.off)
+        nf = rb_u64(&b);
+        if (b.bad || nf > cap || nf * 4 > len - b.off)
             return pkv_err(PKV_ECORRUPT, "checkpoint: bad freed block count %llu",
                            (unsigned long long)nf);
         for (uint64_t i = 0; i < nf; i++) {
             uint32_t blk = rb_u32(&b);
-            if (blk >= p->capacity)
+            if (blk >= cap)
                 return pkv_err(PKV_ECORRUPT, "checkpoint: freed block %u out of range", blk);
+            if (!c) continue;
             pkv_block *x = &p->b[blk];
             x->state = BLK_FREE;
             x->parent = PKV_NONE;
@@ -654,11 +664,25 @@ int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
         r.blocks = raw + b.off;
         r.tokens = r.blocks + 4ull * r.nblocks;
         b.off += 4ull * r.nblocks + 4ull * r.ntok;
-        if (!seqs) continue; /* an older file of the chain: the newest one's apply */
+        if (!c || !seqs) continue; /* an older file of the chain: the newest one's apply */
         rc = pkv_replay_apply(c, &r);
         if (rc) return rc;
     }
     if (b.off != len) return pkv_err(PKV_ECORRUPT, "checkpoint: %zu trailing bytes",
                                      len - b.off);
+    if (n) {
+        n->sealed = ns;
+        n->freed = nf;
+        n->sequences = nq;
+    }
     return 0;
+}
+
+int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs) {
+    return ckpt_walk(c, c->pool.block_size, c->pool.capacity, raw, len, seqs, NULL);
+}
+
+int pkv_ckpt_check(const uint8_t *raw, size_t len, uint32_t block_size, uint64_t capacity,
+                   pkv_ckpt_counts *n) {
+    return ckpt_walk(NULL, block_size, capacity, raw, len, false, n);
 }

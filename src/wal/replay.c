@@ -3,17 +3,11 @@
  * then a rebuild of everything derived (refcounts, states, lists, prefix index,
  * child counts), then verification of the blocks that recovered sequences hold.
  *
- * Log reading rules (docs/format.md):
- *  - Segments are read in number order, from the one holding checkpoint LSN + 1.
- *    A segment's header must be valid and name the same arena (secret).
- *  - Frames must have the segment's epoch, a valid checksum, and LSNs continuing
- *    exactly where the previous frame ended; each record's checksum, length and
- *    LSN are checked too.
- *  - At the first invalid frame the log ends. If nothing valid follows (in that
- *    segment, or in a later segment not starting exactly at the expected LSN) it
- *    was a torn tail and is cut off. If valid frames with later LSNs follow, the
- *    log is corrupt: open fails naming the LSN, unless PKV_OPEN_POINT_IN_TIME asks
- *    to recover up to it.
+ * The log and the checkpoint chain are read by wal/reader.c, which holds every
+ * reading rule (docs/format.md, "Reading the log"); this file applies the records
+ * it hands over and acts on where and why it says the log ends: a torn tail is
+ * cut, a gap or damage followed by valid frames fails the open naming the LSN,
+ * unless PKV_OPEN_POINT_IN_TIME asks to recover up to it.
  *
  * Replay works on the raw state: block states SEALED/FREE from SEAL/EVICT records
  * and sequence tables (committed part only) from the others. Everything else is
@@ -22,13 +16,8 @@
  */
 #include "internal.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <time.h>
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 
 static double now_ms(void) {
     struct timespec ts;
@@ -183,478 +172,104 @@ int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
     }
 }
 
-/* ---- Reading the log ---------------------------------------------------- */
+/* ---- Reading the log ----------------------------------------------------
+ * The reading rules are reader.c's; replay applies what it hands over and acts
+ * on where and why it says the log ends. */
 
-typedef struct segfile {
-    uint64_t no;
-} segfile;
+typedef struct applying {
+    pkv_cache *c;
+    uint64_t *applied;
+} applying;
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* A segment being read. Frames are read through a window of the file (a buffer
- * reused from segment to segment), so recovery reads each byte once into memory
- * that is already faulted in, instead of allocating and filling a buffer the size
- * of the whole preallocated segment. */
-#define WINDOW (4u << 20)
-
-typedef struct rdbuf {
-    uint8_t *p;
-    size_t cap;
-} rdbuf;
-
-typedef struct seg {
-    uint64_t no, start, size;
-    uint32_t epoch;
-    bool valid;
-    const pkv_io_ops *io;
-    int fd;
-    char path[4200];
-    uint64_t len;      /* bytes the file holds, at most size */
-    rdbuf *rb;         /* the window: file bytes [base, base + wlen) */
-    uint64_t base;
-    size_t wlen;
-    int err;           /* a read failed (message set): recovery fails */
-} seg;
-
-static void seg_close(seg *s) {
-    if (s->fd >= 0) s->io->close(s->io->ctx, s->fd);
-    s->fd = -1;
-}
-
-/* Bytes [off, off + n) of the segment, or NULL if the file ends before (or a read
- * failed: s->err). The pointer is valid until the next call. */
-static const uint8_t *seg_at(seg *s, uint64_t off, size_t n) {
-    if (off > s->len || n > s->len - off) return NULL;
-    if (off >= s->base && off + n <= s->base + s->wlen) return s->rb->p + (off - s->base);
-    if (s->err) return NULL;
-    size_t want = n > WINDOW ? n : WINDOW;
-    if (want > s->len - off) want = (size_t)(s->len - off);
-    if (s->rb->cap < want) {
-        size_t cap = want > WINDOW ? want : WINDOW;
-        uint8_t *np = realloc(s->rb->p, cap);
-        if (!np) {
-            s->err = pkv_err(PKV_ENOMEM, "reading %s", s->path);
-            return NULL;
-        }
-        s->rb->p = np;
-        s->rb->cap = cap;
-    }
-    s->wlen = 0;
-    long r = s->io->pread(s->io->ctx, s->fd, s->rb->p, want, off);
-    if (r < 0) {
-        s->err = pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
-        return NULL;
-    }
-    s->base = off;
-    s->wlen = (size_t)r;
-    if ((size_t)r < want) s->len = off + (uint64_t)r; /* shorter than it said */
-    return n <= s->wlen ? s->rb->p : NULL;
-}
-
-/* Open segment `no` and read its header; unless header_only, keep it open for
- * reading and find how many bytes the file holds (up to its allocated size). */
-static int seg_open(pkv_cache *c, const char *dir, uint64_t no, seg *s, rdbuf *rb,
-                    bool header_only) {
-    const pkv_io_ops *io = c->wal.io;
-    memset(s, 0, sizeof *s);
-    s->no = no;
-    s->io = io;
-    s->rb = rb;
-    s->fd = -1;
-    snprintf(s->path, sizeof s->path, "%s/wal-%016llx", dir, (unsigned long long)no);
-    int fd = io->open(io->ctx, s->path, O_RDONLY, 0);
-    if (fd < 0) return pkv_err(PKV_EIO, "open %s: %s", s->path, strerror(-fd));
-    s->fd = fd;
-    uint8_t h[SEG_HDR];
-    long r = io->pread(io->ctx, fd, h, SEG_HDR, 0);
-    if (r < 0) {
-        seg_close(s);
-        return pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
-    }
-    if (r == (long)SEG_HDR && !memcmp(h, SEG_MAGIC, 8) &&
-        pkv_sum_ok(pkv_get_u64(h + 56), XXH3_64bits(h, 56)) && pkv_get_u32(h + 8) == WAL_VERSION &&
-        pkv_get_u64(h + 16) == no && pkv_get_u64(h + 40) <= (16ull << 30)) {
-        s->epoch = pkv_get_u32(h + 12);
-        s->start = pkv_get_u64(h + 24);
-        s->size = pkv_get_u64(h + 40);
-        s->valid = true;
-        if (pkv_get_u64(h + 32) != c->arena.secret) {
-            s->valid = false;
-            c->arena.foreign_log = true;
-        }
-    }
-    if (!s->valid || header_only) {
-        seg_close(s);
-        return 0;
-    }
-    /* Usually the file holds all `size` bytes; if not, read to its end. */
-    s->len = s->size;
-    s->base = s->size; /* empty window */
-    uint8_t last;
-    r = s->size ? io->pread(io->ctx, fd, &last, 1, s->size - 1) : 1;
-    if (r < 0) {
-        seg_close(s);
-        return pkv_err(PKV_EIO, "read %s: %s", s->path, strerror((int)-r));
-    }
-    if (r != 1) {
-        uint64_t off = 0;
-        while (off < s->len && seg_at(s, off, 1)) off = s->base + s->wlen;
-        if (s->err) {
-            seg_close(s);
-            return s->err;
-        }
-    }
-    return 0;
-}
-
-/* Is there a valid frame at `off` (checksum included)? Sets its LSN range. A frame
- * is applied whole or not at all, so recovery ends between calls (rule D5). On true
- * the whole frame is in the window (seg_at(s, off, FRAME_HDR + bytes) is cheap). */
-static bool frame_ok(seg *s, uint64_t off, uint64_t *first, uint32_t *nrec,
-                     uint32_t *bytes) {
-    const uint8_t *f = seg_at(s, off, FRAME_HDR);
-    if (!f || pkv_get_u32(f) != FRAME_MAGIC || pkv_get_u32(f + 4) != s->epoch) return false;
-    uint32_t nb = pkv_get_u32(f + 20);
-    if (nb > s->len - off - FRAME_HDR || (nb & 7)) return false;
-    if (!(f = seg_at(s, off, FRAME_HDR + (size_t)nb))) return false;
-    XXH3_state_t st;
-    memset(&st, 0, sizeof st); /* reset_withSeed reads st.seed (xxHash 0.8.1) */
-    XXH3_64bits_reset_withSeed(&st, s->epoch);
-    XXH3_64bits_update(&st, f, 24);
-    XXH3_64bits_update(&st, f + FRAME_HDR, nb);
-    if (!pkv_sum_ok(pkv_get_u64(f + 24), XXH3_64bits_digest(&st))) return false;
-    *first = pkv_get_u64(f + 8);
-    *nrec = pkv_get_u32(f + 16);
-    *bytes = nb;
-    return *nrec > 0;
-}
-
-/* Apply the records of a valid frame (just checked by frame_ok) with LSN > after. */
-static int frame_apply(pkv_cache *c, seg *s, uint64_t off, uint64_t first,
-                       uint32_t nrec, uint32_t bytes, uint64_t after, uint64_t *applied) {
-    const uint8_t *f = seg_at(s, off, FRAME_HDR + (size_t)bytes);
-    if (!f) return s->err ? s->err : pkv_err(PKV_EIO, "frame vanished in %s", s->path);
-    const uint8_t *p = f + FRAME_HDR, *end = p + bytes;
-    for (uint32_t i = 0; i < nrec; i++) {
-        if (end - p < (long)(REC_HDR + REC_TRAILER))
-            return pkv_err(PKV_ECORRUPT, "frame at LSN %llu truncated",
-                           (unsigned long long)first);
-        uint32_t rl = pkv_get_u32(p);
-        uint64_t lsn = pkv_get_u64(p + 8);
-        if (rl < REC_HDR + REC_TRAILER || (rl & 7) || rl > end - p || lsn != first + i ||
-            !pkv_sum_ok(pkv_get_u64(p + rl - REC_TRAILER),
-                        XXH3_64bits_withSeed(p, rl - REC_TRAILER, s->epoch)))
-            return pkv_err(PKV_ECORRUPT, "record at LSN %llu invalid inside a valid frame",
-                           (unsigned long long)(first + i));
-        if (lsn > after) {
-            pkv_rec r;
-            int rc = pkv_rec_decode(p, rl - REC_HDR - REC_TRAILER, c->pool.block_size, &r);
-            if (!rc) rc = pkv_replay_apply(c, &r);
-            if (rc) return rc;
-            (*applied)++;
-        }
-        p += rl;
-    }
-    return p == end ? 0 : pkv_err(PKV_ECORRUPT, "frame at LSN %llu has trailing bytes",
-                                  (unsigned long long)first);
-}
-
-/* Scan the 8-byte aligned offsets after `from` for a valid frame: with holding
- * false, one with an LSN >= lsn; with holding true, one whose LSNs include lsn.
- * *first and *at: the frame's first LSN and its offset.
- *
- * Every candidate (magic and epoch at an aligned offset, a length that fits)
- * costs a checksum over its claimed length, and candidates can overlap: a
- * segment of repeated [magic][epoch] words makes every offset one, O(len²) in
- * all (a forged 32 MiB segment: half an hour). A writer's frames of one epoch
- * never overlap, so a real log checksums each byte at most about twice (a torn
- * frame, then the frames after it). The scan therefore stops with
- * PKV_SCAN_TOO_MUCH once its checksums would pass PKV_SCAN_BUDGET(bytes after
- * from): it cannot tell whether a valid frame follows, and the callers treat
- * that like one that does (recovery refuses, or stops point-in-time). */
-static pkv_scan_res scan_frames(seg *s, uint64_t from, uint64_t lsn, bool holding,
-                                uint64_t *first, uint64_t *at) {
-    uint64_t o = (from + 8) & ~(uint64_t)7;
-    uint64_t budget = PKV_SCAN_BUDGET(s->len > from ? s->len - from : 0);
-    while (o + FRAME_HDR <= s->len) {
-        size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
-        const uint8_t *w = seg_at(s, o, n);
-        if (!w) return PKV_SCAN_NONE;
-        /* Candidates start with the magic's first byte at an 8-aligned offset;
-         * memchr skips zeros and other bytes fast. */
-        size_t k = 0;
-        while (k + FRAME_HDR <= n) {
-            const uint8_t *m = memchr(w + k, FRAME_MAGIC & 0xff, n - FRAME_HDR + 1 - k);
-            if (!m) {
-                k = ((n - FRAME_HDR) | 7) + 1; /* past the last candidate */
-                break;
-            }
-            k = (size_t)(m - w);
-            if ((k & 7) == 0 && pkv_get_u32(w + k) == FRAME_MAGIC) break;
-            k = (k | 7) + 1;
-        }
-        o += k;
-        if (k + FRAME_HDR > n) continue; /* nothing in this window */
-        if (pkv_get_u32(w + k + 4) == s->epoch) {
-            uint64_t nb = pkv_get_u32(w + k + 20);
-            if (nb <= s->len - o - FRAME_HDR && !(nb & 7)) { /* frame_ok will hash it */
-                if (24 + nb > budget) return PKV_SCAN_TOO_MUCH;
-                budget -= 24 + nb;
-            }
-        }
-        uint64_t f;
-        uint32_t nr, b;
-        if (frame_ok(s, o, &f, &nr, &b) &&
-            (holding ? f <= lsn && lsn <= f + nr - 1 : f + nr - 1 >= lsn)) {
-            *first = f;
-            *at = o;
-            return PKV_SCAN_FOUND;
-        }
-        o += 8;
-    }
-    return PKV_SCAN_NONE;
-}
-
-/* Look for a valid frame with LSN >= want anywhere after `from` in s. */
-static pkv_scan_res later_valid(seg *s, uint64_t from, uint64_t want, uint64_t *lsn,
-                                uint64_t *at) {
-    return scan_frames(s, from, want, false, lsn, at);
-}
-
-/* Find a valid frame after `from` whose LSNs include `lsn`. */
-static bool frame_holding(seg *s, uint64_t from, uint64_t lsn, uint64_t *at) {
-    uint64_t first;
-    return scan_frames(s, from, lsn, true, &first, at) == PKV_SCAN_FOUND;
-}
-
-/* Are all bytes from `off` (8-aligned) to the end zero? A last partial word counts
- * as zero. */
-static bool zero_from(seg *s, uint64_t off) {
-    uint64_t o = off;
-    while (o + 8 <= s->len) {
-        size_t n = s->len - o < WINDOW ? (size_t)(s->len - o) : WINDOW;
-        const uint8_t *w = seg_at(s, o, n);
-        if (!w) return false;
-        size_t k = 0;
-        uint64_t acc = 0;
-        for (; k + 64 <= n && !acc; k += 64) {
-            uint64_t x[8];
-            memcpy(x, w + k, 64);
-            acc = x[0] | x[1] | x[2] | x[3] | x[4] | x[5] | x[6] | x[7];
-        }
-        if (acc) return false;
-        for (; k + 8 <= n; k += 8)
-            if (pkv_get_u64(w + k)) return false;
-        o += k;
-    }
-    return true;
-}
-
-static int push_u64(uint64_t **v, size_t *n, size_t *cap, uint64_t x) {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        uint64_t *nv = realloc(*v, nc * sizeof *nv);
-        if (!nv) return pkv_err(PKV_ENOMEM, "directory listing");
-        *v = nv;
-        *cap = nc;
-    }
-    (*v)[(*n)++] = x;
-    return 0;
-}
-
-/* List the log directory: segment numbers (sorted), the newest checkpoint, the
- * delta checkpoints (sorted), and the spare segments: *spares has bit k set for
- * each wal-spare-<k> (bit 63 for any k >= 63), *nspare is the length of the run
- * 0, 1, ... that seg_create recycles from the top. */
-static int list_dir(const char *dir, uint64_t **segs, size_t *nsegs, uint64_t *ckpt,
-                    bool *have_ckpt, uint64_t **deltas, size_t *ndeltas,
-                    uint64_t *nspare, uint64_t *spares) {
-    DIR *d = opendir(dir);
-    if (!d) return pkv_err(PKV_EIO, "open directory %s: %s", dir, strerror(errno));
-    size_t cap = 0, dcap = 0;
-    *segs = NULL;
-    *nsegs = 0;
-    *deltas = NULL;
-    *ndeltas = 0;
-    *have_ckpt = false;
-    *nspare = 0;
-    *spares = 0;
-    struct dirent *e;
-    int rc = 0;
-    while ((e = readdir(d))) {
-        uint64_t n;
-        if (pkv_wal_name_no(e->d_name, "wal-", &n)) {
-            /* A correct writer numbers segments up from 1 and never gets near
-             * 2^63. A larger number (a forged or stray file) would make the next
-             * segment's number wrap to 0 and sort before the log it continues,
-             * losing it at the next open (found by fuzz/fuzz_recover.c). */
-            if (n >= 1ull << 63) {
-                rc = pkv_err(PKV_ECORRUPT, "%s/%s: segment number out of range", dir,
-                             e->d_name);
-                break;
-            }
-            if ((rc = push_u64(segs, nsegs, &cap, n))) break;
-        } else if (pkv_wal_name_no(e->d_name, "ckpt-", &n)) {
-            if (!*have_ckpt || n > *ckpt) *ckpt = n;
-            *have_ckpt = true;
-        } else if (pkv_wal_name_no(e->d_name, "delta-", &n)) {
-            if ((rc = push_u64(deltas, ndeltas, &dcap, n))) break;
-        } else if (pkv_wal_name_no(e->d_name, "wal-spare-", &n)) {
-            /* a writer makes only 0 and 1; bit 63 also stands for every larger
-             * number, all strays (the run cannot reach 63) */
-            *spares |= 1ull << (n < 63 ? n : 63);
-        }
-    }
-    closedir(d);
-    *nspare = pkv_wal_spare_run(*spares);
-    if (!rc && *nsegs) qsort(*segs, *nsegs, sizeof **segs, cmp_u64);
-    if (!rc && *ndeltas) qsort(*deltas, *ndeltas, sizeof **deltas, cmp_u64);
+static int apply_rec(void *ctx, const pkv_rd_rec *r) {
+    applying *a = ctx;
+    if (!r->decoded) return 0; /* at or before the checkpoint's LSN */
+    int rc = pkv_replay_apply(a->c, &r->r);
+    if (!rc) (*a->applied)++;
     return rc;
 }
 
-/* Read one segment (open, valid, not after a gap) from *expect on. *stop: the log
- * ends for good here (point-in-time recovery before a corruption). */
-static int replay_seg(pkv_cache *c, seg *s, uint64_t *expect_io, uint32_t flags,
-                      bool *stop) {
-    pkv_recovery *rec = &c->rec;
-    uint64_t expect = *expect_io;
-    uint64_t off = SEG_HDR;
-    bool reached = s->start >= expect;
-    int rc;
-again:
-    for (;;) {
-        uint64_t first;
-        uint32_t nrec, bytes;
-        if (!frame_ok(s, off, &first, &nrec, &bytes)) {
-            /* Damage in frames the checkpoint already covers is harmless: skip
-             * to the valid frame holding the first LSN still needed. */
-            uint64_t o2;
-            if (!reached && frame_holding(s, off, expect, &o2)) {
-                off = o2;
-                continue;
-            }
-            break;
-        }
-        if (first + nrec - 1 < expect) { /* wholly before: already in checkpoint */
-            off += FRAME_HDR + bytes;
-            continue;
-        }
-        if (first > expect) break; /* not a continuation: treat as invalid */
-        reached = true;
-        rc = frame_apply(c, s, off, first, nrec, bytes, expect - 1, &rec->records_replayed);
-        if (rc) return rc;
-        expect = first + nrec;
-        off += FRAME_HDR + bytes;
-        c->wal.bytes_since_ckpt += FRAME_HDR + bytes;
-    }
-    *expect_io = expect;
-    if (s->err) return s->err;
-    /* The log ends at `off` in this segment, unless the next segment continues. */
-    uint64_t f, at;
-    const uint8_t *h;
-    pkv_scan_res later = off + FRAME_HDR <= s->len ? later_valid(s, off, expect, &f, &at)
-                                                   : PKV_SCAN_NONE;
-    const bool torn_hdr = (later == PKV_SCAN_NONE || c->rdonly) && !s->err &&
-                          (reached || s->start >= expect) &&
-                          (h = seg_at(s, off, FRAME_HDR)) && pkv_get_u32(h) == FRAME_MAGIC &&
-                          pkv_get_u32(h + 4) == s->epoch;
-    /* A read-only open may run beside a live writer, whose next frame can land
-     * at `off` between the reads above: the frame test read a window from
-     * before it, later_valid or the header test one from after (or caught it
-     * half copied). Frames are written in order and never change once complete,
-     * so read the frame at `off` afresh before calling the log damaged or torn
-     * there; if it continues the log now, read on. */
-    if (c->rdonly && !s->err && (later != PKV_SCAN_NONE || torn_hdr)) {
-        uint64_t first;
-        uint32_t nrec, bytes;
-        s->wlen = 0; /* the window is stale: read it again */
-        if (frame_ok(s, off, &first, &nrec, &bytes) && first <= expect &&
-            first + nrec - 1 >= expect)
-            goto again;
-    }
-    if (later != PKV_SCAN_NONE) {
-        rec->corrupt_lsn = expect;
-        if (!(flags & PKV_OPEN_POINT_IN_TIME) && later == PKV_SCAN_FOUND)
-            return pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
-                           "offset %llu) and followed by valid records from LSN %llu; "
-                           "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
-                           (unsigned long long)expect, (unsigned long long)s->no,
-                           (unsigned long long)off, (unsigned long long)f,
-                           (unsigned long long)(expect - 1));
-        if (!(flags & PKV_OPEN_POINT_IN_TIME))
-            return pkv_err(PKV_ECORRUPT, "log ends before LSN %llu (segment %llu offset %llu) "
-                           "before more overlapping frame candidates than recovery checks "
-                           "(a forged or damaged segment); whether valid records follow is "
-                           "unknown: open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
-                           (unsigned long long)expect, (unsigned long long)s->no,
-                           (unsigned long long)off, (unsigned long long)(expect - 1));
-        *stop = true;
-    } else if (torn_hdr && (h = seg_at(s, off, FRAME_HDR))) {
-        uint32_t nb = pkv_get_u32(h + 20);
-        rec->torn_bytes += FRAME_HDR + (nb < s->len - off ? nb : s->len - off);
-    }
-    if (s->err) return s->err;
-    /* Resume writing here only if nothing at all follows the end. */
-    bool clean = !rec->torn_bytes && !*stop && zero_from(s, off);
-    if (s->err) return s->err;
+static int replay_header(void *ctx, const pkv_rd_seg *s) {
+    pkv_cache *c = ctx;
+    if (s->hdr == PKV_SEGH_FOREIGN) c->arena.foreign_log = true;
+    return s->valid ? pkv_wal_seg_push(&c->wal, s->no, s->start) : 0;
+}
+
+static int replay_frame(void *ctx, pkv_rd_seg *s, uint64_t off, uint64_t first, uint32_t nrec,
+                        uint32_t bytes, bool covered, uint64_t after) {
+    pkv_cache *c = ctx;
+    if (covered) return 0;
+    applying a = {c, &c->rec.records_replayed};
+    int bad;
+    uint64_t bad_lsn;
+    int rc = pkv_rd_records(s, off, first, nrec, bytes, after, c->pool.block_size, false,
+                            apply_rec, &a, &bad, &bad_lsn);
+    if (!rc) c->wal.bytes_since_ckpt += FRAME_HDR + bytes;
+    return rc;
+}
+
+/* Where a read segment's frames end: writing resumes there only if nothing at
+ * all follows (no torn tail anywhere, no corruption, only zeros). */
+static void replay_seg_end(void *ctx, const pkv_rd_seg *s, const pkv_rd_end *e) {
+    pkv_cache *c = ctx;
+    if (e->reason == PKV_END_NONE || e->reason == PKV_END_GAP) return;
+    c->rec.torn_bytes += e->torn_bytes;
+    bool clean = !c->rec.torn_bytes && e->reason != PKV_END_CORRUPT && e->zero;
     c->wal.tail_ok = clean && s->len == s->size;
     c->wal.tail_no = s->no;
-    c->wal.tail_off = off;
+    c->wal.tail_off = e->off;
     c->wal.tail_size = s->size;
     c->wal.tail_epoch = s->epoch;
-    return 0;
+}
+
+/* Where the reader says the log ends: a gap or corruption fails the open naming
+ * the LSN, unless PKV_OPEN_POINT_IN_TIME asks to recover up to it. */
+static int replay_end(pkv_cache *c, const pkv_rd_end *e, uint32_t flags) {
+    const bool pit = flags & PKV_OPEN_POINT_IN_TIME;
+    const unsigned long long x = e->expect;
+    if (e->reason == PKV_END_GAP) {
+        c->rec.corrupt_lsn = e->expect;
+        if (pit) return 0;
+        return pkv_err(PKV_ECORRUPT, "log records from LSN %llu are missing (segment "
+                       "%llu starts at %llu); open with PKV_OPEN_POINT_IN_TIME to "
+                       "recover up to LSN %llu", x, (unsigned long long)e->seg,
+                       (unsigned long long)e->next_lsn, x - 1);
+    }
+    if (e->reason != PKV_END_CORRUPT) return 0;
+    c->rec.corrupt_lsn = e->expect;
+    if (pit) return 0;
+    if (!e->too_much)
+        return pkv_err(PKV_ECORRUPT, "log corrupted at LSN %llu (segment %llu "
+                       "offset %llu) and followed by valid records from LSN %llu; "
+                       "open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
+                       x, (unsigned long long)e->seg, (unsigned long long)e->off,
+                       (unsigned long long)e->next_lsn, x - 1);
+    return pkv_err(PKV_ECORRUPT, "log ends before LSN %llu (segment %llu offset %llu) "
+                   "before more overlapping frame candidates than recovery checks "
+                   "(a forged or damaged segment); whether valid records follow is "
+                   "unknown: open with PKV_OPEN_POINT_IN_TIME to recover up to LSN %llu",
+                   x, (unsigned long long)e->seg, (unsigned long long)e->off, x - 1);
 }
 
 /* Read the log after `after`; sets *last to the last LSN applied or skipped. */
 static int replay_log(pkv_cache *c, const char *dir, const uint64_t *nos, size_t n,
                       uint64_t after, uint32_t flags, uint64_t *last) {
-    pkv_recovery *rec = &c->rec;
-    uint64_t expect = after + 1;
-    size_t i0 = 0;
-    rdbuf rb = {NULL, 0};
-    int rc = 0;
-    /* Start at the last segment whose start LSN is <= after + 1. */
-    seg s;
-    for (size_t i = 0; i < n; i++) {
-        if ((rc = seg_open(c, dir, nos[i], &s, &rb, true))) return rc;
-        if (s.valid && s.start <= expect) i0 = i;
-        if (s.valid && (rc = pkv_wal_seg_push(&c->wal, s.no, s.start))) return rc;
-    }
-    for (size_t i = i0; i < n; i++) {
-        if ((rc = seg_open(c, dir, nos[i], &s, &rb, false))) break;
-        if (!s.valid) {
-            seg_close(&s);
-            continue; /* a segment whose header never became durable: nothing in it */
-        }
-        if (s.start > expect) { /* a gap: records between are missing */
-            uint64_t f, at; /* too many candidates to check counts as a valid frame */
-            bool any = later_valid(&s, SEG_HDR - 8, 0, &f, &at) != PKV_SCAN_NONE;
-            seg_close(&s);
-            if (s.err) {
-                rc = s.err;
-                break;
-            }
-            if (!any) continue;
-            rec->corrupt_lsn = expect;
-            if (flags & PKV_OPEN_POINT_IN_TIME) break;
-            rc = pkv_err(PKV_ECORRUPT, "log records from LSN %llu are missing (segment "
-                         "%llu starts at %llu); open with PKV_OPEN_POINT_IN_TIME to "
-                         "recover up to LSN %llu", (unsigned long long)expect,
-                         (unsigned long long)s.no, (unsigned long long)s.start,
-                         (unsigned long long)(expect - 1));
-            break;
-        }
-        bool stop = false;
-        rc = replay_seg(c, &s, &expect, flags, &stop);
-        seg_close(&s);
-        if (rc || stop) break;
-    }
-    free(rb.p);
+    pkv_rd_log L = {
+        .io = c->wal.io,
+        .dir = dir,
+        .secret = c->arena.secret,
+        .block_size = c->pool.block_size,
+        .recheck = c->rdonly, /* a read-only open may run beside a live writer */
+        .ctx = c,
+        .on_header = replay_header,
+        .on_frame = replay_frame,
+        .on_seg_end = replay_seg_end,
+    };
+    pkv_rd_end e;
+    int rc = pkv_rd_log_read(&L, nos, n, after, &e);
+    if (!rc) rc = replay_end(c, &e, flags);
     if (rc) return rc;
-    *last = expect - 1;
+    *last = L.last_lsn;
     return 0;
 }
 
@@ -847,6 +462,33 @@ typedef struct chain_info {
     uint64_t last_sum;  /* body checksum of the newest file */
 } chain_info;
 
+/* Recovery's message for a chain file that does not link (pkv_rd_link). */
+static int link_err(int link, const char *path, uint64_t lsn, const pkv_ckpt_meta *m,
+                    uint64_t prev_lsn) {
+    switch (link) {
+    case PKV_LINK_NAME:
+        return pkv_err(PKV_ECORRUPT, "%s: covers LSN %llu, not the one its name says", path,
+                       (unsigned long long)lsn);
+    case PKV_LINK_ARENA:
+        return pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the delta "
+                       "describes another arena than the checkpoints before it", path);
+    case PKV_LINK_KIND:
+        return pkv_err(PKV_ECORRUPT, "%s: holds a %s checkpoint", path,
+                       m->delta ? "delta" : "full");
+    case PKV_LINK_PREV_LSN:
+        return pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: it applies on "
+                       "the checkpoint of LSN %llu, but the file before it is LSN %llu "
+                       "(a file of the chain is missing)", path,
+                       (unsigned long long)m->prev_lsn, (unsigned long long)prev_lsn);
+    case PKV_LINK_PREV_SUM:
+        return pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the file of "
+                       "LSN %llu before it is not the one it was written on (replaced)",
+                       path, (unsigned long long)prev_lsn);
+    default:
+        return link; /* pkv_ckpt_info's error */
+    }
+}
+
 /* Load the checkpoint chain: the full checkpoint ckpt-<base>, then every
  * delta-<n> with n > base in order, each of which must name the file before it
  * (LSN and body checksum): the log before the newest may be recycled, so a chain
@@ -872,16 +514,10 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
         int rc = pkv_ckpt_read(c->wal.io, path, is_base ? CKPT_MAGIC : DELTA_MAGIC, &secret,
                                &lsn, &end, &raw, &len, &sum);
         pkv_ckpt_meta m;
-        /* A file whose header disagrees with its name was renamed or copied by
-         * hand: which checkpoint is newest, and which deltas follow it, are
-         * decided by names, so the directory cannot be trusted. */
-        if (!rc && lsn != no)
-            rc = pkv_err(PKV_ECORRUPT, "%s: covers LSN %llu, not the one its name says",
-                         path, (unsigned long long)lsn);
-        if (!rc && !is_base && secret != c->arena.secret)
-            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the delta "
-                         "describes another arena than the checkpoints before it", path);
-        if (!rc && secret != c->arena.secret) {
+        int link = rc ? PKV_LINK_OK
+                      : pkv_rd_link(is_base, no, lsn, secret, c->arena.secret, raw, len,
+                                    prev_lsn, prev_sum, &m);
+        if (link == PKV_LINK_FOREIGN) {
             free(raw);
             *after = lsn;
             *reach = end;
@@ -891,19 +527,7 @@ static int load_chain(pkv_cache *c, const char *dir, uint64_t base, const uint64
                      "were dropped");
             return 0;
         }
-        if (!rc) rc = pkv_ckpt_info(raw, len, &m);
-        if (!rc && m.delta != !is_base)
-            rc = pkv_err(PKV_ECORRUPT, "%s: holds a %s checkpoint", path,
-                         m.delta ? "delta" : "full");
-        if (!rc && !is_base && m.prev_lsn != prev_lsn)
-            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: it applies on "
-                         "the checkpoint of LSN %llu, but the file before it is LSN %llu "
-                         "(a file of the chain is missing)", path,
-                         (unsigned long long)m.prev_lsn, (unsigned long long)prev_lsn);
-        else if (!rc && !is_base && m.prev_sum != prev_sum)
-            rc = pkv_err(PKV_ECORRUPT, "%s: the checkpoint chain is broken: the file of "
-                         "LSN %llu before it is not the one it was written on (replaced)",
-                         path, (unsigned long long)prev_lsn);
+        if (link) rc = link_err(link, path, lsn, &m, prev_lsn);
         if (!rc) rc = pkv_ckpt_load(c, raw, len, i == ndeltas);
         free(raw);
         if (rc) return rc;
@@ -964,18 +588,18 @@ static void chain_continue(pkv_cache *c, uint64_t base, const uint64_t *dig,
 int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_lsn,
                 uint64_t *next_seg) {
     pkv_recovery *rec = &c->rec;
-    uint64_t *nos = NULL, *deltas = NULL, ckpt = 0, nspare = 0, spares = 0;
-    size_t n = 0, ndeltas = 0;
-    bool have_ckpt = false;
+    pkv_rd_dir d;
     double t0 = now_ms();
-    int rc = list_dir(dir, &nos, &n, &ckpt, &have_ckpt, &deltas, &ndeltas, &nspare, &spares);
+    int rc = pkv_rd_list(dir, &d);
     if (rc) {
-        free(nos); /* the names listed before the failure */
-        free(deltas);
+        pkv_rd_dir_free(&d); /* the names listed before the failure */
         return rc;
     }
-    c->wal.nspare = nspare;
-    c->wal.stray_spares = pkv_wal_spare_strays(spares) != 0;
+    const uint64_t *nos = d.segs, *deltas = d.deltas, ckpt = d.ckpt;
+    const size_t n = d.nsegs, ndeltas = d.ndeltas;
+    const bool have_ckpt = d.have_ckpt;
+    c->wal.nspare = pkv_wal_spare_run(pkv_rd_spare_mask(&d));
+    c->wal.stray_spares = pkv_wal_spare_strays(pkv_rd_spare_mask(&d)) != 0;
     uint64_t after = 0, reach = 0;
     bool drop_all = false;
     chain_info chain = {0};
@@ -1086,8 +710,7 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
     *next_seg = n ? nos[n - 1] + 1 : 1;
 out:
     free(chain_dig);
-    free(nos);
-    free(deltas);
+    pkv_rd_dir_free(&d);
     return rc;
 }
 
@@ -1096,27 +719,39 @@ out:
  * memory, and the rebuild + verification that ends recovery, so a harness can
  * drive them without files. Nothing in the library calls them. */
 
+/* A segment image in memory, read through the reader as if from its file. */
+static pkv_rd_seg mem_seg(pkv_rd_buf *rb, const uint8_t *data, size_t len, uint32_t epoch) {
+    rb->p = (uint8_t *)data;
+    rb->cap = len;
+    pkv_rd_seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = rb, .wlen = len};
+    return s;
+}
+
 bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t off,
                          uint64_t *first, uint32_t *nrec, uint32_t *bytes) {
-    rdbuf rb = {(uint8_t *)data, len};
-    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
-    return frame_ok(&s, off, first, nrec, bytes);
+    pkv_rd_buf rb;
+    pkv_rd_seg s = mem_seg(&rb, data, len, epoch);
+    return pkv_rd_frame_ok(&s, off, first, nrec, bytes);
 }
 
 int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
                            size_t off, uint64_t first, uint32_t nrec, uint32_t bytes,
                            uint64_t after, uint64_t *applied) {
-    rdbuf rb = {(uint8_t *)data, len};
-    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
-    return frame_apply(c, &s, off, first, nrec, bytes, after, applied);
+    pkv_rd_buf rb;
+    pkv_rd_seg s = mem_seg(&rb, data, len, epoch);
+    applying a = {c, applied};
+    int bad;
+    uint64_t bad_lsn;
+    return pkv_rd_records(&s, off, first, nrec, bytes, after, c->pool.block_size, false,
+                          apply_rec, &a, &bad, &bad_lsn);
 }
 
 pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
                              uint64_t lsn, bool holding, uint64_t *first, size_t *at) {
-    rdbuf rb = {(uint8_t *)data, len};
-    seg s = {.epoch = epoch, .valid = true, .fd = -1, .len = len, .rb = &rb, .wlen = len};
+    pkv_rd_buf rb;
+    pkv_rd_seg s = mem_seg(&rb, data, len, epoch);
     uint64_t o = 0;
-    pkv_scan_res r = scan_frames(&s, from, lsn, holding, first, &o);
+    pkv_scan_res r = pkv_rd_scan(&s, from, lsn, holding, first, &o);
     if (r == PKV_SCAN_FOUND) *at = (size_t)o;
     return r;
 }

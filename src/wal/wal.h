@@ -386,11 +386,227 @@ int pkv_ckpt_info(const uint8_t *raw, size_t len, pkv_ckpt_meta *out);
  * blocks (a delta's on top of what is loaded), and, with seqs, its sequences (only
  * the newest file of a chain is given seqs; the others' are checked, not applied). */
 int pkv_ckpt_load(pkv_cache *c, const uint8_t *raw, size_t len, bool seqs);
+/* pkv_ckpt_load's checks without loading, against an arena of block_size and
+ * capacity (the log reader's look at a delta): 0 and what it holds, or
+ * PKV_ECORRUPT with load's message. */
+typedef struct pkv_ckpt_counts {
+    uint64_t sealed;    /* blocks it holds sealed */
+    uint64_t freed;     /* a delta's blocks no longer sealed */
+    uint64_t sequences;
+} pkv_ckpt_counts;
+int pkv_ckpt_check(const uint8_t *raw, size_t len, uint32_t block_size, uint64_t capacity,
+                   pkv_ckpt_counts *n);
 /* Read and decompress a checkpoint or delta file (magic: CKPT_MAGIC or
  * DELTA_MAGIC); *body_sum: the XXH3-64 of its body (may be NULL). */
 int pkv_ckpt_read(const pkv_io_ops *io, const char *path, const char *magic,
                   uint64_t *secret, uint64_t *lsn, uint64_t *end_lsn, uint8_t **raw,
                   size_t *len, uint64_t *body_sum);
+
+/* ---- wal/reader.c: the one reader of a directory's log and checkpoints ----
+ * Recovery (replay.c) and the inspection API (include/pagedkv_log.h, kvdump) both
+ * read through it, so each reading rule of docs/format.md exists once. It never
+ * writes: it reports what it finds, and recovery decides what to do with it. */
+
+/* The log files of a directory (pkv_rd_list). */
+typedef struct pkv_rd_dir {
+    uint64_t *segs;       /* wal-<n>, sorted */
+    size_t nsegs;
+    uint64_t *deltas;     /* delta-<n>, sorted */
+    size_t ndeltas;
+    bool have_ckpt;
+    uint64_t ckpt;        /* the newest ckpt-<n> */
+    size_t nckpt;         /* ckpt-* files (normally 0 or 1) */
+    uint64_t spares;      /* bit k: wal-spare-<k> exists, k < 64 */
+    size_t spares_big;    /* wal-spare-<k>, k >= 64 (no writer makes them) */
+    bool arena_tmp, ckpt_tmp;
+} pkv_rd_dir;
+/* List dir. A segment number >= 2^63 is PKV_ECORRUPT (its successor would wrap
+ * to 0 and sort before the log it continues); else PKV_EIO, PKV_ENOMEM. On an
+ * error *d holds what was listed before it (pkv_rd_dir_free it). */
+int pkv_rd_list(const char *dir, pkv_rd_dir *d);
+void pkv_rd_dir_free(pkv_rd_dir *d);
+/* The spare mask as the writer keeps it: bit 63 also stands for every k >= 63. */
+static inline uint64_t pkv_rd_spare_mask(const pkv_rd_dir *d) {
+    return d->spares | (d->spares_big ? 1ull << 63 : 0);
+}
+
+/* Why a segment header is not usable (pkv_rd_seg.hdr). */
+enum {
+    PKV_SEGH_OK = 0,
+    PKV_SEGH_SHORT,   /* shorter than SEG_HDR */
+    PKV_SEGH_MAGIC,
+    PKV_SEGH_SUM,
+    PKV_SEGH_VERSION, /* hdr_val: the version */
+    PKV_SEGH_NUMBER,  /* hdr_val: the number the header names */
+    PKV_SEGH_SIZE,    /* hdr_val: the implausible size */
+    PKV_SEGH_FOREIGN, /* valid, written for another arena */
+};
+
+typedef struct pkv_rd_buf {
+    uint8_t *p;
+    size_t cap;
+} pkv_rd_buf;
+
+/* A segment being read. Frames are read through a window of the file (a buffer
+ * reused from segment to segment), so recovery reads each byte once into memory
+ * already faulted in. */
+typedef struct pkv_rd_seg {
+    uint64_t no, start, size;
+    uint32_t epoch;
+    bool valid;        /* header valid and of this arena */
+    int hdr;           /* PKV_SEGH_* */
+    uint64_t hdr_val;
+    const pkv_io_ops *io;
+    int fd;
+    char path[4200];
+    uint64_t len;      /* bytes the file holds, at most size */
+    pkv_rd_buf *rb;    /* the window: file bytes [base, base + wlen) */
+    uint64_t base;
+    size_t wlen;
+    int err;           /* a read failed (message set) */
+} pkv_rd_seg;
+
+/* Open segment `no` of dir and read its header; unless header_only (or the
+ * header is not valid), keep it open and find how many bytes it holds. 0 (the
+ * verdict in s->hdr / s->valid), or PKV_EIO (open or read failed), PKV_ENOMEM. */
+int pkv_rd_seg_open(const pkv_io_ops *io, const char *dir, uint64_t no, uint64_t secret,
+                    pkv_rd_seg *s, pkv_rd_buf *rb, bool header_only);
+void pkv_rd_seg_close(pkv_rd_seg *s);
+/* Bytes [off, off + n) of the segment, or NULL if the file ends before (or a read
+ * failed: s->err). Valid until the next call. */
+const uint8_t *pkv_rd_at(pkv_rd_seg *s, uint64_t off, size_t n);
+/* Is there a valid frame at off (rule D5: checksum over header and records)? */
+bool pkv_rd_frame_ok(pkv_rd_seg *s, uint64_t off, uint64_t *first, uint32_t *nrec,
+                     uint32_t *bytes);
+
+/* Why the records of a valid frame are not all valid (pkv_rd_records). */
+enum {
+    PKV_RECBAD_NONE = 0,
+    PKV_RECBAD_SHORT,    /* too short for its next record */
+    PKV_RECBAD_LEN,      /* a record length out of bounds */
+    PKV_RECBAD_LSN,      /* a record LSN not following the frame's */
+    PKV_RECBAD_SUM,      /* a record checksum */
+    PKV_RECBAD_DECODE,   /* pkv_rec_decode refused it */
+    PKV_RECBAD_RANGE,    /* a committed length out of range */
+    PKV_RECBAD_TRAILING, /* bytes after the last record */
+};
+/* One record of a frame: its place and, when decoded, its fields. */
+typedef struct pkv_rd_rec {
+    uint64_t off;     /* in the segment file */
+    uint32_t len;     /* header and trailer included */
+    bool decoded;     /* r holds it (always for LSN > after) */
+    pkv_rec r;
+} pkv_rd_rec;
+typedef int (*pkv_rd_rec_fn)(void *ctx, const pkv_rd_rec *r);
+/* The records of the valid frame at off: each one's length, LSN and checksum
+ * checked, the ones with LSN > after decoded and range-checked (decode_all: the
+ * others too, where they decode), and fn called for each in order. 0, fn's error,
+ * or PKV_ECORRUPT with recovery's message, *bad the reason and *bad_lsn the LSN. */
+int pkv_rd_records(pkv_rd_seg *s, uint64_t off, uint64_t first, uint32_t nrec,
+                   uint32_t bytes, uint64_t after, uint32_t block_size, bool decode_all,
+                   pkv_rd_rec_fn fn, void *ctx, int *bad, uint64_t *bad_lsn);
+
+/* Recovery's scan for a valid frame after a damaged or missing one (scan_frames
+ * in reader.c): holding false, a frame with an LSN >= lsn; true, one whose LSNs
+ * include lsn. FOUND sets *first and *at. TOO_MUCH: candidates would cost more
+ * checksumming than PKV_SCAN_BUDGET(bytes after from), so whether one is valid is
+ * unknown (treated like FOUND). */
+typedef enum pkv_scan_res { PKV_SCAN_NONE, PKV_SCAN_FOUND, PKV_SCAN_TOO_MUCH } pkv_scan_res;
+#define PKV_SCAN_BUDGET(bytes) (4 * (uint64_t)(bytes) + (1u << 20))
+pkv_scan_res pkv_rd_scan(pkv_rd_seg *s, uint64_t from, uint64_t lsn, bool holding,
+                         uint64_t *first, uint64_t *at);
+
+/* Where and why the valid log ends (values as PKV_LOG_END_* in pagedkv_log.h). */
+enum {
+    PKV_END_NONE = 0,   /* no segment was read */
+    PKV_END_CLEAN,      /* only zeros follow */
+    PKV_END_EOF,        /* the segment file ends (too few bytes for a frame) */
+    PKV_END_STALE,      /* a frame of another epoch (the segment's previous life) */
+    PKV_END_GARBAGE,    /* bytes that are not a frame header */
+    PKV_END_TORN,       /* a frame of this epoch that is not valid: cut */
+    PKV_END_NOT_NEXT,   /* a valid frame that does not continue the log: cut */
+    PKV_END_CORRUPT,    /* damage followed by valid frames (or too many candidates) */
+    PKV_END_GAP,        /* a later segment starts after a hole in the LSNs */
+    PKV_END_BAD_RECORD, /* an invalid record inside a valid frame (the caller's
+                           verdict on pkv_rd_records failing: recovery fails) */
+    PKV_END_IN_PROGRESS,/* a frame at the end changed while it was watched */
+};
+typedef struct pkv_rd_end {
+    int reason;          /* PKV_END_* */
+    uint64_t seg, off;   /* where (GAP: the segment after the hole, at SEG_HDR) */
+    uint64_t expect;     /* the first LSN missing */
+    bool covered;        /* TORN: among frames the checkpoint covers (harmless) */
+    bool too_much;       /* CORRUPT / GAP: too many candidates to tell */
+    uint64_t next_lsn;   /* CORRUPT: first LSN of the valid frame after (0: unknown);
+                            NOT_NEXT: the frame's; GAP: the segment's start */
+    uint64_t next_off;   /* CORRUPT: that frame's offset; IN_PROGRESS: its LSN */
+    uint32_t val;        /* STALE: the epoch found; TORN: the frame's length field */
+    uint32_t nrec;       /* TORN: the frame's record count field */
+    uint64_t torn_bytes; /* TORN / NOT_NEXT after frames it applied: bytes cut */
+    bool zero;           /* only zeros from off: writing may resume there */
+    uint64_t seg_len, seg_size; /* of the segment where the log ends */
+    uint32_t seg_epoch;
+} pkv_rd_end;
+
+/* Reading the log after the checkpoint chain: what the caller is told, and how
+ * a frame at the end is re-read before it is called damaged. */
+typedef struct pkv_rd_log {
+    const pkv_io_ops *io;
+    const char *dir;
+    uint64_t secret;
+    uint32_t block_size;
+    bool decode_all;     /* decode covered records too (inspection) */
+    /* A writer may be appending (read-only opens): a frame at the end is read
+     * afresh before it is called damaged, and read on if it continues the log.
+     * polls > 0 (inspection): watched that many times 2 ms apart; bytes that
+     * change meanwhile end the log IN_PROGRESS. eager: also re-read before the
+     * scan for later frames. vanish_ok: a segment gone since the listing was
+     * recycled by that writer, not an error. */
+    bool recheck, eager, vanish_ok;
+    int polls;
+    void *ctx;
+    /* Each segment header (all listed segments, before reading). */
+    int (*on_header)(void *ctx, const pkv_rd_seg *s);
+    /* Each valid frame read: covered (wholly at or before the chain's LSN, not
+     * applied) or continuing the log. Nonzero stops the read with that code. */
+    int (*on_frame)(void *ctx, pkv_rd_seg *s, uint64_t off, uint64_t first, uint32_t nrec,
+                    uint32_t bytes, bool covered, uint64_t after);
+    /* A segment's reading is over: how its frames end (also skipped segments,
+     * with reason PKV_END_NONE, and vanished ones with err -1). */
+    void (*on_seg_end)(void *ctx, const pkv_rd_seg *s, const pkv_rd_end *e);
+    uint64_t skipped_bytes; /* damaged bytes among covered frames, skipped */
+    uint64_t torn_bytes;    /* all segments */
+    uint64_t last_lsn;      /* last valid LSN */
+} pkv_rd_log;
+/* Read segments nos[0..n) after LSN `after` with recovery's rules: from the last
+ * valid segment starting at or before after + 1; invalid headers skipped; a gap
+ * before a segment holding valid frames ends the log (GAP); within a segment,
+ * damaged frames the checkpoint covers skipped to the one holding after + 1; the
+ * frames continuing the log handed to on_frame; at the first frame that does not,
+ * the end classified (torn tail cut, or CORRUPT if valid frames follow), and
+ * reading goes on in the next segment unless it is CORRUPT. *end: the last
+ * classification (reason PKV_END_NONE if no segment was read). 0, or an I/O
+ * error, or on_frame's. */
+int pkv_rd_log_read(pkv_rd_log *L, const uint64_t *nos, size_t n, uint64_t after,
+                    pkv_rd_end *end);
+
+/* The checks of one file of the checkpoint chain after it was read, in recovery's
+ * order (load_chain): its header LSN against its name, a delta's arena identity,
+ * then (raw given) its kind and link onto the file before it (prev_lsn /
+ * prev_sum). PKV_LINK_*, or pkv_ckpt_info's error (negative, message set); *m
+ * filled once raw was decoded. */
+enum {
+    PKV_LINK_OK = 0,
+    PKV_LINK_NAME,       /* header LSN differs from the name's */
+    PKV_LINK_ARENA,      /* a delta of another arena than the chain before it */
+    PKV_LINK_FOREIGN,    /* the full checkpoint describes another arena */
+    PKV_LINK_KIND,       /* a full checkpoint named delta, or the reverse */
+    PKV_LINK_PREV_LSN,   /* applies on another LSN than the file before it */
+    PKV_LINK_PREV_SUM,   /* applies on another file of that LSN (replaced) */
+};
+int pkv_rd_link(bool is_base, uint64_t no, uint64_t lsn, uint64_t secret, uint64_t arena,
+                const uint8_t *raw, size_t len, uint64_t prev_lsn, uint64_t prev_sum,
+                pkv_ckpt_meta *m);
 
 /* ---- wal/replay.c ---- */
 /* Recover the cache from directory `dir` (checkpoint + log). */
@@ -398,22 +614,15 @@ int pkv_recover(pkv_cache *c, const char *dir, uint32_t flags, uint64_t *next_ls
                 uint64_t *next_seg);
 /* Apply one decoded record to the recovering state. */
 int pkv_replay_apply(pkv_cache *c, const pkv_rec *r);
-/* For the fuzz harnesses (fuzz/) and kvdump: the frame reading of pkv_recover on a
- * segment image in memory (data[0, len), frames from offset SEG_HDR), and the
- * rebuild + verification that ends recovery. */
+/* For the fuzz harnesses (fuzz/): the reader's frame reading as recovery uses it
+ * (reader.c), on a segment image in memory (data[0, len), frames from offset
+ * SEG_HDR), and the rebuild + verification that ends recovery. */
 bool pkv_replay_frame_ok(const uint8_t *data, size_t len, uint32_t epoch, size_t off,
                          uint64_t *first, uint32_t *nrec, uint32_t *bytes);
 int pkv_replay_frame_apply(pkv_cache *c, const uint8_t *data, size_t len, uint32_t epoch,
                            size_t off, uint64_t first, uint32_t nrec, uint32_t bytes,
                            uint64_t after, uint64_t *applied);
-/* Recovery's scan for a valid frame after a damaged or missing one (replay.c,
- * scan_frames), on a segment image in memory; kvdump's log reader uses it too.
- * holding false: a frame with an LSN >= lsn; true: one whose LSNs include lsn.
- * FOUND sets *first (its first LSN) and *at (its offset). TOO_MUCH: candidates
- * would cost more checksumming than PKV_SCAN_BUDGET(len - from) bytes, so whether
- * one is valid is unknown (recovery treats it like FOUND). */
-typedef enum pkv_scan_res { PKV_SCAN_NONE, PKV_SCAN_FOUND, PKV_SCAN_TOO_MUCH } pkv_scan_res;
-#define PKV_SCAN_BUDGET(bytes) (4 * (uint64_t)(bytes) + (1u << 20))
+/* The scan of pkv_rd_scan on a segment image in memory. */
 pkv_scan_res pkv_replay_scan(const uint8_t *data, size_t len, uint32_t epoch, size_t from,
                              uint64_t lsn, bool holding, uint64_t *first, size_t *at);
 int pkv_replay_rebuild(pkv_cache *c);
