@@ -39,6 +39,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,11 @@ static void usage(FILE *f) {
 "  --trace FILE         replay a JSONL trace (Mooncake format)\n"
 "  --synthetic          generate a seeded synthetic trace instead\n"
 "  --requests N         synthetic: requests (default 12000)\n"
+"  --syn KEY=V          synthetic: set a generator knob (repeatable): sys-prompts,\n"
+"                       zipf, sys-min, sys-max (system prompt tokens), user-min,\n"
+"                       user-max, out-min, out-max, turns (mean per session),\n"
+"                       max-prompt, doc-share, doc-min, doc-max, concurrency\n"
+"                       (sessions in flight: the reuse distance), gap-ms\n"
 "  --write-trace FILE   write the trace replayed (after --limit) as JSONL\n"
 "  --seed N             token ids and synthetic trace (default 1)\n"
 "  --block-size N       tokens per block, a divisor of 512 (default 16)\n"
@@ -128,6 +134,50 @@ static void usage(FILE *f) {
 "  --csv FILE           write one row per (capacity, policy) for plot-trace.sh\n"
 "  --label NAME         trace name in the CSV (default: file name or 'synthetic')\n",
             default_capacities, default_policies);
+}
+
+/* --syn KEY=V: one field of trace_synth_opts. */
+static bool parse_synth_knob(const char *arg, trace_synth_opts *o) {
+    static const struct {
+        const char *key;
+        size_t off;
+        bool real;
+    } knobs[] = {
+        {"sys-prompts", offsetof(trace_synth_opts, sys_prompts), false},
+        {"zipf", offsetof(trace_synth_opts, zipf_s), true},
+        {"sys-min", offsetof(trace_synth_opts, sys_min), false},
+        {"sys-max", offsetof(trace_synth_opts, sys_max), false},
+        {"user-min", offsetof(trace_synth_opts, user_min), false},
+        {"user-max", offsetof(trace_synth_opts, user_max), false},
+        {"out-min", offsetof(trace_synth_opts, out_min), false},
+        {"out-max", offsetof(trace_synth_opts, out_max), false},
+        {"turns", offsetof(trace_synth_opts, mean_turns), true},
+        {"max-prompt", offsetof(trace_synth_opts, max_prompt), false},
+        {"doc-share", offsetof(trace_synth_opts, doc_share), true},
+        {"doc-min", offsetof(trace_synth_opts, doc_min), false},
+        {"doc-max", offsetof(trace_synth_opts, doc_max), false},
+        {"concurrency", offsetof(trace_synth_opts, concurrency), false},
+        {"gap-ms", offsetof(trace_synth_opts, mean_gap_ms), true},
+    };
+    const char *eq = strchr(arg, '=');
+    if (!eq) return false;
+    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) {
+        if (strlen(knobs[i].key) != (size_t)(eq - arg) ||
+            strncmp(arg, knobs[i].key, (size_t)(eq - arg)) != 0)
+            continue;
+        char *end;
+        errno = 0;
+        double v = strtod(eq + 1, &end);
+        if (errno || end == eq + 1 || *end || v < 0) return false;
+        if (knobs[i].real) {
+            *(double *)(void *)((char *)o + knobs[i].off) = v;
+            return true;
+        }
+        if (v != (double)(uint32_t)v) return false;
+        *(uint32_t *)(void *)((char *)o + knobs[i].off) = (uint32_t)v;
+        return true;
+    }
+    return false;
 }
 
 /* ---- Errors and clean-up ------------------------------------------------------ */
@@ -360,7 +410,7 @@ int main(int argc, char **argv) {
     enum {
         O_TRACE = 256, O_SYN, O_REQ, O_WRITE, O_SEED, O_BS, O_BATCH, O_CAPS, O_POL, O_EMAX,
         O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_NOLIMBO, O_CKPT, O_CHECK, O_DIR, O_ADIR, O_CSV,
-        O_LABEL, O_PROTECT, O_GHOST, O_EPOL, O_HELP
+        O_LABEL, O_PROTECT, O_GHOST, O_EPOL, O_SYNK, O_HELP
     };
     static const struct option longopts[] = {
         {"trace", required_argument, 0, O_TRACE},
@@ -388,6 +438,7 @@ int main(int argc, char **argv) {
         {"protect", required_argument, 0, O_PROTECT},
         {"ghost", required_argument, 0, O_GHOST},
         {"engine-policy", required_argument, 0, O_EPOL},
+        {"syn", required_argument, 0, O_SYNK},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -434,6 +485,7 @@ int main(int argc, char **argv) {
         case O_LABEL: cfg.label = optarg; break;
         case O_PROTECT: ok = parse_double(optarg, 1e-6, 1.0, &cfg.protect); break;
         case O_GHOST: ok = parse_double(optarg, 0.0, 64.0, &cfg.ghost); break;
+        case O_SYNK: ok = parse_synth_knob(optarg, &cfg.syn); break;
         case O_EPOL: {
             int p = sim_policy_parse(optarg);
             ok = p == SIM_LEAF_LRU || p == SIM_LEAF_SLRU;
