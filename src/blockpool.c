@@ -172,7 +172,7 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     pkv_pool *p = &c->pool;
     pkv_block *x = &p->b[b];
     pkv_assert(x->ref > 0 && x->state != BLK_FREE);
-    if (x->state == BLK_SEALED) pkv_evict_on_release(c, b);
+    pkv_evict_on_release(c, b);
     if (--x->ref > 0) return;
     p->n_used--;
     if (x->state == BLK_SEALED) {

@@ -60,26 +60,28 @@ static void demote(pkv_pool *p) {
     }
 }
 
+/* Out of line: leaf-LRU's path stays a tail call. */
+static pkv_noinline void protect(pkv_pool *p, uint32_t b) {
+    pkv_list_push_tail(p, &p->pol.prot, LIST_PROT, b);
+    demote(p);
+}
+
 /* A release is stamped with next_lsn, which only grows: newest bounds the release
  * LSN of every block released since the open (the only ones that can carry
  * BLKF_NAMED), which rule D3's check reads first. */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b) {
     pkv_pool *p = &c->pool;
-    pkv_policy *e = &p->pol;
-    if (p->b[b].rel_lsn > e->newest) e->newest = p->b[b].rel_lsn;
-    if (!(p->b[b].flags & BLKF_REUSED)) {
-        pkv_list_push_tail(p, &e->lru, LIST_LRU, b);
-        return;
-    }
-    pkv_list_push_tail(p, &e->prot, LIST_PROT, b);
-    demote(p);
+    uint64_t rel = p->b[b].rel_lsn;
+    if (rel > p->pol.newest) p->pol.newest = rel;
+    if (pkv_unlikely(p->b[b].flags & BLKF_REUSED)) protect(p, b);
+    else pkv_list_push_tail(p, &p->pol.lru, LIST_LRU, b);
 }
 
 void pkv_evict_on_referenced(pkv_cache *c, uint32_t b) {
     pkv_pool *p = &c->pool;
     pkv_block *x = &p->b[b];
-    pkv_list_remove(p, x->list == LIST_PROT ? &p->pol.prot : &p->pol.lru, b);
     if (p->pol.kind == PKV_EVICT_LEAF_SLRU) x->flags |= BLKF_REUSED;
+    pkv_list_remove(p, x->list == LIST_PROT ? &p->pol.prot : &p->pol.lru, b);
 }
 
 /* The block the next eviction takes: probation's head, else prot's. */
@@ -125,16 +127,14 @@ uint32_t pkv_evict_victim(pkv_cache *c) {
  * open (BLKF_NAMED) may still be named open by the durable state, with no
  * checksum to catch a rewrite, until its SEAL is safe; the SEAL came before its
  * release, whose LSN (rel_lsn) is the next one then. When the newest release is
- * safe, all are (the usual case, no walk); else walk the next k victims in the
- * order pkv_evict_victim takes them. A release between this check and the
+ * safe, all are (the usual case, no walk: pkv_evict_wait_lsn, internal.h); else
+ * walk the next k victims in the order pkv_evict_victim takes them. A release between this check and the
  * allocations it covers only appends to a list, and an append to probation could
  * only come before protected victims; the pool's callers release nothing
  * between them. */
-uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k) {
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k) {
     const pkv_pool *p = &c->pool;
     uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
-    /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
-    if (!c->wal.running || p->pol.newest <= safe + 1) return 0;
     const pkv_list *l[2] = {&p->pol.lru, &p->pol.prot};
     for (int i = 0; i < 2; i++)
         for (uint32_t b = l[i]->head; b != PKV_NONE && k > 0; b = p->b[b].next, k--)

@@ -652,12 +652,12 @@ static inline uint64_t pkv_evict_count(const pkv_policy *e) {
 }
 /* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1). */
 void pkv_alloc_prefetch(const pkv_cache *c, int stage);
-/* A sealed block loses one reference (before the count drops): under leaf-SLRU a
- * reused block marks its parent reused, so a parent is never on a lower level
+/* A block loses one reference (before the count drops): under leaf-SLRU a reused
+ * (so sealed) block marks its parent reused, so a parent is never on a lower level
  * than its cached children (evict.c). Inline: on every release's path. */
 static inline void pkv_evict_on_release(pkv_cache *c, uint32_t b) {
     const pkv_block *x = &c->pool.b[b];
-    if ((x->flags & BLKF_REUSED) && x->parent != PKV_NONE)
+    if (pkv_unlikely(x->flags & BLKF_REUSED) && x->parent != PKV_NONE)
         c->pool.b[x->parent].flags |= BLKF_REUSED;
 }
 /* A sealed block's refcount dropped to 0 / rose from 0. */
@@ -666,8 +666,14 @@ void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);
 /* The cached leaf to evict next, taken off the policy's list; PKV_NONE if none. */
 uint32_t pkv_evict_victim(pkv_cache *c);
 /* Rule D3: the LSN that must be safe before the next `k` victims' slots may be
- * rewritten; 0 if none (seq.c ensure_blocks waits for it). */
-uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k);
+ * rewritten; 0 if none (seq.c ensure_blocks waits for it). Inline: the usual
+ * answer, every cached block's release safe, reads one field; the walk is not. */
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k);
+static inline uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k) {
+    /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
+    if (!c->wal.running || c->pool.pol.newest <= pkv_wal_safe_lsn(&c->wal) + 1) return 0;
+    return pkv_evict_wait_walk(c, k);
+}
 /* Recovery: put the cached blocks in the policy's order (d: depths). */
 int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d);
 
