@@ -128,10 +128,10 @@ uint32_t pkv_evict_victim(pkv_cache *c) {
  * checksum to catch a rewrite, until its SEAL is safe; the SEAL came before its
  * release, whose LSN (rel_lsn) is the next one then. When the newest release is
  * safe, all are (the usual case, no walk: pkv_evict_wait_lsn, internal.h); else
- * walk the next k victims in the order pkv_evict_victim takes them. A release between this check and the
- * allocations it covers only appends to a list, and an append to probation could
- * only come before protected victims; the pool's callers release nothing
- * between them. */
+ * walk the next k victims in the order pkv_evict_victim takes them. That order
+ * holds until the allocations it covers: between them seq.c caches no block (a
+ * block cached onto probation could come before protected victims), and a
+ * demotion moves prot's head to where it already stood. */
 uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k) {
     const pkv_pool *p = &c->pool;
     uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
