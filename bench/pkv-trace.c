@@ -4,7 +4,8 @@
  * report prefix-cache hit rates per capacity against Belady's offline optimum.
  *
  * For each capacity of the sweep:
- *  - the engine (the real library, leaf-first LRU) replays the whole trace: each
+ *  - the engine (the real library, with its leaf-first LRU or, with
+ *    --engine-policy leaf-slru, its leaf-first SLRU) replays the whole trace: each
  *    request opens a sequence with its prompt (hash ids mapped to deterministic
  *    512-token runs, cut into the cache's blocks), appends and commits the rest of
  *    the prompt and then the request's output tokens in batches, and closes. The
@@ -14,8 +15,9 @@
  *    prefix index, LRU, log records and checkpoints) and the first touch of each
  *    arena slot. Hit rates come from pkv_get_stats();
  *  - the simulator (trace_sim.c) replays the same operations for each policy:
- *    leaf-first LRU (must reproduce the engine's counters exactly: checked and
- *    reported), plain LRU, Belady, and the frequency-aware leaf policies.
+ *    leaf-first LRU, plain LRU, Belady, and the frequency-aware leaf policies; the
+ *    one the engine runs must reproduce the engine's counters exactly (checked
+ *    and reported). Each policy's share of the leaf-LRU-to-Belady gap is shown.
  * Output: a table on stdout, and with --csv FILE one row per (capacity, policy)
  * for scripts/plot-trace.sh. See docs/trace.md.
  */
@@ -37,6 +39,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +72,7 @@ static struct config {
     const char *label;
     size_t limit;
     double protect, ghost;
+    sim_policy engine_policy;
 } cfg = {
     .seed = 1,
     .block_size = 16,
@@ -77,6 +81,7 @@ static struct config {
     .dir = "/tmp",
     .protect = 0.5,
     .ghost = 2.0,
+    .engine_policy = SIM_LEAF_LRU,
 };
 
 static const char *default_capacities =
@@ -89,6 +94,11 @@ static void usage(FILE *f) {
 "  --trace FILE         replay a JSONL trace (Mooncake format)\n"
 "  --synthetic          generate a seeded synthetic trace instead\n"
 "  --requests N         synthetic: requests (default 12000)\n"
+"  --syn KEY=V          synthetic: set a generator knob (repeatable): sys-prompts,\n"
+"                       zipf, sys-min, sys-max (system prompt tokens), user-min,\n"
+"                       user-max, out-min, out-max, turns (mean per session),\n"
+"                       max-prompt, doc-share, doc-min, doc-max, concurrency\n"
+"                       (sessions in flight: the reuse distance), gap-ms\n"
 "  --write-trace FILE   write the trace replayed (after --limit) as JSONL\n"
 "  --seed N             token ids and synthetic trace (default 1)\n"
 "  --block-size N       tokens per block, a divisor of 512 (default 16)\n"
@@ -101,6 +111,9 @@ static void usage(FILE *f) {
 "  --protect F          leaf-slru, leaf-mq: protected share of capacity (default 0.5)\n"
 "  --ghost F            leaf-slru, leaf-mq: ghost window in evictions, as a multiple\n"
 "                       of capacity (default 2; 0 = no ghosts)\n"
+"  --engine-policy P    the engine's eviction: leaf-lru (default) or leaf-slru\n"
+"                       (needs --ghost 0 and a protect of whole percent: the\n"
+"                       engine keeps no ghosts); checked against the simulated P\n"
 "  --engine-max N       replay the engine only at capacities <= N blocks\n"
 "                       (default 2M; 0 = every capacity)\n"
 "  --no-engine          simulator only        --no-sim   engine only\n"
@@ -121,6 +134,50 @@ static void usage(FILE *f) {
 "  --csv FILE           write one row per (capacity, policy) for plot-trace.sh\n"
 "  --label NAME         trace name in the CSV (default: file name or 'synthetic')\n",
             default_capacities, default_policies);
+}
+
+/* --syn KEY=V: one field of trace_synth_opts. */
+static bool parse_synth_knob(const char *arg, trace_synth_opts *o) {
+    static const struct {
+        const char *key;
+        size_t off;
+        bool real;
+    } knobs[] = {
+        {"sys-prompts", offsetof(trace_synth_opts, sys_prompts), false},
+        {"zipf", offsetof(trace_synth_opts, zipf_s), true},
+        {"sys-min", offsetof(trace_synth_opts, sys_min), false},
+        {"sys-max", offsetof(trace_synth_opts, sys_max), false},
+        {"user-min", offsetof(trace_synth_opts, user_min), false},
+        {"user-max", offsetof(trace_synth_opts, user_max), false},
+        {"out-min", offsetof(trace_synth_opts, out_min), false},
+        {"out-max", offsetof(trace_synth_opts, out_max), false},
+        {"turns", offsetof(trace_synth_opts, mean_turns), true},
+        {"max-prompt", offsetof(trace_synth_opts, max_prompt), false},
+        {"doc-share", offsetof(trace_synth_opts, doc_share), true},
+        {"doc-min", offsetof(trace_synth_opts, doc_min), false},
+        {"doc-max", offsetof(trace_synth_opts, doc_max), false},
+        {"concurrency", offsetof(trace_synth_opts, concurrency), false},
+        {"gap-ms", offsetof(trace_synth_opts, mean_gap_ms), true},
+    };
+    const char *eq = strchr(arg, '=');
+    if (!eq) return false;
+    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) {
+        if (strlen(knobs[i].key) != (size_t)(eq - arg) ||
+            strncmp(arg, knobs[i].key, (size_t)(eq - arg)) != 0)
+            continue;
+        char *end;
+        errno = 0;
+        double v = strtod(eq + 1, &end);
+        if (errno || end == eq + 1 || *end || v < 0) return false;
+        if (knobs[i].real) {
+            *(double *)(void *)((char *)o + knobs[i].off) = v;
+            return true;
+        }
+        if (v != (double)(uint32_t)v) return false;
+        *(uint32_t *)(void *)((char *)o + knobs[i].off) = (uint32_t)v;
+        return true;
+    }
+    return false;
 }
 
 /* ---- Errors and clean-up ------------------------------------------------------ */
@@ -286,6 +343,8 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
     opt.flags = (cfg.prefault ? PKV_OPEN_PREFAULT : 0) |
                 (cfg.no_limbo_wait ? PKV_OPEN_NO_LIMBO_WAIT : 0);
     opt.arena_dir = cfg.arena_dir ? g_aroot : NULL;
+    opt.eviction = cfg.engine_policy == SIM_LEAF_SLRU ? PKV_EVICT_LEAF_SLRU : PKV_EVICT_LEAF_LRU;
+    opt.evict_protect_pct = (uint32_t)lround(cfg.protect * 100.0);
     double t0 = now_s();
     PKV(pkv_open(cachedir, &opt, &g_cache), 0);
     er->open_s = now_s() - t0;
@@ -332,6 +391,14 @@ static void csv_row(const char *label, uint64_t cap, double share, const char *p
     fflush(g_csv);
 }
 
+/* The share of the leaf-LRU-to-Belady gap a hit rate closes ("-" without both). */
+static const char *gap_closed(double base, double best, double th) {
+    static char buf[16];
+    if (isnan(base) || isnan(best) || best - base < 1e-9) return "-";
+    snprintf(buf, sizeof buf, "%6.1f%%", 100.0 * (th - base) / (best - base));
+    return buf;
+}
+
 static bool sim_equals_engine(const sim_result *s, const pkv_stats *e) {
     return s->hit_tokens == e->hit_tokens && s->miss_tokens == e->miss_tokens &&
            s->hit_blocks == e->hit_blocks && s->miss_blocks == e->miss_blocks &&
@@ -343,7 +410,7 @@ int main(int argc, char **argv) {
     enum {
         O_TRACE = 256, O_SYN, O_REQ, O_WRITE, O_SEED, O_BS, O_BATCH, O_CAPS, O_POL, O_EMAX,
         O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_NOLIMBO, O_CKPT, O_CHECK, O_DIR, O_ADIR, O_CSV,
-        O_LABEL, O_PROTECT, O_GHOST, O_HELP
+        O_LABEL, O_PROTECT, O_GHOST, O_EPOL, O_SYNK, O_HELP
     };
     static const struct option longopts[] = {
         {"trace", required_argument, 0, O_TRACE},
@@ -370,6 +437,8 @@ int main(int argc, char **argv) {
         {"label", required_argument, 0, O_LABEL},
         {"protect", required_argument, 0, O_PROTECT},
         {"ghost", required_argument, 0, O_GHOST},
+        {"engine-policy", required_argument, 0, O_EPOL},
+        {"syn", required_argument, 0, O_SYNK},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -416,6 +485,13 @@ int main(int argc, char **argv) {
         case O_LABEL: cfg.label = optarg; break;
         case O_PROTECT: ok = parse_double(optarg, 1e-6, 1.0, &cfg.protect); break;
         case O_GHOST: ok = parse_double(optarg, 0.0, 64.0, &cfg.ghost); break;
+        case O_SYNK: ok = parse_synth_knob(optarg, &cfg.syn); break;
+        case O_EPOL: {
+            int p = sim_policy_parse(optarg);
+            ok = p == SIM_LEAF_LRU || p == SIM_LEAF_SLRU;
+            cfg.engine_policy = (sim_policy)p;
+            break;
+        }
         case O_HELP: usage(stdout); return 0;
         default: ok = false; break;
         }
@@ -445,8 +521,16 @@ int main(int argc, char **argv) {
         }
         free(list);
     }
-    /* The engine comparison needs the simulator's leaf-lru. */
-    if (!cfg.no_engine) pol_on[SIM_LEAF_LRU] = true;
+    /* The engine comparison needs the simulator's policy of the same name; the gap
+     * figures need leaf-lru. */
+    if (!cfg.no_engine) pol_on[cfg.engine_policy] = pol_on[SIM_LEAF_LRU] = true;
+    uint32_t engine_pct = (uint32_t)lround(cfg.protect * 100.0);
+    if (!cfg.no_engine && cfg.engine_policy == SIM_LEAF_SLRU &&
+        (cfg.ghost != 0.0 || engine_pct < 1 || fabs(engine_pct / 100.0 - cfg.protect) > 1e-9)) {
+        fprintf(stderr, "pkv-trace: --engine-policy leaf-slru needs --ghost 0 and a --protect "
+                        "of whole percent (the engine's evict_protect_pct)\n");
+        return 2;
+    }
     if (cfg.no_sim)
         for (int i = 0; i < SIM_NPOLICIES; i++) pol_on[i] = false;
 
@@ -550,8 +634,8 @@ int main(int argc, char **argv) {
         free(list);
     }
 
-    printf("\n%10s %7s  %-16s %8s %8s %7s %10s %8s %8s\n", "capacity", "share", "policy",
-           "tok-hit", "blk-hit", "gap-pp", "evictions", "strands", "time-s");
+    printf("\n%10s %7s  %-16s %8s %8s %7s %10s %8s %8s %7s\n", "capacity", "share", "policy",
+           "tok-hit", "blk-hit", "gap-pp", "evictions", "strands", "time-s", "closed");
     bool all_match = true;
     for (size_t ci = 0; ci < ncaps; ci++) {
         uint64_t cap = caps[ci];
@@ -562,6 +646,9 @@ int main(int argc, char **argv) {
             check_stop();
             sim_params sp = {.capacity = cap, .batch = cfg.batch, .policy = (sim_policy)p,
                              .protect = cfg.protect, .ghost = cfg.ghost, .limit = cfg.limit};
+            /* the engine's quota, in whole percent of the capacity */
+            if (p == SIM_LEAF_SLRU && !cfg.no_engine && cfg.engine_policy == SIM_LEAF_SLRU)
+                sp.protect_blocks = cap * engine_pct / 100;
             if (sim_run(&t, &tb, &sp, &res[p]) != 0) {
                 if (res[p].failed_request >= 0)
                     die("simulator: request %" PRId64 " does not fit in %" PRIu64 " blocks",
@@ -573,6 +660,10 @@ int main(int argc, char **argv) {
         double best = have[SIM_BELADY] ? pct(res[SIM_BELADY].hit_tokens,
                                              res[SIM_BELADY].hit_tokens + res[SIM_BELADY].miss_tokens)
                                        : NAN;
+        double base = have[SIM_LEAF_LRU] ? pct(res[SIM_LEAF_LRU].hit_tokens,
+                                               res[SIM_LEAF_LRU].hit_tokens +
+                                                   res[SIM_LEAF_LRU].miss_tokens)
+                                         : NAN;
         bool first = true;
         for (int p = 0; p < SIM_NPOLICIES; p++) {
             if (!have[p]) continue;
@@ -581,10 +672,11 @@ int main(int argc, char **argv) {
             if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
             else printf("%10s %7s  ", "", "");
             first = false;
-            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8" PRIu64 " %8.2f\n",
+            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8" PRIu64 " %8.2f %s\n",
                    sim_policy_name((sim_policy)p), th,
                    pct(s->hit_blocks, s->hit_blocks + s->miss_blocks),
-                   isnan(best) ? 0.0 : best - th, s->evictions, s->strands, s->seconds);
+                   isnan(best) ? 0.0 : best - th, s->evictions, s->strands, s->seconds,
+                   gap_closed(base, best, th));
             csv_row(label, cap, shares[ci], sim_policy_name((sim_policy)p), s->hit_tokens,
                     s->miss_tokens, s->hit_blocks, s->miss_blocks, s->evictions, s->strands,
                     s->dead_evicted, s->seconds, 0);
@@ -598,22 +690,29 @@ int main(int argc, char **argv) {
             if (first) printf("%10" PRIu64 " %6.2f%%  ", cap, shares[ci]);
             else printf("%10s %7s  ", "", "");
             const trace_replay_stats *rs = &er.rs;
-            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8s %8.2f\n", "engine", th,
+            char ename[24];
+            snprintf(ename, sizeof ename, "engine %s", sim_policy_name(cfg.engine_policy));
+            printf("%-16s %7.2f%% %7.2f%% %7.2f %10" PRIu64 " %8s %8.2f %s\n", ename, th,
                    pct(st->hit_blocks, st->hit_blocks + st->miss_blocks),
                    isnan(best) ? 0.0 : best - th,
-                   st->evictions, "-", rs->seconds);
-            const char *verdict = "";
-            if (have[SIM_LEAF_LRU]) {
-                bool eq = sim_equals_engine(&res[SIM_LEAF_LRU], st);
+                   st->evictions, "-", rs->seconds, gap_closed(base, best, th));
+            char verdict[160] = "";
+            const int ep = cfg.engine_policy;
+            const char *en = sim_policy_name(cfg.engine_policy);
+            if (have[ep]) {
+                bool eq = sim_equals_engine(&res[ep], st);
                 all_match = all_match && (eq || cfg.no_limbo_wait);
-                verdict = eq ? "engine == simulated leaf-lru (hits, misses, evictions, seals, "
-                               "dedupes)"
-                        : cfg.no_limbo_wait
-                            ? "differs from simulated leaf-lru: --no-limbo-wait evicts "
-                              "instead of waiting for the log (expected)"
-                            : "MISMATCH with simulated leaf-lru";
+                if (eq)
+                    snprintf(verdict, sizeof verdict, "engine == simulated %s (hits, misses, "
+                             "evictions, seals, dedupes)", en);
+                else if (cfg.no_limbo_wait)
+                    snprintf(verdict, sizeof verdict, "differs from simulated %s: "
+                             "--no-limbo-wait evicts instead of waiting for the log "
+                             "(expected)", en);
+                else
+                    snprintf(verdict, sizeof verdict, "MISMATCH with simulated %s", en);
                 if (!eq) {
-                    const sim_result *s = &res[SIM_LEAF_LRU];
+                    const sim_result *s = &res[ep];
                     fprintf(stderr,
                             "pkv-trace: capacity %" PRIu64 ": engine hit/miss tokens %" PRIu64
                             "/%" PRIu64 " blocks %" PRIu64 "/%" PRIu64 " evictions %" PRIu64
@@ -636,7 +735,9 @@ int main(int argc, char **argv) {
                    (double)rs->appended / rs->seconds / 1e6, st->seals, st->dedupes,
                    st->wal_records, (double)st->wal_bytes / 1048576.0, st->wal_frames,
                    st->checkpoints, "", verdict);
-            csv_row(label, cap, shares[ci], "engine", st->hit_tokens, st->miss_tokens,
+            csv_row(label, cap, shares[ci],
+                    cfg.engine_policy == SIM_LEAF_LRU ? "engine" : "engine-leaf-slru",
+                    st->hit_tokens, st->miss_tokens,
                     st->hit_blocks, st->miss_blocks, st->evictions, 0, 0, wall, rs->calls);
         }
         fflush(stdout);
@@ -645,7 +746,8 @@ int main(int argc, char **argv) {
     trace_blocks_free(&tb);
     trace_free(&t);
     if (!all_match) {
-        fprintf(stderr, "pkv-trace: the engine and the simulated leaf-lru differ\n");
+        fprintf(stderr, "pkv-trace: the engine and the simulated %s differ\n",
+                sim_policy_name(cfg.engine_policy));
         return 3;
     }
     return 0;

@@ -415,7 +415,7 @@ int sim_run(const trace *t, const trace_blocks *tb, const sim_params *p, sim_res
     s.ncontent = tb->prompt_ids + tb->unique_blocks;
     s.next_unique = tb->prompt_ids;
     double prot = p->protect > 0 ? p->protect : 0.5;
-    s.protect_max = (uint64_t)(prot * (double)s.cap);
+    s.protect_max = p->protect_blocks ? p->protect_blocks : (uint64_t)(prot * (double)s.cap);
     s.ghost_window = (uint64_t)(p->ghost * (double)s.cap);
     for (int k = 0; k < NLEVELS; k++) s.l[k].head = s.l[k].tail = NONE;
     s.b = calloc(s.cap, sizeof *s.b);

@@ -35,7 +35,9 @@
  *             demoted to the probation tail; evict the probation head (or, with
  *             probation empty, the protected head). With a ghost window (`ghost` >
  *             0), a block sealed again within `ghost` x capacity evictions of its
- *             eviction counts as reused (protected), as in 2Q/ARC;
+ *             eviction counts as reused (protected), as in 2Q/ARC. With no ghosts
+ *             it is the engine's PKV_EVICT_LEAF_SLRU, block for block (pkv-trace
+ *             --engine-policy leaf-slru checks it);
  *  leaf-mq    the same with four levels by reuse count (0, 1, 2-3, 4+): evict from
  *             the lowest level, demote the head of the lowest protected level.
  * Why the segmented policies stay leaf-first in O(1): a parent is counted at least
@@ -68,6 +70,8 @@ typedef struct sim_params {
     sim_policy policy;
     double protect;     /* leaf-slru, leaf-mq: protected share of capacity (0..1];
                            0 = 0.5 */
+    uint64_t protect_blocks; /* if > 0: the most blocks protected, instead of
+                           protect x capacity (the engine's percent, exactly) */
     double ghost;       /* leaf-slru, leaf-mq: ghost window in evictions as a multiple
                            of capacity; 0 = no ghosts */
     size_t limit;       /* replay only the first `limit` requests (0 = all) */

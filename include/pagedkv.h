@@ -126,6 +126,22 @@ typedef enum pkv_durability {
                                callers still share fdatasyncs) */
 } pkv_durability;
 
+/* pkv_options.eviction: which cached block (sealed, unreferenced) an allocation
+ * evicts when no block is free. Both only ever evict a leaf (a block with no
+ * cached extension) and are O(1) per operation. Chosen at each open, not stored:
+ * a reopen may choose another; the order of the recovered cached blocks is the
+ * same for both (least recently released first, every block unprotected). */
+typedef enum pkv_eviction {
+    PKV_EVICT_LEAF_LRU = 0,  /* the least recently released leaf (the default) */
+    PKV_EVICT_LEAF_SLRU = 1  /* segmented LRU: a block hit again while cached (or
+                                the prefix of one) is protected and evicted only
+                                when no unprotected block is left; protected blocks
+                                fill at most evict_protect_pct of the capacity, the
+                                least recent beyond that lose their protection.
+                                Resists scans of one-time prompts; see
+                                docs/benchmarks.md for when it helps */
+} pkv_eviction;
+
 /* pkv_options.flags */
 #define PKV_OPEN_RDONLY        0x1u /* inspect only: no lock, no writes, no changes */
 #define PKV_OPEN_POINT_IN_TIME 0x2u /* on a corrupted log record followed by valid
@@ -179,6 +195,11 @@ typedef struct pkv_options {
                               Per open, not stored: each segment records its own
                               size, so a reopen may use another value (a frame
                               larger than a segment gets a segment of its own) */
+    pkv_eviction eviction; /* PKV_EVICT_*; 0 = PKV_EVICT_LEAF_LRU. Per open, not
+                              stored. Another value: PKV_EINVAL */
+    uint32_t evict_protect_pct; /* PKV_EVICT_LEAF_SLRU: the most blocks protected,
+                              in percent of the capacity, 1..100; 0 = 50. Above
+                              100: PKV_EINVAL. Ignored by PKV_EVICT_LEAF_LRU */
 } pkv_options;
 
 #define PKV_LOG_SEGMENT_MIN (1ull << 20) /* 1 MiB */

@@ -10,8 +10,8 @@
  *               the caller logs EVICT; rule D3 holds: ensure_blocks waited)--> OPEN, ref 1
  *     OPEN    --pkv_block_acquire (fork)----------> OPEN, ref + 1
  *     OPEN    --pkv_block_seal (ref 1; the caller logs SEAL)--> USED (sealed, ref 1)
- *     CACHED  --pkv_block_acquire------------------> USED (leaves the LRU)
- *     USED    --pkv_block_release (ref -> 0)-------> CACHED (policy's LRU)
+ *     CACHED  --pkv_block_acquire------------------> USED (leaves the policy's lists)
+ *     USED    --pkv_block_release (ref -> 0)-------> CACHED (on the policy's lists)
  *     OPEN    --pkv_block_release (ref -> 0)-------> FREE, or LIMBO if a record named
  *               it (BLKF_NAMED, rule D2)
  *     LIMBO   --pkv_limbo_stamp, then pkv_limbo_drain (its freeing record safe)--> FREE
@@ -22,7 +22,7 @@
  *
  * CACHED = SEALED with ref 0, USED = ref > 0. Invariants (docs/design.md, I1-I4,
  * I11): ref = number of block-table entries naming the block; a FREE block is on
- * the free list or in limbo; on the LRU iff SEALED with ref 0; free + limbo +
+ * the free list or in limbo; on the policy's lists iff SEALED with ref 0; free + limbo +
  * cached + used = capacity, where used counts ref > 0; a block enters a table only
  * verified (rule S1, asserted in pkv_block_acquire).
  * Limbo (FIFO) holds open blocks freed while the log's durable state may still
@@ -56,7 +56,7 @@ int pkv_pool_init(pkv_pool *p, uint32_t capacity, uint32_t block_size) {
         return pkv_err(PKV_ENOMEM, "block metadata for %u blocks", capacity);
     }
     p->free.head = p->free.tail = PKV_NONE;
-    p->lru.head = p->lru.tail = PKV_NONE;
+    pkv_evict_init(&p->pol, PKV_EVICT_LEAF_LRU, 50, capacity);
     for (uint32_t i = 0; i < capacity; i++) {
         p->b[i].parent = PKV_NONE;
         p->b[i].state = BLK_FREE;
@@ -172,10 +172,11 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     pkv_pool *p = &c->pool;
     pkv_block *x = &p->b[b];
     pkv_assert(x->ref > 0 && x->state != BLK_FREE);
+    pkv_evict_on_release(c, b);
     if (--x->ref > 0) return;
     p->n_used--;
     if (x->state == BLK_SEALED) {
-        x->rel_lsn = c->wal.next_lsn; /* recency, for the LRU order at recovery */
+        x->rel_lsn = c->wal.next_lsn; /* recency, for the policy's order at recovery */
         pkv_ckpt_touch(p, b);
         pkv_evict_on_unreferenced(c, b);
         return;
@@ -256,8 +257,8 @@ pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b) {
  * a sealed block is indexed and UNVERIFIED until its payload is checked (rule
  * S1); an open block a recovered table names is OPEN and NAMED, since the log
  * names it (rule D2); every other block is FREE. Refcounts come from the tables,
- * child counts from the chains, and the cached blocks go on the LRU in the
- * eviction policy's order (pkv_evict_rebuild). d, stack: scratch for
+ * child counts from the chains, and the cached blocks go on the eviction
+ * policy's lists in its order (pkv_evict_rebuild). d, stack: scratch for
  * pkv_pool_depths(). PKV_ENOMEM without scratch memory (the open fails). */
 int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack) {
     pkv_pool *p = &c->pool;
@@ -272,8 +273,9 @@ int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack) {
         if (s)
             for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
     }
-    p->free.head = p->free.tail = p->lru.head = p->lru.tail = PKV_NONE;
-    p->free.count = p->lru.count = 0;
+    p->free.head = p->free.tail = PKV_NONE;
+    p->free.count = 0;
+    pkv_evict_clear(&p->pol);
     p->n_used = p->n_sealed = 0;
     for (uint32_t b = 0; b < cap; b++) {
         pkv_block *x = &p->b[b];

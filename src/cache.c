@@ -57,6 +57,10 @@ static int check_options(const char *dir, const pkv_options *opt) {
     if (!dir || !dir[0]) return pkv_err(PKV_EINVAL, "directory is NULL or empty");
     if ((unsigned)opt->durability > PKV_DURABLE_ALWAYS)
         return pkv_err(PKV_EINVAL, "unknown durability mode %d", (int)opt->durability);
+    if ((unsigned)opt->eviction > PKV_EVICT_LEAF_SLRU)
+        return pkv_err(PKV_EINVAL, "unknown eviction policy %d", (int)opt->eviction);
+    if (opt->evict_protect_pct > 100)
+        return pkv_err(PKV_EINVAL, "evict_protect_pct %u exceeds 100", opt->evict_protect_pct);
     if (opt->group_commit_us > 10000000)
         return pkv_err(PKV_EINVAL, "group_commit_us %u exceeds 10 s", opt->group_commit_us);
     if (opt->seal_threads > PKV_SEAL_THREADS_MAX)
@@ -108,8 +112,10 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     }
     const pkv_geometry *g = &c->arena.geo;
     uint64_t next_lsn = 1, next_seg = 1;
-    if ((rc = pkv_pool_init(&c->pool, (uint32_t)g->capacity, g->block_size)) ||
-        (rc = pkv_index_init(&c->index, (uint32_t)g->capacity)) ||
+    if ((rc = pkv_pool_init(&c->pool, (uint32_t)g->capacity, g->block_size))) goto fail;
+    pkv_evict_init(&c->pool.pol, opt->eviction,
+                   opt->evict_protect_pct ? opt->evict_protect_pct : 50, (uint32_t)g->capacity);
+    if ((rc = pkv_index_init(&c->index, (uint32_t)g->capacity)) ||
         (rc = pkv_seqmap_init(&c->seqs)) || (rc = wal_init(c, dir, opt)) ||
         (rc = pkv_recover(c, dir, opt->flags, &next_lsn, &next_seg)))
         goto fail;
@@ -213,7 +219,7 @@ int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     memset(out, 0, sizeof *out);
     out->capacity = p->capacity;
     out->blocks_free = p->free.count + c->limbo.count;
-    out->blocks_cached = p->lru.count;
+    out->blocks_cached = pkv_evict_count(&p->pol);
     out->blocks_used = p->n_used;
     out->blocks_sealed = p->n_sealed;
     out->sequences = c->seqs.count;

@@ -7,14 +7,14 @@
  *  I1  free + cached + used = capacity; n_used and n_sealed match the states
  *  I2  ref(b) = number of block-table entries naming b; no table names b twice
  *  I3  the free list and limbo hold exactly the FREE blocks (ref 0, no children)
- *  I4  the LRU list holds exactly the sealed blocks with ref 0
+ *  I4  the eviction policy's lists hold exactly the sealed blocks with ref 0
  *  I5  the prefix index holds each sealed block once, under its hash, reachable
  *      from its home slot
  *  I6  nchild(b) = number of sealed blocks whose parent is b; a sealed block's
  *      parent is sealed and of the same salt
  *  I7  leaf-first order: every cached block comes after its cached children in
- *      the LRU (so the head is a leaf); a referenced sealed block's parent is
- *      referenced
+ *      the policy's victim order (probation, then protected: so the next victim is
+ *      a leaf); a referenced sealed block's parent is referenced
  *  I8  hash(b) = H(hash(parent) or root(salt), tokens(b))
  *  I9  no two sealed blocks have the same parent, salt and tokens
  *  I10 block tables: ceil(len/B) entries; committed <= len; entries below
@@ -48,7 +48,7 @@ __attribute__((format(printf, 2, 3))) static int broken(checker *k, const char *
 
 /* Walk a list; record each member's position in pos[]; check links and membership. */
 static int check_list(checker *k, const pkv_pool *p, const pkv_list *l, uint8_t which,
-                      const char *name, uint32_t *pos) {
+                      const char *name, uint32_t *pos, uint64_t base) {
     uint64_t n = 0;
     uint32_t prev = PKV_NONE;
     for (uint32_t b = l->head; b != PKV_NONE; b = p->b[b].next) {
@@ -60,7 +60,7 @@ static int check_list(checker *k, const pkv_pool *p, const pkv_list *l, uint8_t 
         if (p->b[b].prev != prev)
             return broken(k, "%s list: block %u has prev %u, expected %u", name, b,
                           p->b[b].prev, prev);
-        pos[b] = (uint32_t)n++;
+        pos[b] = (uint32_t)(base + n++);
         prev = b;
     }
     if (n != l->count)
@@ -76,9 +76,12 @@ static int check_blocks(checker *k, pkv_cache *c, uint32_t *pos) {
     uint64_t used = 0, sealed = 0, nfree = 0, cached = 0;
     for (uint32_t b = 0; b < p->capacity; b++) pos[b] = PKV_NONE;
     int rc;
-    if ((rc = check_list(k, p, &p->free, LIST_FREE, "free", pos))) return rc;
-    if ((rc = check_list(k, p, &p->lru, LIST_LRU, "LRU", pos))) return rc;
-    if ((rc = check_list(k, p, &c->limbo, LIST_LIMBO, "limbo", pos))) return rc;
+    if ((rc = check_list(k, p, &p->free, LIST_FREE, "free", pos, 0))) return rc;
+    if ((rc = check_list(k, p, &p->pol.lru, LIST_LRU, "LRU", pos, 0))) return rc;
+    if ((rc = check_list(k, p, &p->pol.prot, LIST_PROT, "protected", pos,
+                         p->pol.lru.count)))
+        return rc;
+    if ((rc = check_list(k, p, &c->limbo, LIST_LIMBO, "limbo", pos, 0))) return rc;
     for (uint32_t b = 0; b < p->capacity; b++) {
         const pkv_block *x = &p->b[b];
         used += x->ref > 0;
@@ -96,20 +99,21 @@ static int check_blocks(checker *k, pkv_cache *c, uint32_t *pos) {
             break;
         case BLK_SEALED:
             sealed++;
-            if ((x->ref == 0) != (x->list == LIST_LRU))
-                return broken(k, "I4: sealed block %u with ref %u is %son the LRU", b,
-                              x->ref, x->list == LIST_LRU ? "" : "not ");
+            if ((x->ref == 0) != (x->list == LIST_LRU || x->list == LIST_PROT))
+                return broken(k, "I4: sealed block %u with ref %u is %son the policy's lists",
+                              b, x->ref, x->ref ? "" : "not ");
             cached += x->ref == 0;
             break;
         default:
             return broken(k, "block %u has bad state %u", b, x->state);
         }
     }
-    if (nfree != p->free.count + c->limbo.count || cached != p->lru.count)
+    if (nfree != p->free.count + c->limbo.count || cached != pkv_evict_count(&p->pol))
         return broken(k, "I3/I4: %llu free blocks, lists hold %llu + %llu; %llu cached, "
                       "LRU holds %llu", (unsigned long long)nfree,
                       (unsigned long long)p->free.count, (unsigned long long)c->limbo.count,
-                      (unsigned long long)cached, (unsigned long long)p->lru.count);
+                      (unsigned long long)cached,
+                      (unsigned long long)pkv_evict_count(&p->pol));
     if (nfree + cached + used != p->capacity)
         return broken(k, "I1: free %llu + cached %llu + used %llu != capacity %u",
                       (unsigned long long)nfree, (unsigned long long)cached,
@@ -141,7 +145,8 @@ static int check_sealed(checker *k, pkv_cache *c, const uint32_t *pos, uint32_t 
                 return broken(k, "I7: referenced block %u has unreferenced parent %u", b,
                               x->parent);
             if (x->ref == 0 && y->ref == 0 && pos[b] >= pos[x->parent])
-                return broken(k, "I7: cached block %u is not before its parent %u in LRU",
+                return broken(k, "I7: cached block %u is not before its parent %u in the "
+                              "victim order",
                               b, x->parent);
             cnt[x->parent]++;
             ph = y->hash;
@@ -157,8 +162,9 @@ static int check_sealed(checker *k, pkv_cache *c, const uint32_t *pos, uint32_t 
         if (p->b[b].nchild != cnt[b])
             return broken(k, "I6: block %u records %u children, has %u", b,
                           p->b[b].nchild, cnt[b]);
-    if (p->lru.head != PKV_NONE && p->b[p->lru.head].nchild)
-        return broken(k, "I7: LRU head %u is not a leaf", p->lru.head);
+    uint32_t v = p->pol.lru.head != PKV_NONE ? p->pol.lru.head : p->pol.prot.head;
+    if (v != PKV_NONE && p->b[v].nchild)
+        return broken(k, "I7: next victim %u is not a leaf", v);
     return 0;
 }
 

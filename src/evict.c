@@ -1,42 +1,100 @@
 /*
- * evict.c — the eviction policy: leaf-first LRU over the cached blocks (sealed,
- * refcount 0). It decides which cached block goes next and in what order the
- * cached blocks stand; the block pool (blockpool.c) performs every state change
- * and calls in here: on a release to ref 0 (pkv_evict_on_unreferenced), on an
- * acquire from ref 0 (pkv_evict_on_referenced), to take a victim
- * (pkv_evict_victim), and at recovery to order the cached blocks
- * (pkv_evict_rebuild). Nothing here writes a log record.
+ * evict.c — the eviction policy: which cached block (sealed, refcount 0) goes next
+ * and in what order the cached blocks stand. The block pool (blockpool.c) performs
+ * every state change and calls in here: on each release of a sealed block
+ * (pkv_evict_on_release, internal.h), when its refcount drops to 0
+ * (pkv_evict_on_unreferenced) or rises from 0 (pkv_evict_on_referenced), to take a
+ * victim (pkv_evict_victim) and at recovery (pkv_evict_rebuild); seq.c asks which
+ * LSN the next victims need safe (pkv_evict_wait_lsn, rule D3). Nothing here writes
+ * a log record. The policy's data is pkv_policy (internal.h); pkv_options.eviction
+ * picks the policy at each open (it is not stored: a reopen may pick another).
  *
- * One intrusive list holds every cached block in the order its refcount last
- * dropped to 0 (head = oldest). Sequences release their blocks tail-first
- * (seq.c), and a block can only be referenced together with its parent, so a
- * block's cached children always sit before it in this list (invariant I7 of
- * docs/design.md). Hence the head is always a leaf: it has no cached children,
- * and evicting it is exactly "the least recently used unreferenced leaf", in
- * O(1), without ever stranding an extension behind an evicted prefix.
+ * PKV_EVICT_LEAF_LRU: one list, pol.lru, of every cached block in the order its
+ * refcount last dropped to 0 (head = oldest). Sequences release their blocks
+ * tail-first (seq.c), and a block can only be referenced together with its
+ * parent, so a block's cached children always sit before it (invariant I7 of
+ * docs/design.md). Hence the head is always a leaf, and evicting it is exactly
+ * "the least recently used unreferenced leaf", in O(1), without ever stranding an
+ * extension behind an evicted prefix.
+ *
+ * PKV_EVICT_LEAF_SLRU: the same order on two levels. A block acquired from
+ * refcount 0 (a hit or a dedupe) is marked BLKF_REUSED, and each release of a
+ * reused block marks its parent, so a parent is reused whenever a child is. At
+ * refcount 0 a reused block goes to the protected list (pol.prot), others to
+ * probation (pol.lru). prot holds at most prot_max blocks: beyond that its head
+ * loses the mark and moves to the probation tail. Victims come from the probation
+ * head, then the protected head. Leaf-first still holds, in the victim order
+ * "probation, then protected": within each list children precede parents as under
+ * leaf-LRU; a cached child in prot has its cached parent in prot (marked, and
+ * demoted only after the child, which precedes it); demoting prot's head keeps
+ * both. bench/trace_sim.c's leaf-slru with no ghosts is this algorithm, block for
+ * block (pkv-trace --engine-policy leaf-slru checks it). The marks are not saved:
+ * recovery puts every cached block on probation.
  */
 #include "internal.h"
 
 #include <stdlib.h>
 
-/* A release is stamped with next_lsn, which only grows, and goes behind every
- * block recovery put on the list: so among the blocks released since the open
- * (the only ones that can carry BLKF_NAMED) release LSNs ascend, and the tail is
- * the newest of them, which rule D3's check in seq.c (evict_wait_lsn) relies on.
- * (A forged log can give recovered blocks larger LSNs; they are never NAMED.) */
+void pkv_evict_clear(pkv_policy *e) {
+    e->lru = (pkv_list){PKV_NONE, PKV_NONE, 0};
+    e->prot = (pkv_list){PKV_NONE, PKV_NONE, 0};
+}
+
+void pkv_evict_init(pkv_policy *e, int kind, uint32_t protect_pct, uint32_t capacity) {
+    pkv_evict_clear(e);
+    e->kind = kind;
+    e->prot_max = (uint64_t)capacity * protect_pct / 100;
+    e->newest = 0;
+}
+
+/* Over its quota, prot's head (a leaf of prot: its cached children went before
+ * it) loses its mark and joins probation behind every probation block, which is
+ * where it stood in the victim order anyway. */
+static void demote(pkv_pool *p) {
+    pkv_policy *e = &p->pol;
+    while (e->prot.count > e->prot_max) {
+        uint32_t h = e->prot.head;
+        pkv_list_remove(p, &e->prot, h);
+        p->b[h].flags &= (uint8_t)~BLKF_REUSED;
+        pkv_list_push_tail(p, &e->lru, LIST_LRU, h);
+    }
+}
+
+/* Out of line: leaf-LRU's path stays a tail call. */
+static pkv_noinline void protect(pkv_pool *p, uint32_t b) {
+    pkv_list_push_tail(p, &p->pol.prot, LIST_PROT, b);
+    demote(p);
+}
+
+/* A release is stamped with next_lsn, which only grows: newest bounds the release
+ * LSN of every block released since the open (the only ones that can carry
+ * BLKF_NAMED), which rule D3's check reads first. */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b) {
-    pkv_list_push_tail(&c->pool, &c->pool.lru, LIST_LRU, b);
+    pkv_pool *p = &c->pool;
+    uint64_t rel = p->b[b].rel_lsn;
+    if (rel > p->pol.newest) p->pol.newest = rel;
+    if (pkv_unlikely(p->b[b].flags & BLKF_REUSED)) protect(p, b);
+    else pkv_list_push_tail(p, &p->pol.lru, LIST_LRU, b);
 }
 
 void pkv_evict_on_referenced(pkv_cache *c, uint32_t b) {
-    pkv_list_remove(&c->pool, &c->pool.lru, b);
+    pkv_pool *p = &c->pool;
+    pkv_block *x = &p->b[b];
+    if (p->pol.kind == PKV_EVICT_LEAF_SLRU) x->flags |= BLKF_REUSED;
+    pkv_list_remove(p, x->list == LIST_PROT ? &p->pol.prot : &p->pol.lru, b);
+}
+
+/* The block the next eviction takes: probation's head, else prot's. */
+static inline uint32_t next_victim(const pkv_policy *e) {
+    return e->lru.head != PKV_NONE ? e->lru.head : e->prot.head;
 }
 
 /* The next pkv_block_alloc takes the free list's head or, with none free, evicts
- * the LRU head: its record, its LRU successor and parent records and its index slot
- * are then written, each a likely cache miss on a large cache. A decoder calls this
- * a few tokens before its block fills: stage 0 prefetches the head records, stage 1
- * (a token later, the head record now cached) the lines that record points to. */
+ * the policy's next victim: its record, its list successor and parent records and
+ * its index slot are then written, each a likely cache miss on a large cache. A
+ * decoder calls this a few tokens before its block fills: stage 0 prefetches the
+ * head records, stage 1 (a token later, the head record now cached) the lines that
+ * record points to. */
 void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
     const pkv_pool *p = &c->pool;
     if (p->free.head != PKV_NONE) {
@@ -44,12 +102,11 @@ void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
         else pkv_prefetch(pkv_pool_tokens(p, p->free.head));
         return;
     }
-    uint32_t b = p->lru.head;
+    uint32_t b = next_victim(&p->pol);
     if (b == PKV_NONE) return;
     const pkv_block *x = &p->b[b];
     if (stage == 0) {
         pkv_prefetch(x);
-        pkv_prefetch(&p->b[p->lru.tail]); /* rule D3's check reads the newest release */
         return;
     }
     if (x->next != PKV_NONE) pkv_prefetch(&p->b[x->next]);
@@ -58,12 +115,32 @@ void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
     pkv_prefetch(pkv_pool_tokens(p, b));
 }
 
-/* Always the LRU head: rule D3's wait (seq.c evict_wait_lsn) checks the blocks
- * from the head on; a policy that chooses otherwise must tell it which. */
 uint32_t pkv_evict_victim(pkv_cache *c) {
-    uint32_t b = c->pool.lru.head;
-    if (b != PKV_NONE) pkv_list_remove(&c->pool, &c->pool.lru, b);
+    pkv_pool *p = &c->pool;
+    uint32_t b = next_victim(&p->pol);
+    if (b != PKV_NONE)
+        pkv_list_remove(p, p->b[b].list == LIST_PROT ? &p->pol.prot : &p->pol.lru, b);
     return b;
+}
+
+/* Rule D3 (docs/format.md): a sealed block that some record named while it was
+ * open (BLKF_NAMED) may still be named open by the durable state, with no
+ * checksum to catch a rewrite, until its SEAL is safe; the SEAL came before its
+ * release, whose LSN (rel_lsn) is the next one then. When the newest release is
+ * safe, all are (the usual case, no walk: pkv_evict_wait_lsn, internal.h); else
+ * walk the next k victims in the order pkv_evict_victim takes them. That order
+ * holds until the allocations it covers: between them seq.c caches no block (a
+ * block cached onto probation could come before protected victims), and a
+ * demotion moves prot's head to where it already stood. */
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k) {
+    const pkv_pool *p = &c->pool;
+    uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
+    const pkv_list *l[2] = {&p->pol.lru, &p->pol.prot};
+    for (int i = 0; i < 2; i++)
+        for (uint32_t b = l[i]->head; b != PKV_NONE && k > 0; b = p->b[b].next, k--)
+            if ((p->b[b].flags & BLKF_NAMED) && p->b[b].rel_lsn > target + 1)
+                target = p->b[b].rel_lsn - 1;
+    return target > safe ? target : 0;
 }
 
 /* ---- Recovery: the order of the cached blocks ------------------------------ */
@@ -136,8 +213,10 @@ int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d) {
      * orders by depth, deepest first), so the LRU sort below is leaf-first in
      * every case. */
     size_t ns = 0;
-    for (uint32_t b = 0; b < cap; b++)
+    for (uint32_t b = 0; b < cap; b++) {
+        p->b[b].flags &= (uint8_t)~BLKF_REUSED; /* every cached block starts on probation */
         if (p->b[b].state == BLK_SEALED) lru[ns++] = (lru_ent){0, d[b], b};
+    }
     int rc = sort_lru(lru, ns);
     if (rc) {
         free(lru);
@@ -155,7 +234,7 @@ int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d) {
     }
     rc = sort_lru(lru, nl);
     if (!rc)
-        for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->lru, LIST_LRU, lru[i].block);
+        for (size_t i = 0; i < nl; i++) pkv_list_push_tail(p, &p->pol.lru, LIST_LRU, lru[i].block);
     free(lru);
     return rc;
 }

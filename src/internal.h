@@ -8,7 +8,7 @@
  *   hash.c         chained XXH3-128 block hashes
  *   blockpool.c    per-block metadata (struct-of-records, one cache line each),
  *                  token ids, intrusive free list, refcount transitions
- *   evict.c        the leaf-first LRU of cached blocks
+ *   evict.c        the eviction policy: orders the cached blocks, picks victims
  *   prefix_index.c open-addressing multimap hash -> sealed block
  *   seqmap.c       open-addressing map sequence id -> struct pkv_seq
  *   seq.c          the public sequence calls (open, append, commit, fork, ...)
@@ -210,15 +210,17 @@ pkv_h128 pkv_hash_block(uint64_t secret, pkv_h128 parent, const uint32_t *tokens
 /* ---- Block pool (blockpool.c) ------------------------------------------- */
 
 enum { BLK_FREE = 0, BLK_OPEN = 1, BLK_SEALED = 2 };
-enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3 };
+enum { LIST_NONE = 0, LIST_FREE = 1, LIST_LRU = 2, LIST_LIMBO = 3, LIST_PROT = 4 };
 enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its sum */
        BLKF_BAD = 2,        /* payload failed its checksum: never served again */
        BLKF_NAMED = 4,      /* a record named it while it was open (it held committed
                                tokens), so the durable state may name it open: freed
                                open, it waits in limbo (rule D2); sealed, its slot is
                                not rewritten before its SEAL is safe (rule D3) */
-       BLKF_PRESUM = 8 };   /* open, only inside the call that set it: payload_sum
+       BLKF_PRESUM = 8,     /* open, only inside the call that set it: payload_sum
                                holds its checksum, computed ahead (sealsum.c) */
+       BLKF_REUSED = 16 };  /* leaf-SLRU: it or a descendant was reused while cached
+                               (evict.c); never saved, so lost at a restart */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
 
 /* Metadata of one block; exactly one cache line. */
@@ -244,6 +246,17 @@ typedef struct pkv_list {
     uint64_t count;
 } pkv_list;
 
+/* The eviction policy's data (evict.c owns it; pkv_check reads it). Both lists are
+ * oldest first; the victim order is lru from its head, then prot from its head. */
+typedef struct pkv_policy {
+    pkv_list lru;      /* leaf-LRU: every cached block; leaf-SLRU: probation */
+    pkv_list prot;     /* leaf-SLRU: protected (reused) blocks; empty under leaf-LRU */
+    uint64_t prot_max; /* leaf-SLRU: the most blocks prot may hold */
+    uint64_t newest;   /* the largest release LSN given to a cached block since the
+                          open: bounds every NAMED cached block's (rule D3) */
+    int kind;          /* pkv_eviction */
+} pkv_policy;
+
 typedef struct pkv_pool {
     uint32_t capacity;
     uint32_t block_size;
@@ -251,7 +264,7 @@ typedef struct pkv_pool {
     pkv_block *b;      /* capacity entries, 64-byte aligned */
     uint32_t *tokens;  /* capacity * block_size token ids */
     pkv_list free;     /* BLK_FREE blocks */
-    pkv_list lru;      /* sealed blocks with ref 0, oldest release first */
+    pkv_policy pol;    /* sealed blocks with ref 0, in the policy's lists */
     uint64_t n_used;   /* blocks with ref > 0 */
     uint64_t n_sealed; /* blocks in BLK_SEALED state */
     /* Bit b: block b's checkpointed state (sealed or not; if sealed its parent,
@@ -599,13 +612,13 @@ static inline int pkv_wal_commit_point(pkv_cache *c) {
 
 /* Blocks obtainable without failing: free + evictable. */
 static inline uint64_t pkv_available(const pkv_cache *c) {
-    return c->pool.free.count + c->pool.lru.count;
+    return c->pool.free.count + c->pool.pol.lru.count + c->pool.pol.prot.count;
 }
 /* Take a free block, or evict the policy's victim if none is free (*evicted: the
  * caller logs EVICT), as BLK_OPEN, ref 1. The caller has checked
  * pkv_available() > 0 and waited for rule D3 (seq.c ensure_blocks). */
 uint32_t pkv_block_alloc(pkv_cache *c, bool *evicted);
-/* One more reference to a block (a cached one leaves the LRU). */
+/* One more reference to a block (a cached one leaves the policy's lists). */
 void pkv_block_acquire(pkv_cache *c, uint32_t b);
 /* One reference less; at zero a sealed block becomes cached, an open one free or
  * (named by a record) in limbo. */
@@ -627,14 +640,40 @@ void pkv_limbo_drain(pkv_cache *c, uint64_t safe);
  * surviving sealed blocks and tables (d, stack: capacity + 1 entries of scratch). */
 int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack);
 
-/* The eviction policy (evict.c), called by the pool: */
+/* The eviction policy (evict.c), called by the pool (seq.c asks it for rule D3): */
+/* Empty lists, policy `kind` (pkv_eviction, validated by the caller), protected
+ * share `protect_pct` (1..100) of `capacity`. */
+void pkv_evict_init(pkv_policy *e, int kind, uint32_t protect_pct, uint32_t capacity);
+/* Empty the lists, keeping the policy and its settings (recovery). */
+void pkv_evict_clear(pkv_policy *e);
+/* Cached blocks: on the policy's lists. */
+static inline uint64_t pkv_evict_count(const pkv_policy *e) {
+    return e->lru.count + e->prot.count;
+}
 /* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1). */
 void pkv_alloc_prefetch(const pkv_cache *c, int stage);
+/* A block loses one reference (before the count drops): under leaf-SLRU a reused
+ * (so sealed) block marks its parent reused, so a parent is never on a lower level
+ * than its cached children (evict.c). Inline: on every release's path. */
+static inline void pkv_evict_on_release(pkv_cache *c, uint32_t b) {
+    const pkv_block *x = &c->pool.b[b];
+    if (pkv_unlikely(x->flags & BLKF_REUSED) && x->parent != PKV_NONE)
+        c->pool.b[x->parent].flags |= BLKF_REUSED;
+}
 /* A sealed block's refcount dropped to 0 / rose from 0. */
 void pkv_evict_on_unreferenced(pkv_cache *c, uint32_t b);
 void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);
 /* The cached leaf to evict next, taken off the policy's list; PKV_NONE if none. */
 uint32_t pkv_evict_victim(pkv_cache *c);
+/* Rule D3: the LSN that must be safe before the next `k` victims' slots may be
+ * rewritten; 0 if none (seq.c ensure_blocks waits for it). Inline: the usual
+ * answer, every cached block's release safe, reads one field; the walk is not. */
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k);
+static inline uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k) {
+    /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
+    if (!c->wal.running || c->pool.pol.newest <= pkv_wal_safe_lsn(&c->wal) + 1) return 0;
+    return pkv_evict_wait_walk(c, k);
+}
 /* Recovery: put the cached blocks in the policy's order (d: depths). */
 int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d);
 

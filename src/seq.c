@@ -18,7 +18,7 @@
  *
  * Every call validates and reserves everything it may need (blocks, table room,
  * map room, log room) before its first mutation, so a failing call changes nothing.
- * Blocks are released tail-first, which keeps the leaf-first LRU order (evict.c).
+ * Blocks are released tail-first, which keeps the policy's leaf-first order (evict.c).
  *
  * Logging (wal/): every change to the committed part of a table is logged with
  * absolute values — SEQ_SET (open, fork), SEAL + COMMIT (commit), SEQ_BLOCK (a
@@ -64,29 +64,10 @@ static inline int finish(pkv_cache *c) {
     return pkv_wal_commit_point(c);
 }
 
-/* The LSN that must be safe before the `k` blocks at the LRU head may be evicted
- * and their slots rewritten (rule D3, docs/format.md): a sealed block that some
- * record named while it was open (BLKF_NAMED) may still be named open by the
- * durable state, with no checksum to catch a rewrite, until its SEAL is safe; the
- * SEAL came before its release, whose LSN (rel_lsn) is the next one then. The
- * LRU is in release order, so rel_lsn ascends from the head; when the newest
- * release is safe, all are (the usual case, no walk). 0: nothing to wait for. */
-static uint64_t evict_wait_lsn(const pkv_cache *c, uint64_t k) {
-    const pkv_pool *p = &c->pool;
-    uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
-    /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
-    if (!c->wal.running || p->lru.tail == PKV_NONE || p->b[p->lru.tail].rel_lsn <= safe + 1)
-        return 0;
-    for (uint32_t b = p->lru.head; b != PKV_NONE && k > 0; b = p->b[b].next, k--)
-        if ((p->b[b].flags & BLKF_NAMED) && p->b[b].rel_lsn > target + 1)
-            target = p->b[b].rel_lsn - 1;
-    return target > safe ? target : 0;
-}
-
 /* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
  * freeing record not yet safe) come next, after waiting for the log, since using
  * them is better than evicting cached blocks; eviction last, after waiting for the
- * log where an evicted slot's SEAL is not yet safe (evict_wait_lsn). With
+ * log where an evicted slot's SEAL is not yet safe (pkv_evict_wait_lsn, rule D3). With
  * PKV_OPEN_NO_LIMBO_WAIT eviction comes before the limbo wait, which is then only
  * for what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
  * released) and must retry; PKV_EFULL: never. */
@@ -109,7 +90,7 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     if (need > pkv_available(c))
         return pkv_err(PKV_EFULL, "%s needs %llu blocks, %llu obtainable", what,
                        (unsigned long long)need, (unsigned long long)pkv_available(c));
-    uint64_t target = evict_wait_lsn(c, need - nfree);
+    uint64_t target = pkv_evict_wait_lsn(c, need - nfree);
     if (target) {
         int rc = pkv_wal_wait(c, target);
         return rc ? rc : 1;

@@ -66,6 +66,7 @@ void pt_opts(pkv_options *o, uint32_t layers, uint32_t heads, uint32_t hdim,
     o->dtype = dt;
     o->capacity = cap;
     o->model_id = PT_MODEL;
+    o->eviction = pt_eviction();
 }
 
 pkv_cache *pt_open_sub(const char *sub, const pkv_options *o)

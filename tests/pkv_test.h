@@ -18,6 +18,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "pagedkv.h"
 
@@ -36,6 +38,15 @@ void pt_path(char *buf, size_t cap, const char *sub);
 #define PT_HEADS  2u
 #define PT_HDIM   4u
 #define PT_MODEL  "pagedkv-test-model/v1"
+
+/* The eviction policy the option helpers (pt_opts, wu_opts) select: leaf-SLRU when
+ * PKV_TEST_EVICTION=leaf-slru, else the default; so every suite can be run under
+ * either policy. */
+static inline pkv_eviction pt_eviction(void)
+{
+    const char *e = getenv("PKV_TEST_EVICTION");
+    return e && strcmp(e, "leaf-slru") == 0 ? PKV_EVICT_LEAF_SLRU : PKV_EVICT_LEAF_LRU;
+}
 
 void pt_opts(pkv_options *o, uint32_t layers, uint32_t heads, uint32_t hdim,
              uint32_t bs, pkv_dtype dt, uint64_t cap);

@@ -51,7 +51,9 @@
  * default 100 GROUP / 100 NONE / 50 ALWAYS / 30 on 256 blocks),
  * PKV_POWER_N (crash points per power-loss sweep), PKV_FAULT_K (fault sweep limit),
  * PKV_KEEP_FAIL=1 (copy the directory of a failing kill / power-loss case to
- * /tmp/pkvkill.<pid> or /tmp/pkvfail.<pid>.<k>, with the oracle in pl-pre/oracle.txt). */
+ * /tmp/pkvkill.<pid> or /tmp/pkvfail.<pid>.<k>, with the oracle in pl-pre/oracle.txt),
+ * PKV_TEST_EVICTION=leaf-slru (every test under leaf-first SLRU; one kill test always
+ * runs under it: rule D3 walks its victim order). */
 #include "wal_util.h"
 
 #include <dirent.h>
@@ -247,11 +249,16 @@ typedef struct kill_cfg {
     size_t max_seqs, max_len; /* wu_wl bounds: max_seqs * max_len / WU_BS + the longest
                                  prompt must fit cap, so no call meets PKV_EFULL */
     uint64_t iters;          /* default iterations (PKV_KILL_ITERS overrides) */
+    bool slru;               /* PKV_EVICT_LEAF_SLRU (else as PKV_TEST_EVICTION says) */
 } kill_cfg;
 
 static void kill_opts(pkv_options *o, const kill_cfg *k, uint32_t commit_us, uint32_t flags)
 {
     wu_opts(o, WU_BS, k->cap, k->mode);
+    if (k->slru) {
+        o->eviction = PKV_EVICT_LEAF_SLRU;
+        o->evict_protect_pct = 25; /* demotions are frequent on 48 blocks */
+    }
     o->checkpoint_bytes = 48u << 10;
     o->group_commit_us = commit_us;
     o->flags = flags;
@@ -613,6 +620,13 @@ Test(crash, kill_none_serves_only_the_right_kv, .timeout = 3600)
 Test(crash, kill_always_serves_only_the_right_kv, .timeout = 3600)
 {
     kill_cfg k = KILL_SMALL("ALWAYS", PKV_DURABLE_ALWAYS, 40);
+    kill_test(&k);
+}
+
+Test(crash, kill_group_leaf_slru_serves_only_the_right_kv, .timeout = 3600)
+{
+    kill_cfg k = KILL_SMALL("GROUP leaf-slru", PKV_DURABLE_GROUP, 40);
+    k.slru = true;
     kill_test(&k);
 }
 

@@ -1,5 +1,6 @@
 /* Eviction: leaf-first LRU order, parents outlive their cached children, and
- * exhaustion (PKV_EFULL leaves the cache unchanged). */
+ * exhaustion (PKV_EFULL leaves the cache unchanged); leaf-first SLRU's scan
+ * resistance, demotion, protection of prefixes and recovery. */
 #include "pkv_test.h"
 
 #include <stdio.h>
@@ -539,4 +540,201 @@ Test(evict, evicted_prefix_recomputed_hits_again)
     PT_CHECK(c);
     cr_assert_eq(PT_SEQ_OPEN(c, 5, 0, a, 13), 12);
     PT_VERIFY(c, 5, 0, a, 12, 12);
+}
+
+/* ---- Leaf-first SLRU (PKV_EVICT_LEAF_SLRU) ------------------------------------ */
+
+static pkv_cache *open_policy(const char *sub, pkv_eviction ev, uint32_t pct, uint64_t cap)
+{
+    pkv_options o;
+    pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F32, cap);
+    o.eviction = ev;
+    o.evict_protect_pct = pct;
+    return pt_open_sub(sub, &o);
+}
+
+/* Commit tokens t[0..n) (whole blocks) in a fresh sequence `id` and close it. */
+static void commit_close(pkv_cache *c, uint64_t id, const uint32_t *t, size_t n)
+{
+    size_t nc = PT_SEQ_OPEN(c, id, 0, t, n);
+    PT_APPEND(c, id, 0, t, nc, n - nc);
+    PT_OK(pkv_seq_commit(c, id, n - nc));
+    PT_OK(pkv_seq_close(c, id));
+    PT_CHECK(c);
+}
+
+/* Blocks of t[0..n) a prompt of t plus one token finds cached; closes at once. */
+static size_t hit_blocks(pkv_cache *c, uint64_t id, const uint32_t *t, size_t n)
+{
+    uint32_t q[64];
+    cr_assert(n < 64);
+    memcpy(q, t, n * sizeof *q);
+    q[n] = 99999;
+    size_t nc = PT_SEQ_OPEN(c, id, 0, q, n + 1);
+    PT_VERIFY(c, id, 0, q, nc, nc);
+    PT_OK(pkv_seq_close(c, id));
+    PT_CHECK(c);
+    return nc / BS;
+}
+
+/* A 2-block prefix used twice, then a scan of one-time prompts that overflows
+ * the cache: returns how many of the prefix's blocks still hit. */
+static size_t scan_survivors(const char *sub, pkv_eviction ev)
+{
+    const uint64_t cap = 12;
+    pkv_cache *c = open_policy(sub, ev, 50, cap);
+    uint32_t a[2 * BS], s[BS];
+    fill(a, 2 * BS, 1);
+    commit_close(c, 1, a, 2 * BS);
+    cr_assert_eq(hit_blocks(c, 2, a, 2 * BS), 2); /* the reuse */
+    for (uint32_t k = 0; k < cap; k++) {          /* 12 one-block prompts: 2 evictions */
+        fill(s, BS, 1000 + 100 * k);
+        commit_close(c, 10 + k, s, BS);
+    }
+    pkv_stats st = pt_stats(c);
+    cr_assert_eq(st.evictions, 2);
+    size_t hit = hit_blocks(c, 100, a, 2 * BS);
+    pt_close(c);
+    return hit;
+}
+
+Test(evict, slru_reused_prefix_survives_a_one_time_scan)
+{
+    /* Leaf-first LRU evicts the reused prefix (released before the scan) ... */
+    cr_assert_eq(scan_survivors("lru", PKV_EVICT_LEAF_LRU), 0);
+    /* ... leaf-first SLRU protects it and evicts the scan's oldest blocks. */
+    cr_assert_eq(scan_survivors("slru", PKV_EVICT_LEAF_SLRU), 2);
+}
+
+/* State for the demotion test: A (3 blocks) and B committed, A reused, then C
+ * committed; then e evictions. Returns the blocks of A, B and C that still hit. */
+static void demotion_after(pkv_eviction ev, uint64_t e, size_t hits[3])
+{
+    char sub[32];
+    snprintf(sub, sizeof sub, "demote_%d_%llu", (int)ev, (unsigned long long)e);
+    pkv_cache *c = open_policy(sub, ev, 10, 10); /* 10% of 10: 1 protected block */
+    uint32_t a[3 * BS], b[BS], cc[BS], f[10 * BS];
+    fill(a, 3 * BS, 1);
+    fill(b, BS, 500);
+    fill(cc, BS, 600);
+    fill(f, 10 * BS, 7000);
+    commit_close(c, 1, a, 3 * BS);
+    commit_close(c, 2, b, BS);
+    cr_assert_eq(hit_blocks(c, 3, a, 3 * BS), 3); /* A1 A2 A3 reused */
+    commit_close(c, 4, cc, BS);
+    PT_SEQ_OPEN(c, 5, 0, NULL, 0);
+    uint64_t n = pt_stats(c).blocks_free + e;
+    PT_APPEND(c, 5, 0, f, 0, n * BS);
+    cr_assert_eq(pt_stats(c).evictions, e);
+    PT_CHECK(c);
+    hits[0] = hit_blocks(c, 6, a, 3 * BS);
+    hits[1] = hit_blocks(c, 7, b, BS);
+    hits[2] = hit_blocks(c, 8, cc, BS);
+    pt_close(c);
+}
+
+/* Over the protected quota the oldest protected blocks lose their protection and
+ * join the unprotected ones, still leaf first. A reused 3-block chain A1-A2-A3
+ * with room for 1 protected block: released A3, A2, A1, so A3 and A2 are demoted
+ * behind B, A1 stays protected, and C (never reused) comes after them: victims B,
+ * A3, A2, C, A1, never an extension stranded. Leaf-first LRU takes A1 before C. */
+Test(evict, slru_demotion_and_eviction_stay_leaf_first)
+{
+    static const size_t want[6][3] = {
+        {3, 1, 1}, {3, 0, 1}, {2, 0, 1}, {1, 0, 1}, {1, 0, 0}, {0, 0, 0}};
+    for (uint64_t e = 0; e <= 5; e++) {
+        size_t h[3];
+        demotion_after(PKV_EVICT_LEAF_SLRU, e, h);
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(h[k], want[e][k], "after %llu evictions: %c hits %zu, expected %zu",
+                         (unsigned long long)e, "ABC"[k], h[k], want[e][k]);
+    }
+    size_t h[3];
+    demotion_after(PKV_EVICT_LEAF_LRU, 4, h);
+    cr_assert(h[0] == 0 && h[2] == 1, "leaf-first LRU: A %zu C %zu", h[0], h[2]);
+}
+
+/* A block reused while its parent was held by another sequence (so the parent was
+ * never acquired from refcount 0) still protects the parent: released after it,
+ * the parent must not stand before its protected child in the victim order
+ * (pkv_check's I7), and the two go child first. */
+Test(evict, slru_parent_of_reused_block_is_protected_too)
+{
+    pkv_cache *c = open_policy("prefix", PKV_EVICT_LEAF_SLRU, 50, 8);
+    uint32_t a[2 * BS], f[8 * BS];
+    fill(a, 2 * BS, 1);
+    fill(f, 8 * BS, 4000);
+    PT_SEQ_OPEN(c, 1, 0, NULL, 0);
+    PT_APPEND(c, 1, 0, a, 0, 2 * BS);
+    PT_OK(pkv_seq_commit(c, 1, 2 * BS));
+    PT_OK(pkv_seq_truncate(c, 1, BS));            /* X keeps R; A1 cached */
+    PT_CHECK(c);
+    cr_assert_eq(hit_blocks(c, 2, a, 2 * BS), 2); /* A1 reused from ref 0, R not */
+    PT_CHECK(c);
+    PT_OK(pkv_seq_close(c, 1));                   /* R released last */
+    PT_CHECK(c);
+    /* Victims: the 2 cached blocks, A1 first; after one eviction R still hits. */
+    PT_SEQ_OPEN(c, 4, 0, NULL, 0);
+    PT_APPEND(c, 4, 0, f, 0, (pt_stats(c).blocks_free + 1) * BS);
+    cr_assert_eq(pt_stats(c).evictions, 1);
+    PT_CHECK(c);
+    cr_assert_eq(hit_blocks(c, 5, a, 2 * BS), 1);
+}
+
+/* A restart keeps the cached blocks and their leaf-first order, but not the
+ * protection (docs/design.md): the recovered blocks are evicted least recently
+ * released first, like leaf-first LRU's, and the policy may change at the reopen. */
+Test(evict, slru_recovery_rebuilds_leaf_first_without_protection)
+{
+    pkv_cache *c = open_policy("rec", PKV_EVICT_LEAF_SLRU, 50, 8);
+    uint32_t a[2 * BS], b[2 * BS], f[8 * BS];
+    fill(a, 2 * BS, 1);
+    fill(b, 2 * BS, 300);
+    fill(f, 8 * BS, 9000);
+    commit_close(c, 1, a, 2 * BS);
+    cr_assert_eq(hit_blocks(c, 2, a, 2 * BS), 2); /* A protected */
+    commit_close(c, 3, b, 2 * BS);                /* B on probation, released later */
+    pt_close(c);
+    for (int reopen = 0; reopen < 2; reopen++) {
+        pkv_eviction ev = reopen ? PKV_EVICT_LEAF_LRU : PKV_EVICT_LEAF_SLRU;
+        c = open_policy("rec", ev, 50, 0);
+        PT_CHECK(c);
+        pkv_stats st = pt_stats(c);
+        cr_assert_eq(st.blocks_cached, 4);
+        /* Two evictions take A (released first), leaf first; B still hits whole. */
+        PT_SEQ_OPEN(c, 10, 0, NULL, 0);
+        PT_APPEND(c, 10, 0, f, 0, (st.blocks_free + 2) * BS);
+        cr_assert_eq(pt_stats(c).evictions - st.evictions, 2);
+        PT_CHECK(c);
+        cr_assert_eq(hit_blocks(c, 11, b, 2 * BS), 2);
+        cr_assert_eq(hit_blocks(c, 12, a, 2 * BS), 0);
+        PT_OK(pkv_seq_close(c, 10));
+        pt_close(c);
+        if (!reopen) { /* start the second round from the same state */
+            char path[512];
+            pt_path(path, sizeof path, "rec");
+            pt_rmrf(path);
+            c = open_policy("rec", PKV_EVICT_LEAF_SLRU, 50, 8);
+            commit_close(c, 1, a, 2 * BS);
+            cr_assert_eq(hit_blocks(c, 2, a, 2 * BS), 2);
+            commit_close(c, 3, b, 2 * BS);
+            pt_close(c);
+        }
+    }
+}
+
+Test(evict, bad_eviction_options_are_einval)
+{
+    pkv_options o;
+    pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F32, 8);
+    char path[512];
+    pt_path(path, sizeof path, "bad");
+    pkv_cache *c = NULL;
+    o.eviction = (pkv_eviction)2;
+    PT_ERR(pkv_open(path, &o, &c), PKV_EINVAL);
+    cr_assert_null(c);
+    o.eviction = PKV_EVICT_LEAF_SLRU;
+    o.evict_protect_pct = 101;
+    PT_ERR(pkv_open(path, &o, &c), PKV_EINVAL);
+    cr_assert_null(c);
 }

@@ -7,10 +7,12 @@
  *
  *  - exact variant: capacity is kept large enough that nothing is ever evicted, so
  *    every hit length, dedupe count and blocks_sealed is predicted exactly;
- *  - small variant: a tiny capacity makes eviction and PKV_EFULL common; hits must
+ *  - small variants: a tiny capacity makes eviction and PKV_EFULL common; hits must
  *    lie between what live sequences guarantee and what was ever sealed, EFULL must
  *    happen exactly when too few blocks are free or evictable, and must change
- *    nothing at all.
+ *    nothing at all; pkv_check (every 4 steps) holds each policy to leaf-first
+ *    order. Once under leaf-first LRU, once under leaf-first SLRU with a random
+ *    protected share (1-100%).
  *
  * Reproduce a failure with PKV_SEED=<seed printed> PKV_ROUNDS=1.
  */
@@ -582,6 +584,12 @@ static void run_round(uint64_t seed, int variant, size_t nops, model *m)
 
     pkv_options o;
     pt_opts(&o, 2, 1 + pt_below(&m->rng, 2), 1 + pt_below(&m->rng, 4), m->bs, PKV_F32, m->cap);
+    if (variant == 1)
+        o.eviction = PKV_EVICT_LEAF_LRU;
+    if (variant == 2) {
+        o.eviction = PKV_EVICT_LEAF_SLRU;
+        o.evict_protect_pct = 1 + pt_below(&m->rng, 100);
+    }
     m->c = pt_open_sub("round", &o);
     PT_CHECK(m->c);
 
@@ -677,4 +685,9 @@ Test(property, exact_no_eviction, .timeout = 280)
 Test(property, small_capacity_leaf_lru, .timeout = 280)
 {
     run_variant(1, 2000000, 1000);
+}
+
+Test(property, small_capacity_leaf_slru, .timeout = 280)
+{
+    run_variant(2, 3000000, 1000);
 }

@@ -1,5 +1,6 @@
 /* Trace replay (bench/trace_*.c, used by pkv-trace): the block-level simulator's
- * leaf-first LRU reproduces the engine's counters exactly, Belady is an upper bound
+ * leaf-first LRU and leaf-first SLRU (no ghosts) reproduce the engine's counters
+ * exactly under the engine's policy of the same name, Belady is an upper bound
  * of every simulated policy and reaches the infinite-cache bound, leaf policies
  * never strand a block, and the JSONL reader and writer agree. */
 #include "pkv_test.h"
@@ -36,21 +37,30 @@ static void blocks(const trace *t, trace_blocks *tb) {
     cr_assert_eq(trace_blocks_build(t, BS, tb, err, sizeof err), 0, "%s", err);
 }
 
-static sim_result simulate(const trace *t, const trace_blocks *tb, uint64_t cap,
-                           sim_policy p, uint32_t batch) {
+static sim_result simulate_g(const trace *t, const trace_blocks *tb, uint64_t cap,
+                             sim_policy p, uint32_t batch, double ghost) {
     sim_result r;
-    sim_params sp = {.capacity = cap, .batch = batch, .policy = p, .protect = 0.5, .ghost = 2};
+    sim_params sp = {.capacity = cap, .batch = batch, .policy = p, .protect = 0.5,
+                     .ghost = ghost};
     cr_assert_eq(sim_run(t, tb, &sp, &r), 0, "sim %s at capacity %llu failed (request %lld)",
                  sim_policy_name(p), (unsigned long long)cap, (long long)r.failed_request);
     return r;
 }
 
-/* Replay through the engine at `cap` blocks and compare with the simulator. */
-static void engine_vs_sim(const trace *t, const trace_blocks *tb, uint64_t cap,
-                          uint32_t batch, const char *sub) {
+static sim_result simulate(const trace *t, const trace_blocks *tb, uint64_t cap,
+                           sim_policy p, uint32_t batch) {
+    return simulate_g(t, tb, cap, p, batch, 2);
+}
+
+/* Replay through the engine at `cap` blocks under policy p (leaf-lru or leaf-slru,
+ * 50% protected) and compare with the simulator's p (no ghosts: the engine keeps
+ * none). */
+static void engine_vs_sim_p(const trace *t, const trace_blocks *tb, uint64_t cap,
+                            uint32_t batch, const char *sub, sim_policy p) {
     pkv_options o;
     pt_opts(&o, 1, 1, 8, BS, PKV_F16, cap);
     o.durability = PKV_DURABLE_NONE;
+    o.eviction = p == SIM_LEAF_SLRU ? PKV_EVICT_LEAF_SLRU : PKV_EVICT_LEAF_LRU;
     pkv_cache *c = pt_open_sub(sub, &o);
     trace_replay_opts ro = {.seed = 7, .batch = batch};
     trace_replay_stats rs;
@@ -60,7 +70,7 @@ static void engine_vs_sim(const trace *t, const trace_blocks *tb, uint64_t cap,
                  rs.failed_request, pkv_strerror(rc), rs.error);
     PT_CHECK(c);
     pkv_stats st = pt_stats(c);
-    sim_result s = simulate(t, tb, cap, SIM_LEAF_LRU, batch);
+    sim_result s = simulate_g(t, tb, cap, p, batch, 0);
     cr_expect_eq(st.hit_tokens, s.hit_tokens, "cap %llu: hit tokens engine %llu sim %llu",
                  (unsigned long long)cap, (unsigned long long)st.hit_tokens,
                  (unsigned long long)s.hit_tokens);
@@ -72,8 +82,14 @@ static void engine_vs_sim(const trace *t, const trace_blocks *tb, uint64_t cap,
                  (unsigned long long)s.evictions);
     cr_expect_eq(st.seals, s.seals, "cap %llu: seals", (unsigned long long)cap);
     cr_expect_eq(st.dedupes, s.dedupes, "cap %llu: dedupes", (unsigned long long)cap);
-    cr_expect_eq(s.strands, 0, "leaf-first LRU stranded %llu blocks", (unsigned long long)s.strands);
+    cr_expect_eq(s.strands, 0, "%s stranded %llu blocks", sim_policy_name(p),
+                 (unsigned long long)s.strands);
     pt_close(c);
+}
+
+static void engine_vs_sim(const trace *t, const trace_blocks *tb, uint64_t cap,
+                          uint32_t batch, const char *sub) {
+    engine_vs_sim_p(t, tb, cap, batch, sub, SIM_LEAF_LRU);
 }
 
 Test(trace, simulator_reproduces_engine) {
@@ -90,6 +106,8 @@ Test(trace, simulator_reproduces_engine) {
         uint64_t cap = caps[i] > tb.max_req_blocks ? caps[i] : tb.max_req_blocks + 1;
         snprintf(sub, sizeof sub, "c%zu", i);
         engine_vs_sim(&t, &tb, cap, batches[i], sub);
+        snprintf(sub, sizeof sub, "s%zu", i);
+        engine_vs_sim_p(&t, &tb, cap, batches[i], sub, SIM_LEAF_SLRU);
     }
     trace_blocks_free(&tb);
     trace_free(&t);

@@ -71,6 +71,7 @@ void wu_opts(pkv_options *o, uint32_t bs, uint64_t cap, pkv_durability mode)
     o->capacity = cap;
     o->model_id = PT_MODEL;
     o->durability = mode;
+    o->eviction = pt_eviction();
 }
 
 int wu_open(const char *dir, const pkv_options *o, pkv_cache **out)
