@@ -53,7 +53,7 @@ typedef struct pkv_log_arena {
  * Errors: PKV_EINVAL (NULL argument, unknown flag), PKV_EIO (the directory cannot
  * be listed), PKV_ECORRUPT (a segment number >= 2^63, which recovery refuses too),
  * PKV_ENOMEM; on failure *out is NULL. A damaged or broken chain is not an
- * error: pkv_logview_chain says so. Blocks: I/O. */
+ * error: pkv_logview_get_chain says so. Blocks: I/O. */
 int pkv_logview_open(const char *dir, const pkv_log_arena *arena, uint32_t flags,
                      pkv_logview **out);
 /* Free the handle (NULL: nothing). Never fails, never blocks. */
@@ -72,7 +72,7 @@ typedef struct pkv_log_dir {
     int arena_tmp, ckpt_tmp;/* arena.tmp / ckpt.tmp left by an interrupted write */
 } pkv_log_dir;
 /* Never fails (NULL arguments: nothing), never blocks. */
-void pkv_logview_dir(const pkv_logview *log, pkv_log_dir *out);
+void pkv_logview_get_dir(const pkv_logview *log, pkv_log_dir *out);
 /* Of the wal-spare-<k> files of spare_mask (bit k, as pkv_log_dir.spare_mask),
  * those outside the run the writer recycles: the strays a writable open deletes.
  * Never fails, never blocks. */
@@ -99,7 +99,7 @@ typedef struct pkv_log_chain {
     uint64_t applied_raw_bytes;
 } pkv_log_chain;
 /* Never fails (NULL arguments: nothing), never blocks. */
-void pkv_logview_chain(const pkv_logview *log, pkv_log_chain *out);
+void pkv_logview_get_chain(const pkv_logview *log, pkv_log_chain *out);
 
 /* A delta file's place in the chain. */
 enum {
@@ -122,7 +122,7 @@ typedef struct pkv_log_delta {
 } pkv_log_delta;
 /* Delta i in name order, i < pkv_log_dir.deltas. Errors: PKV_EINVAL (NULL),
  * PKV_ERANGE (i too large). Never blocks. */
-int pkv_logview_delta(const pkv_logview *log, size_t i, pkv_log_delta *out);
+int pkv_logview_get_delta(const pkv_logview *log, size_t i, pkv_log_delta *out);
 
 /* ---- The log ------------------------------------------------------------------ */
 
@@ -162,7 +162,7 @@ typedef int (*pkv_log_rec_fn)(void *ctx, const pkv_log_rec *r);
 /* Read the log after the chain's newest LSN as recovery does, calling fn (may be
  * NULL) for every valid record of the segments read, those the checkpoint covers
  * included (marked). Once per handle. 0 (where and why the log ends:
- * pkv_logview_end, also when recovery would fail), fn's nonzero return, or
+ * pkv_logview_get_end, also when recovery would fail), fn's nonzero return, or
  * PKV_EIO, PKV_ENOMEM; PKV_ESTATE if called twice. Blocks: I/O. */
 int pkv_logview_read(pkv_logview *log, pkv_log_rec_fn fn, void *ctx);
 
@@ -237,7 +237,7 @@ typedef struct pkv_log_segment {
 } pkv_log_segment;
 /* Segment i in number order, i < pkv_log_dir.segments (its read fields after
  * pkv_logview_read). Errors: PKV_EINVAL (NULL), PKV_ERANGE. Never blocks. */
-int pkv_logview_segment(const pkv_logview *log, size_t i, pkv_log_segment *out);
+int pkv_logview_get_segment(const pkv_logview *log, size_t i, pkv_log_segment *out);
 
 /* Totals of pkv_logview_read. */
 typedef struct pkv_log_stats {
@@ -250,7 +250,7 @@ typedef struct pkv_log_stats {
 } pkv_log_stats;
 /* The end of the whole log and the totals, after pkv_logview_read (before: zeros).
  * Never fails (NULL arguments: nothing), never blocks. */
-void pkv_logview_end(const pkv_logview *log, pkv_log_end *end, pkv_log_stats *stats);
+void pkv_logview_get_end(const pkv_logview *log, pkv_log_end *end, pkv_log_stats *stats);
 
 #if defined(__GNUC__) && !defined(PKV_NO_VISIBILITY)
 #pragma GCC visibility pop

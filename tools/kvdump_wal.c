@@ -231,8 +231,8 @@ static void end_words(const pkv_log_end *e, uint64_t size, char *out, size_t n) 
 static int copy_chain(const pkv_logview *v, kd_log *L) {
     pkv_log_dir d;
     pkv_log_chain ch;
-    pkv_logview_dir(v, &d);
-    pkv_logview_chain(v, &ch);
+    pkv_logview_get_dir(v, &d);
+    pkv_logview_get_chain(v, &ch);
     L->have_ckpt = ch.have_checkpoint;
     L->ckpt_ok = ch.checkpoint_ok;
     L->ckpt_no = ch.checkpoint_no;
@@ -265,7 +265,7 @@ static int copy_chain(const pkv_logview *v, kd_log *L) {
     for (size_t i = 0; i < d.deltas; i++) {
         pkv_log_delta p;
         kd_delta *x = &L->deltas[i];
-        if (pkv_logview_delta(v, i, &p)) return PKV_ENOMEM;
+        if (pkv_logview_get_delta(v, i, &p)) return PKV_ENOMEM;
         x->no = p.no;
         x->state = p.state;
         x->lsn = p.lsn;
@@ -289,7 +289,7 @@ static void copy_log(const pkv_logview *v, kd_log *L) {
     for (size_t i = 0; i < L->nsegs; i++) {
         pkv_log_segment p;
         kd_seg *s = &L->segs[i];
-        if (pkv_logview_segment(v, i, &p)) continue;
+        if (pkv_logview_get_segment(v, i, &p)) continue;
         s->no = p.no;
         s->file_size = p.file_bytes;
         s->valid = p.header == PKV_LOG_SEG_OK;
@@ -308,7 +308,7 @@ static void copy_log(const pkv_logview *v, kd_log *L) {
     }
     pkv_log_end e;
     pkv_log_stats st;
-    pkv_logview_end(v, &e, &st);
+    pkv_logview_get_end(v, &e, &st);
     L->used_bytes = st.used_bytes;
     L->first_lsn = st.first_lsn;
     L->last_lsn = e.last_lsn;

@@ -509,7 +509,7 @@ int pkv_logview_read(pkv_logview *g, pkv_log_rec_fn fn, void *ctx) {
 
 /* ---- Accessors ---------------------------------------------------------------- */
 
-void pkv_logview_dir(const pkv_logview *g, pkv_log_dir *out) {
+void pkv_logview_get_dir(const pkv_logview *g, pkv_log_dir *out) {
     if (!g || !out) return;
     memset(out, 0, sizeof *out);
     out->segments = g->d.nsegs;
@@ -529,25 +529,25 @@ uint64_t pkv_logview_spare_strays(uint64_t spare_mask) {
     return pkv_wal_spare_strays(spare_mask);
 }
 
-void pkv_logview_chain(const pkv_logview *g, pkv_log_chain *out) {
+void pkv_logview_get_chain(const pkv_logview *g, pkv_log_chain *out) {
     if (g && out) *out = g->chain;
 }
 
-int pkv_logview_delta(const pkv_logview *g, size_t i, pkv_log_delta *out) {
-    if (!g || !out) return pkv_err(PKV_EINVAL, "pkv_logview_delta: NULL argument");
-    if (i >= g->d.ndeltas) return pkv_err(PKV_ERANGE, "pkv_logview_delta: no delta %zu", i);
+int pkv_logview_get_delta(const pkv_logview *g, size_t i, pkv_log_delta *out) {
+    if (!g || !out) return pkv_err(PKV_EINVAL, "pkv_logview_get_delta: NULL argument");
+    if (i >= g->d.ndeltas) return pkv_err(PKV_ERANGE, "pkv_logview_get_delta: no delta %zu", i);
     *out = g->deltas[i].pub;
     return 0;
 }
 
-int pkv_logview_segment(const pkv_logview *g, size_t i, pkv_log_segment *out) {
-    if (!g || !out) return pkv_err(PKV_EINVAL, "pkv_logview_segment: NULL argument");
-    if (i >= g->d.nsegs) return pkv_err(PKV_ERANGE, "pkv_logview_segment: no segment %zu", i);
+int pkv_logview_get_segment(const pkv_logview *g, size_t i, pkv_log_segment *out) {
+    if (!g || !out) return pkv_err(PKV_EINVAL, "pkv_logview_get_segment: NULL argument");
+    if (i >= g->d.nsegs) return pkv_err(PKV_ERANGE, "pkv_logview_get_segment: no segment %zu", i);
     *out = g->segs[i];
     return 0;
 }
 
-void pkv_logview_end(const pkv_logview *g, pkv_log_end *end, pkv_log_stats *stats) {
+void pkv_logview_get_end(const pkv_logview *g, pkv_log_end *end, pkv_log_stats *stats) {
     if (!g) return;
     if (end) *end = g->end;
     if (stats) *stats = g->st;
