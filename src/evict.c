@@ -132,9 +132,9 @@ uint32_t pkv_evict_victim(pkv_cache *c) {
  * holds until the allocations it covers: between them seq.c caches no block (a
  * block cached onto probation could come before protected victims), and a
  * demotion moves prot's head to where it already stood. */
-uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k) {
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k, uint64_t safe) {
     const pkv_pool *p = &c->pool;
-    uint64_t safe = pkv_wal_safe_lsn(&c->wal), target = 0;
+    uint64_t target = 0;
     const pkv_list *l[2] = {&p->pol.lru, &p->pol.prot};
     for (int i = 0; i < 2; i++)
         for (uint32_t b = l[i]->head; b != PKV_NONE && k > 0; b = p->b[b].next, k--)

@@ -666,13 +666,15 @@ void pkv_evict_on_referenced(pkv_cache *c, uint32_t b);
 /* The cached leaf to evict next, taken off the policy's list; PKV_NONE if none. */
 uint32_t pkv_evict_victim(pkv_cache *c);
 /* Rule D3: the LSN that must be safe before the next `k` victims' slots may be
- * rewritten; 0 if none (seq.c ensure_blocks waits for it). Inline: the usual
- * answer, every cached block's release safe, reads one field; the walk is not. */
-uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k);
-static inline uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k) {
+ * rewritten, given the log's safe LSN `safe` (the caller reads it: the policy
+ * does not reach into the log); 0 if none (seq.c ensure_blocks waits for it).
+ * Inline: the usual answer, every cached block's release safe, reads one field;
+ * the walk is not. */
+uint64_t pkv_evict_wait_walk(const pkv_cache *c, uint64_t k, uint64_t safe);
+static inline uint64_t pkv_evict_wait_lsn(const pkv_cache *c, uint64_t k, uint64_t safe) {
     /* (rel_lsn - 1 <= safe, written so that a recovered rel_lsn of 0 cannot wrap) */
-    if (!c->wal.running || c->pool.pol.newest <= pkv_wal_safe_lsn(&c->wal) + 1) return 0;
-    return pkv_evict_wait_walk(c, k);
+    if (c->pool.pol.newest <= safe + 1) return 0;
+    return pkv_evict_wait_walk(c, k, safe);
 }
 /* Recovery: put the cached blocks in the policy's order (d: depths). */
 int pkv_evict_rebuild(pkv_cache *c, const uint32_t *d);

@@ -90,7 +90,8 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     if (need > pkv_available(c))
         return pkv_err(PKV_EFULL, "%s needs %llu blocks, %llu obtainable", what,
                        (unsigned long long)need, (unsigned long long)pkv_available(c));
-    uint64_t target = pkv_evict_wait_lsn(c, need - nfree);
+    uint64_t target =
+        c->wal.running ? pkv_evict_wait_lsn(c, need - nfree, pkv_wal_safe_lsn(&c->wal)) : 0;
     if (target) {
         int rc = pkv_wal_wait(c, target);
         return rc ? rc : 1;
