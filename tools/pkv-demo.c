@@ -1302,7 +1302,7 @@ static void free_workload(workload *w) {
 static void print_indented(const char *text, const char *ind) {
     for (const char *p = text; *p; p++) {
         putchar(*p);
-        if (*p == '\n' && p[1]) fputs(ind, stdout);
+        if (*p == '\n' && p[1] && p[1] != '\n') fputs(ind, stdout);
     }
 }
 
@@ -1321,8 +1321,8 @@ static void print_answers(const workload *w, const pass_result *cold, const pass
             char *text = tok_decode(&g->tok);
             const bool cut = g->tok.n && g->tok.t[g->tok.n - 1] != g_stop;
             if (g->sample == 0) printf("  A%u: ", g->turn + 1);
-            else printf("  A%u, sample %u (from the %u-th most likely first token): ", g->turn + 1,
-                        g->sample, g->sample + 1);
+            else printf("  A%u, sample %u (its first token of rank %u): ", g->turn + 1, g->sample,
+                        g->sample + 1);
             print_indented(text, "      ");
             printf("%s\n", cut ? " [...]" : "");
             free(text);
