@@ -349,9 +349,10 @@ static void write_exec(const char *path, const char *text)
     cr_assert_eq(chmod(path, 0700), 0);
 }
 
-/* Run a copy of scripts/demo.sh in a tree of its own (bootstrap.sh a no-op) with
- * the stub meson and ninja given; its exit status, stderr in *err. */
-static int demo_sh(const char *meson, const char *ninja, char **err)
+/* Run a copy of scripts/demo.sh in a tree of its own (bootstrap.sh a no-op,
+ * get-model.sh printing /models/m.gguf) with the stub meson and ninja given and
+ * `arg` as its argument; its exit status, stderr in *err. */
+static int demo_sh_arg(const char *meson, const char *ninja, const char *arg, char **err)
 {
     const char *src = getenv("DEMO_SH");
     cr_assert(src && *src, "DEMO_SH is not set (meson sets it to scripts/demo.sh)");
@@ -368,6 +369,8 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     free(script);
     snprintf(p, sizeof p, "%s/scripts/bootstrap.sh", repo);
     write_exec(p, "#!/bin/sh\nexit 0\n");
+    snprintf(p, sizeof p, "%s/scripts/get-model.sh", repo);
+    write_exec(p, "#!/bin/sh\necho /models/m.gguf\n");
     snprintf(p, sizeof p, "%s/meson", bin);
     write_exec(p, meson);
     snprintf(p, sizeof p, "%s/ninja", bin);
@@ -384,7 +387,7 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     pt_path(out, sizeof out, "sh.out");
     pt_path(errp, sizeof errp, "sh.err");
     snprintf(p, sizeof p, "%s/scripts/demo.sh", repo);
-    const char *argv[] = {"bash", p, "--help", NULL};
+    const char *argv[] = {"bash", p, arg, NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -398,6 +401,32 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     *err = slurp(errp);
     cr_assert(WIFEXITED(st), "demo.sh died of signal %d", WTERMSIG(st));
     return WEXITSTATUS(st);
+}
+
+static int demo_sh(const char *meson, const char *ninja, char **err)
+{
+    return demo_sh_arg(meson, ninja, "--help", err);
+}
+
+/* demo.sh runs the real model that get-model.sh fetched, unless --preset asks for
+ * the seeded one (then nothing is fetched). The stub pkv-demo prints its arguments. */
+Test(demo, demo_sh_runs_the_real_model_unless_a_preset_is_asked_for)
+{
+    const char *meson = "#!/bin/sh\nmkdir -p build-release/tools && touch build-release/build.ninja"
+                        " && printf '#!/bin/sh\\necho \"pkv-demo $*\" >&2\\n' > "
+                        "build-release/tools/pkv-demo && chmod +x build-release/tools/pkv-demo\n";
+    const char *ninja = "#!/bin/sh\necho 'ninja: no work to do.'\n";
+    char *err;
+    int code = demo_sh_arg(meson, ninja, "--quiet", &err);
+    cr_assert_eq(code, 0, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "pkv-demo --model /models/m.gguf --quiet"),
+              "demo.sh does not run the fetched model:\n%s", err);
+    free(err);
+    code = demo_sh_arg(meson, ninja, "--preset", &err);
+    cr_assert_eq(code, 0, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "pkv-demo --preset") && !strstr(err, "--model"),
+              "demo.sh --preset does not run the seeded model alone:\n%s", err);
+    free(err);
 }
 
 /* A new user's first run builds for a minute or two: demo.sh says so on stderr,
