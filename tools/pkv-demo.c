@@ -1219,7 +1219,25 @@ static void json_str(FILE *f, const char *v) {
 
 static size_t g_sys_tokens; /* length of the system prompt, BOS and SYSTEM included */
 
-static int report(const pass_result *cold, const pass_result *warm) {
+/* The warm run's answers as text, with their questions (GGUF model). */
+static void json_answers(FILE *f, const workload *w, const pass_result *warm) {
+    fprintf(f, ",\n  \"answer_texts\": [");
+    for (size_t i = 0; i < warm->n_gen; i++) {
+        const gen_rec *g = &warm->gen[i];
+        char *text = tok_decode(&g->tok);
+        fprintf(f, "%s\n    {\"user\": %u, \"turn\": %u, \"sample\": %u, \"question\": ",
+                i ? "," : "", g->user + 1, g->turn + 1, g->sample);
+        json_str(f, w->question[(size_t)g->turn * opt.users + g->user]);
+        fprintf(f, ", \"answer\": ");
+        json_str(f, text);
+        fprintf(f, ", \"complete\": %s}",
+                g->tok.n && g->tok.t[g->tok.n - 1] == g_stop ? "true" : "false");
+        free(text);
+    }
+    fprintf(f, "]");
+}
+
+static int report(const workload *w, const pass_result *cold, const pass_result *warm) {
     summary sc, sw;
     summarize(cold, &sc);
     summarize(warm, &sw);
@@ -1242,10 +1260,13 @@ static int report(const pass_result *cold, const pass_result *warm) {
                    "\"samples\": %u, \"answer_tokens\": %u, \"system_prompt_tokens\": %zu, "
                    "\"message_tokens\": [%u, %u], \"block_size\": %u, \"kv_dtype\": \"%s\", "
                    "\"durability\": \"%s\", \"threads\": %u, \"seed\": %" PRIu64
-                   ", \"cache_dir\": ",
+                   ", \"model\": ",
                 model_name(), opt.users, opt.turns, opt.samples, opt.answer, g_sys_tokens,
                 opt.msg_min, opt.msg_max, opt.block_size, kv_name(), dur_name(), opt.threads,
                 opt.seed);
+        if (opt.preset) fprintf(f, "null");
+        else json_str(f, opt.model_path);
+        fprintf(f, ", \"cache_dir\": ");
         json_str(f, opt.cache_dir);
         fprintf(f, "},\n");
         fprintf(f, "  \"cold\": ");
@@ -1256,9 +1277,11 @@ static int report(const pass_result *cold, const pass_result *warm) {
                 ",\n  \"ttft_speedup_median\": %.3f, \"ttft_speedup_per_request_median\": %.3f, "
                 "\"ttft_speedup_per_request_min\": %.3f, \"ttft_speedup_first_request\": %.3f, "
                 "\"target_speedup\": %.1f, \"target_met\": %s,\n  \"answers\": %zu, "
-                "\"answers_identical\": %s, \"mismatches\": %zu\n}\n",
+                "\"answers_identical\": %s, \"mismatches\": %zu",
                 ratio_of_medians, med_ratio, min_ratio, first_ratio, TARGET_RATIO,
                 met ? "true" : "false", cold->n_gen, bad ? "false" : "true", bad);
+        if (!opt.preset) json_answers(f, w, warm);
+        fprintf(f, "\n}\n");
     } else {
         char a[32], b[32];
         printf("\n");
@@ -1420,7 +1443,7 @@ int main(int argc, char **argv) {
     if (!opt.quiet)
         fprintf(stderr, "\nwarm run: a new process restarted on the same cache directory\n");
     run_child(RUN_WARM, argv, argc, &warm);
-    const int rc = report(&cold, &warm);
+    const int rc = report(&w, &cold, &warm);
     if (!opt.preset && !opt.json) print_answers(&w, &cold, &warm);
     fflush(stdout); /* the summary before what follows on stderr */
     if (opt.own_dir && rc == 0) {
