@@ -22,7 +22,8 @@
  * (pkv_seq_fork). Then it prints per run: requests, prompt tokens computed vs
  * reused, hit rate, time to first token (median, p90) and total time; then the
  * warm/cold TTFT ratio and whether every generated token sequence of the warm run
- * equals the cold run's. See docs/demo.md.
+ * equals the cold run's; for the real chat, the questions and answers as text.
+ * See docs/demo.md.
  *
  * Exit status: 0 when both runs succeed and their outputs are identical, 1 on an
  * error or a mismatch, 2 on a bad command line.
