@@ -256,6 +256,23 @@ Test(demo, a_cache_of_another_preset_is_refused_with_PKV_EMODEL)
                                          NULL});
 }
 
+/* Without the model file the demo says how to get it, or how to do without. */
+Test(demo, a_missing_model_file_says_how_to_get_it)
+{
+    char missing[512];
+    pt_path(missing, sizeof missing, "no-such-model.gguf");
+    demo_run d;
+    demo_start_with(&d, "missing", NULL, (const char *const[]){"--model", missing, "--quiet", NULL},
+                    NULL);
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 1, "exit %d\nstderr:\n%s", code, err);
+    cr_assert(strstr(err, missing) && strstr(err, "scripts/get-model.sh") && strstr(err, "--preset"),
+              "the message does not name the file, get-model.sh and --preset:\n%s", err);
+    free(out);
+    free(err);
+}
+
 /* The GGUF model file named by PKV_MODEL, or skip. */
 static const char *real_model(void)
 {
