@@ -215,8 +215,9 @@ void pkv_options_init(pkv_options *opt);
 /* Create the cache directory `dir` (mode 0700) and its arena file (mode 0600) or
  * open an existing one. A writable open fdatasyncs the arena and the recovered log
  * before it counts the recovered records durable (a NONE-mode writer that crashed
- * may have left them in the page cache only). On reopen the stored geometry and model identity must
- * equal `opt`'s, else PKV_EGEOMETRY / PKV_EMODEL and nothing on disk changes.
+ * may have left them in the page cache only). On reopen the stored model identity
+ * and geometry must equal `opt`'s, else PKV_EMODEL (checked first: another model
+ * whatever its sizes) / PKV_EGEOMETRY, and nothing on disk changes.
  * The arena is preallocated, so a full disk fails here with PKV_ENOSPC. A second
  * writable open of the same directory, in this or another process, fails with
  * PKV_EBUSY (PKV_OPEN_RDONLY opens take no lock). On failure *out is NULL.

@@ -318,6 +318,11 @@ static int arena_link(const pkv_arena *a, const char *dir) {
 static int check_matches(const pkv_arena *a, const pkv_geometry *want,
                          const pkv_options *opt) {
     const pkv_geometry *g = &a->geo;
+    /* The identity first: a cache of another model is refused as that, whatever its
+     * geometry, so the caller learns the cause rather than a size that follows from it. */
+    if (strcmp(a->model_id, opt->model_id) != 0)
+        return pkv_err(PKV_EMODEL, "cache holds KV of model \"%s\", requested \"%s\"",
+                       a->model_id, opt->model_id);
 #define SAME(f)                                                                 \
     if (g->f != want->f)                                                        \
         return pkv_err(PKV_EGEOMETRY, "cache has " #f " %llu, requested %llu",   \
@@ -331,9 +336,6 @@ static int check_matches(const pkv_arena *a, const pkv_geometry *want,
         return pkv_err(PKV_EGEOMETRY, "cache has capacity %llu blocks, requested %llu",
                        (unsigned long long)g->capacity,
                        (unsigned long long)want->capacity);
-    if (strcmp(a->model_id, opt->model_id) != 0)
-        return pkv_err(PKV_EMODEL, "cache holds KV of model \"%s\", requested \"%s\"",
-                       a->model_id, opt->model_id);
     return 0;
 }
 

@@ -1,5 +1,7 @@
 /* pkv-demo (tools/pkv-demo.c), run as a program on a tiny workload: which cache
- * directory it uses, and that it never empties one another process holds. */
+ * directory it uses, that it never empties one another process holds, that a
+ * cache of another model is refused, and the real chat on the GGUF model named by
+ * PKV_MODEL (skipped without it): identical answers cold and warm. */
 #include "pkv_test.h"
 
 #include <dirent.h>
@@ -43,17 +45,22 @@ typedef struct demo_run {
     char out[600], err[600];
 } demo_run;
 
-/* Start pkv-demo with a tiny workload, `extra` arguments, and TMPDIR=tmpdir
+static const char *const TINY[] = {"--preset", "tiny", "--users", "1", "--turns", "1",
+                                   "--samples", "1", "--system-tokens", "64",
+                                   "--message-tokens", "16-32", "--answer-tokens", "4",
+                                   "--quiet", NULL};
+
+/* Start pkv-demo with the `base` arguments then the `extra` ones, and TMPDIR=tmpdir
  * (when not NULL); `tag` names its output files. */
-static void demo_start(demo_run *d, const char *tag, const char *tmpdir, const char *const *extra)
+static void demo_start_with(demo_run *d, const char *tag, const char *tmpdir,
+                            const char *const *base, const char *const *extra)
 {
     const char *demo = getenv("PKV_DEMO");
     cr_assert(demo && *demo, "PKV_DEMO is not set (meson sets it to the built tools/pkv-demo)");
-    const char *argv[40] = {demo, "--preset", "tiny", "--users", "1", "--turns", "1",
-                            "--samples", "1", "--system-tokens", "64", "--message-tokens",
-                            "16-32", "--answer-tokens", "4", "--quiet"};
-    size_t n = 16;
-    for (size_t i = 0; extra && extra[i] && n < 39; i++) argv[n++] = extra[i];
+    const char *argv[48] = {demo};
+    size_t n = 1;
+    for (size_t i = 0; base[i] && n < 47; i++) argv[n++] = base[i];
+    for (size_t i = 0; extra && extra[i] && n < 47; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     char tmpenv[600];
     const char *envp[256];
@@ -77,6 +84,12 @@ static void demo_start(demo_run *d, const char *tag, const char *tmpdir, const c
     int e = posix_spawn(&d->pid, demo, &fa, NULL, (char *const *)argv, (char *const *)envp);
     posix_spawn_file_actions_destroy(&fa);
     cr_assert_eq(e, 0, "spawn %s: %s", demo, strerror(e));
+}
+
+/* The seeded tiny workload. */
+static void demo_start(demo_run *d, const char *tag, const char *tmpdir, const char *const *extra)
+{
+    demo_start_with(d, tag, tmpdir, TINY, extra);
 }
 
 /* Wait for it: its exit status; *out and *err receive its output (malloc'd). */
@@ -207,6 +220,141 @@ Test(demo, a_warm_run_alone_needs_a_cache_dir)
     free(err);
 }
 
+/* A cache is refused, not served, when the model differs: PKV_EMODEL named, with
+ * the directory, even when the other model also has other sizes. */
+static void expect_refused(const char *dir, const char *const *base, const char *const *extra)
+{
+    demo_run d;
+    demo_start_with(&d, "refused", NULL, base, extra);
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 1, "exit %d\nstdout:\n%s\nstderr:\n%s", code, out, err);
+    cr_assert(strstr(err, "PKV_EMODEL") && strstr(err, "another model") && strstr(err, dir),
+              "the refusal does not say PKV_EMODEL, another model and the directory:\n%s", err);
+    free(out);
+    free(err);
+}
+
+static void cold_tiny(const char *dir)
+{
+    demo_run d;
+    demo_start(&d, "cold", NULL, (const char *const[]){"--run", "cold", "--cache-dir", dir, NULL});
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 0, "exit %d\nstderr:\n%s", code, err);
+    free(out);
+    free(err);
+}
+
+Test(demo, a_cache_of_another_preset_is_refused_with_PKV_EMODEL)
+{
+    char dir[512];
+    pt_path(dir, sizeof dir, "tinycache");
+    cold_tiny(dir);
+    expect_refused(dir, TINY,
+                   (const char *const[]){"--preset", "small", "--run", "warm", "--cache-dir", dir,
+                                         NULL});
+}
+
+/* Without the model file the demo says how to get it, or how to do without. */
+Test(demo, a_missing_model_file_says_how_to_get_it)
+{
+    char missing[512];
+    pt_path(missing, sizeof missing, "no-such-model.gguf");
+    demo_run d;
+    demo_start_with(&d, "missing", NULL, (const char *const[]){"--model", missing, "--quiet", NULL},
+                    NULL);
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 1, "exit %d\nstderr:\n%s", code, err);
+    cr_assert(strstr(err, missing) && strstr(err, "scripts/get-model.sh") && strstr(err, "--preset"),
+              "the message does not name the file, get-model.sh and --preset:\n%s", err);
+    free(out);
+    free(err);
+}
+
+/* The GGUF model file named by PKV_MODEL, or skip. */
+static const char *real_model(void)
+{
+    const char *p = getenv("PKV_MODEL");
+    struct stat st;
+    if (!p || !*p || stat(p, &st))
+        cr_skip_test("PKV_MODEL %s: the real-model demo tests need the GGUF file "
+                     "(scripts/test.sh sets PKV_MODEL from scripts/get-model.sh)",
+                     p && *p ? "names no file" : "is not set");
+    return p;
+}
+
+Test(demo, a_seeded_cache_is_refused_by_the_real_model_with_PKV_EMODEL)
+{
+    const char *model = real_model();
+    char dir[512];
+    pt_path(dir, sizeof dir, "tinycache");
+    cold_tiny(dir);
+    expect_refused(dir, (const char *const[]){"--model", model, "--quiet", NULL},
+                   (const char *const[]){"--run", "warm", "--cache-dir", dir, NULL});
+}
+
+/* "  prompt tokens       N computed" of the section starting at `title`. */
+static long computed_in(const char *out, const char *title)
+{
+    const char *p = strstr(out, title);
+    cr_assert_not_null(p, "no '%s' in:\n%s", title, out);
+    p = strstr(p, "prompt tokens");
+    cr_assert_not_null(p, "no prompt tokens line after '%s'", title);
+    p += strlen("prompt tokens");
+    long v = 0;
+    for (; *p == ' ' || (*p >= '0' && *p <= '9') || *p == ','; p++)
+        if (*p >= '0' && *p <= '9') v = v * 10 + (*p - '0');
+    return v;
+}
+
+/* The real chat, short: a system prompt of a few hundred tokens, 2 users x 2 turns
+ * with a forked request; the warm restart computes fewer prompt tokens and answers
+ * token for token as the cold run did, and the answers are printed as text. */
+Test(demo, real_model_answers_identically_after_a_warm_restart)
+{
+    const char *model = real_model();
+    char sys[512], q[512];
+    pt_path(sys, sizeof sys, "system.txt");
+    pt_path(q, sizeof q, "questions.txt");
+    FILE *f = fopen(sys, "w");
+    cr_assert_not_null(f);
+    fputs("You are the support assistant of pagedkv, a persistent KV cache for language "
+          "model inference. pagedkv keeps the keys and values that a model computes for a "
+          "prompt in a file on disk, in blocks of sixteen tokens. A new prompt that starts "
+          "like an earlier one reuses its blocks, so the model computes only the new "
+          "tokens, and the first answer token comes much sooner. The cache survives a "
+          "restart of the server: the blocks are found again after the write-ahead log is "
+          "replayed. A cache filled by another model is refused with the error PKV_EMODEL. "
+          "Answer in one short sentence.", f);
+    cr_assert_eq(fclose(f), 0);
+    f = fopen(q, "w");
+    cr_assert_not_null(f);
+    fputs("# test questions\nWhat does pagedkv keep on disk?\nWhat happens after a restart?\n"
+          "Which error refuses a cache of another model?\nWhy is the first token faster?\n", f);
+    cr_assert_eq(fclose(f), 0);
+    demo_run d;
+    demo_start_with(&d, "real", NULL,
+                    (const char *const[]){"--model", model, "--prompt-file", sys,
+                                          "--questions-file", q, "--users", "2", "--turns", "2",
+                                          "--samples", "2", "--answer-tokens", "8", "--quiet",
+                                          NULL},
+                    NULL);
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 0, "exit %d\nstdout:\n%s\nstderr:\n%s", code, out, err);
+    cr_assert(strstr(out, "identical in both runs: yes"), "answers differ:\n%s", out);
+    const long cold = computed_in(out, "cold run:"), warm = computed_in(out, "warm run:");
+    cr_assert(cold > 100 && warm > 0 && warm < cold / 4,
+              "prompt tokens computed: cold %ld, warm %ld:\n%s", cold, warm, out);
+    cr_assert(strstr(out, "Q1: What does pagedkv keep on disk?") && strstr(out, "A2: ") &&
+                  strstr(out, "sample 1"),
+              "the questions and answers are not printed:\n%s", out);
+    free(out);
+    free(err);
+}
+
 /* ---- scripts/demo.sh ---------------------------------------------------------------- */
 
 static void write_exec(const char *path, const char *text)
@@ -218,9 +366,10 @@ static void write_exec(const char *path, const char *text)
     cr_assert_eq(chmod(path, 0700), 0);
 }
 
-/* Run a copy of scripts/demo.sh in a tree of its own (bootstrap.sh a no-op) with
- * the stub meson and ninja given; its exit status, stderr in *err. */
-static int demo_sh(const char *meson, const char *ninja, char **err)
+/* Run a copy of scripts/demo.sh in a tree of its own (bootstrap.sh a no-op,
+ * get-model.sh printing /models/m.gguf) with the stub meson and ninja given and
+ * `arg` as its argument; its exit status, stderr in *err. */
+static int demo_sh_arg(const char *meson, const char *ninja, const char *arg, char **err)
 {
     const char *src = getenv("DEMO_SH");
     cr_assert(src && *src, "DEMO_SH is not set (meson sets it to scripts/demo.sh)");
@@ -237,6 +386,8 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     free(script);
     snprintf(p, sizeof p, "%s/scripts/bootstrap.sh", repo);
     write_exec(p, "#!/bin/sh\nexit 0\n");
+    snprintf(p, sizeof p, "%s/scripts/get-model.sh", repo);
+    write_exec(p, "#!/bin/sh\necho /models/m.gguf\n");
     snprintf(p, sizeof p, "%s/meson", bin);
     write_exec(p, meson);
     snprintf(p, sizeof p, "%s/ninja", bin);
@@ -253,7 +404,7 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     pt_path(out, sizeof out, "sh.out");
     pt_path(errp, sizeof errp, "sh.err");
     snprintf(p, sizeof p, "%s/scripts/demo.sh", repo);
-    const char *argv[] = {"bash", p, "--help", NULL};
+    const char *argv[] = {"bash", p, arg, NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -267,6 +418,32 @@ static int demo_sh(const char *meson, const char *ninja, char **err)
     *err = slurp(errp);
     cr_assert(WIFEXITED(st), "demo.sh died of signal %d", WTERMSIG(st));
     return WEXITSTATUS(st);
+}
+
+static int demo_sh(const char *meson, const char *ninja, char **err)
+{
+    return demo_sh_arg(meson, ninja, "--help", err);
+}
+
+/* demo.sh runs the real model that get-model.sh fetched, unless --preset asks for
+ * the seeded one (then nothing is fetched). The stub pkv-demo prints its arguments. */
+Test(demo, demo_sh_runs_the_real_model_unless_a_preset_is_asked_for)
+{
+    const char *meson = "#!/bin/sh\nmkdir -p build-release/tools && touch build-release/build.ninja"
+                        " && printf '#!/bin/sh\\necho \"pkv-demo $*\" >&2\\n' > "
+                        "build-release/tools/pkv-demo && chmod +x build-release/tools/pkv-demo\n";
+    const char *ninja = "#!/bin/sh\necho 'ninja: no work to do.'\n";
+    char *err;
+    int code = demo_sh_arg(meson, ninja, "--quiet", &err);
+    cr_assert_eq(code, 0, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "pkv-demo --model /models/m.gguf --quiet"),
+              "demo.sh does not run the fetched model:\n%s", err);
+    free(err);
+    code = demo_sh_arg(meson, ninja, "--preset", &err);
+    cr_assert_eq(code, 0, "exit %d, stderr:\n%s", code, err);
+    cr_assert(strstr(err, "pkv-demo --preset") && !strstr(err, "--model"),
+              "demo.sh --preset does not run the seeded model alone:\n%s", err);
+    free(err);
 }
 
 /* A new user's first run builds for a minute or two: demo.sh says so on stderr,
