@@ -11,6 +11,7 @@
 #include "fixture_json.h"
 #include "gguf.h"
 #include "gguf_build.h"
+#include "model_file.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -254,26 +255,6 @@ Test(gguf, missing_file_is_an_io_error) {
 
 /* ---- The real model ------------------------------------------------------------ */
 
-/* $PKV_MODEL, else where scripts/get-model.sh puts it; skips when absent. */
-static const char *model_path(void) {
-    static char buf[4096];
-    const char *p = getenv("PKV_MODEL");
-    if (!p || !*p) {
-        const char *cache = getenv("PKV_MODEL_CACHE"), *home = getenv("HOME");
-        if (cache && *cache)
-            snprintf(buf, sizeof buf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-        else
-            snprintf(buf, sizeof buf, "%s/.cache/pagedkv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                     home ? home : "/tmp");
-        p = buf;
-    }
-    FILE *f = fopen(p, "rb");
-    if (!f) cr_skip_test("model file %s is absent: run scripts/get-model.sh (scripts/test.sh "
-                         "does) or set PKV_MODEL", p);
-    fclose(f);
-    return p;
-}
-
 static fj *fixture(void) {
     const char *err = NULL;
     fj *fx = fj_load(PKV_FIXTURE_DIR "/smollm2-fixture.json", &err);
@@ -282,7 +263,7 @@ static fj *fixture(void) {
 }
 
 Test(gguf_model, smollm2_hyper_parameters) {
-    const char *path = model_path();
+    const char *path = pt_model_path();
     pkv_gguf *g;
     cr_assert_eq(pkv_gguf_open(path, &g), 0, "%s", pkv_gguf_last_error());
     uint32_t u;
@@ -318,7 +299,7 @@ Test(gguf_model, smollm2_hyper_parameters) {
 }
 
 Test(gguf_model, rows_match_the_reference_dequantization) {
-    const char *path = model_path();
+    const char *path = pt_model_path();
     fj *fx = fixture();
     pkv_gguf *g;
     cr_assert_eq(pkv_gguf_open(path, &g), 0, "%s", pkv_gguf_last_error());

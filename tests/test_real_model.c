@@ -9,31 +9,13 @@
 #include "fixture_json.h"
 #include "gguf.h"
 #include "model.h"
+#include "model_file.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *model_path(void) {
-    static char buf[4096];
-    const char *p = getenv("PKV_MODEL");
-    if (!p || !*p) {
-        const char *cache = getenv("PKV_MODEL_CACHE"), *home = getenv("HOME");
-        if (cache && *cache)
-            snprintf(buf, sizeof buf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-        else
-            snprintf(buf, sizeof buf, "%s/.cache/pagedkv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                     home ? home : "/tmp");
-        p = buf;
-    }
-    FILE *f = fopen(p, "rb");
-    if (!f) cr_skip_test("model file %s is absent: run scripts/get-model.sh (scripts/test.sh "
-                         "does) or set PKV_MODEL", p);
-    fclose(f);
-    return p;
-}
 
 /* A contiguous f32 K/V buffer for max_ctx tokens, seen as one block. */
 typedef struct kvbuf {
@@ -72,7 +54,7 @@ static void run(pkvm_model *m, kvbuf *k, const uint32_t *tokens, size_t from, si
 }
 
 static void check_prompts(size_t max_tokens) {
-    const char *path = model_path();
+    const char *path = pt_model_path();
     const char *err = NULL;
     fj *fx = fj_load(PKV_FIXTURE_DIR "/smollm2-fixture.json", &err);
     cr_assert_not_null(fx, "fixture: %s", err);

@@ -12,6 +12,7 @@
 #include "fixture_json.h"
 #include "gguf_build.h"
 #include "tokenizer.h"
+#include "model_file.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -183,25 +184,6 @@ Test(tokenizer, unsupported_or_inconsistent_tokenizers_are_refused) {
 
 /* ---- The real model ------------------------------------------------------------ */
 
-static const char *model_path(void) {
-    static char buf[4096];
-    const char *p = getenv("PKV_MODEL");
-    if (!p || !*p) {
-        const char *cache = getenv("PKV_MODEL_CACHE"), *home = getenv("HOME");
-        if (cache && *cache)
-            snprintf(buf, sizeof buf, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-        else
-            snprintf(buf, sizeof buf, "%s/.cache/pagedkv/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                     home ? home : "/tmp");
-        p = buf;
-    }
-    FILE *f = fopen(p, "rb");
-    if (!f) cr_skip_test("model file %s is absent: run scripts/get-model.sh (scripts/test.sh "
-                         "does) or set PKV_MODEL", p);
-    fclose(f);
-    return p;
-}
-
 typedef struct real {
     pkv_gguf *g;
     pkv_tok *t;
@@ -209,7 +191,7 @@ typedef struct real {
 } real;
 
 static void real_open(real *r) {
-    const char *path = model_path();
+    const char *path = pt_model_path();
     cr_assert_eq(pkv_gguf_open(path, &r->g), 0, "%s", pkv_gguf_last_error());
     cr_assert_eq(pkv_tok_load(r->g, &r->t), 0, "%s", pkv_tok_last_error());
     const char *err = NULL;
