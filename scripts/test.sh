@@ -11,9 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-# The real model file for the tests that read it (tests/test_gguf.c,
-# tests/test_tokenizer.c) is named to them by PKV_MODEL; without it they skip,
-# which CI does not accept.
+# The real model file for the tests that read it (test_gguf, test_tokenizer,
+# test_real_model, test_demo) is named to them by PKV_MODEL; without it they
+# skip, which CI does not accept.
 if PKV_MODEL=$(scripts/get-model.sh); then
   export PKV_MODEL
 elif [ "${CI:-}" = true ]; then
