@@ -105,8 +105,10 @@ int pkv_inspect_check_block(pkv_cache *cache, uint32_t b, pkv_block_check *out);
 int pkv_inspect_depths(pkv_cache *cache, uint32_t *out, size_t cap);
 
 /* The longest chain of sealed, not BAD blocks that the full blocks of
- * tokens[0 .. n) hit under salt (the match pkv_seq_open makes, exact: hash,
- * parent, salt and token ids), into out[0 .. *nblocks), in chain order. It
+ * tokens[0 .. n) hit under salt (exact, as pkv_seq_open matches: hash, parent,
+ * salt and token ids), into out[0 .. *nblocks), in chain order. Every full block
+ * counts, where pkv_seq_open attaches at most (n - 1) / block_size of them (it
+ * leaves the last token to compute). It
  * changes nothing: no sequence, no refcount, no LRU order, no payload check
  * (pkv_inspect_check_block does that). Stops after cap blocks.
  * Errors: PKV_EINVAL (cache NULL, nblocks NULL, tokens NULL with n > 0, out NULL

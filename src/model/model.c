@@ -359,12 +359,14 @@ int pkvm_config_from_gguf(const pkv_gguf *g, pkvm_config *out) {
 }
 
 /* Tensor `name` as rows x cols floats (GGUF: ne[0] = cols, the input width). */
+/* dst NULL: only check that the tensor is there with the right shape. */
 static int load_rows(const pkv_gguf *g, const char *name, size_t rows, size_t cols, float *dst) {
     const pkv_gguf_tensor *t = pkv_gguf_tensor_find(g, name);
     if (!t) return merr(PKV_EINVAL, "tensor %s is missing", name);
     if (t->ne[0] != cols || t->n_rows != rows)
         return merr(PKV_EINVAL, "tensor %s is [%llu x %llu], expected [%zu x %zu]", name,
                     (unsigned long long)t->n_rows, (unsigned long long)t->ne[0], rows, cols);
+    if (!dst) return 0;
     int rc = pkv_gguf_tensor_f32(t, dst);
     return rc ? merr(rc, "%s", pkv_gguf_last_error()) : 0;
 }
@@ -387,6 +389,7 @@ static int unpermute_heads(float *w, size_t heads, size_t hd, size_t cols) {
     return 0;
 }
 
+/* w NULL: only check the layer's tensors (names and shapes). */
 static int load_layer(const pkv_gguf *g, const pkvm_config *c, size_t l, layer_w *w) {
     const size_t D = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads,
                  F = c->ffn_dim;
@@ -394,7 +397,7 @@ static int load_layer(const pkv_gguf *g, const pkvm_config *c, size_t l, layer_w
 #define LOAD(suffix, rows, cols, dst)                                                  \
     do {                                                                                \
         snprintf(name, sizeof name, "blk.%zu." suffix ".weight", l);                   \
-        int rc_ = load_rows(g, name, rows, cols, dst);                                  \
+        int rc_ = load_rows(g, name, rows, cols, w ? (dst) : NULL);                     \
         if (rc_) return rc_;                                                            \
     } while (0)
     LOAD("attn_norm", 1, D, w->attn_norm);
@@ -407,6 +410,7 @@ static int load_layer(const pkv_gguf *g, const pkvm_config *c, size_t l, layer_w
     LOAD("ffn_up", F, D, w->w13 + F * D);
     LOAD("ffn_down", D, F, w->w2);
 #undef LOAD
+    if (!w) return 0;
     int rc = unpermute_heads(w->wqkv, nh, hd, D);
     return rc ? rc : unpermute_heads(w->wqkv + nh * hd * D, nkv, hd, D);
 }
@@ -416,6 +420,10 @@ int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out) {
     *out = NULL;
     pkvm_config cfg;
     int rc = pkvm_config_from_gguf(g, &cfg);
+    /* Every tensor is checked before the weights are allocated: their sizes come
+     * from the file's header, and only tensors present in the file bound them. */
+    if (!rc) rc = load_rows(g, "token_embd.weight", cfg.vocab, cfg.dim, NULL);
+    for (size_t l = 0; l < cfg.n_layers && !rc; l++) rc = load_layer(g, &cfg, l, NULL);
     pkvm_model *m = NULL;
     if (!rc) rc = model_alloc(&cfg, &m);
     if (rc) return rc;
