@@ -96,8 +96,18 @@ static const char *prog = "pkv-demo";
 #ifndef PKV_DEMO_DATA_DIR
 #define PKV_DEMO_DATA_DIR "tools/demo" /* meson names the source tree's */
 #endif
+#ifndef PKV_DEMO_SHARE_DIR
+#define PKV_DEMO_SHARE_DIR "/usr/local/share/pagedkv/demo" /* meson names the installed one */
+#endif
 #define SYSTEM_FILE "system-prompt.md"
 #define QUESTIONS_FILE "questions.txt"
+
+/* The real chat's text: the source tree's copy when this binary was built from a
+ * tree that is still there, else the installed copy. */
+static const char *demo_data_dir(void) {
+    return access(PKV_DEMO_DATA_DIR "/" SYSTEM_FILE, R_OK) == 0 ? PKV_DEMO_DATA_DIR
+                                                                 : PKV_DEMO_SHARE_DIR;
+}
 
 /* Where scripts/get-model.sh puts the SmolLM2 file. */
 static const char *default_model_path(void) {
@@ -151,8 +161,8 @@ static void usage(FILE *f) {
             "  --json                print the summary as JSON on stdout\n"
             "  --quiet               no progress on stderr\n"
             "  --help                this text\n",
-            default_model_path(), pkvm_preset_names(), PKV_DEMO_DATA_DIR, SYSTEM_FILE,
-            PKV_DEMO_DATA_DIR, QUESTIONS_FILE);
+            default_model_path(), pkvm_preset_names(), demo_data_dir(), SYSTEM_FILE,
+            demo_data_dir(), QUESTIONS_FILE);
 }
 
 static _Noreturn void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -198,8 +208,15 @@ static void resolve_defaults(void) {
     if (!opt.samples) opt.samples = real ? 2 : 3;
     if (!opt.answer) opt.answer = real ? 48 : 32;
     if (!opt.threads) opt.threads = real && sysconf(_SC_NPROCESSORS_ONLN) >= 2 ? 2 : 1;
-    if (real && !opt.prompt_file) opt.prompt_file = PKV_DEMO_DATA_DIR "/" SYSTEM_FILE;
-    if (real && !opt.questions_file) opt.questions_file = PKV_DEMO_DATA_DIR "/" QUESTIONS_FILE;
+    static char sys_path[4200], q_path[4200];
+    if (real && !opt.prompt_file) {
+        snprintf(sys_path, sizeof sys_path, "%s/%s", demo_data_dir(), SYSTEM_FILE);
+        opt.prompt_file = sys_path;
+    }
+    if (real && !opt.questions_file) {
+        snprintf(q_path, sizeof q_path, "%s/%s", demo_data_dir(), QUESTIONS_FILE);
+        opt.questions_file = q_path;
+    }
 }
 
 static void parse_args(int argc, char **argv) {
