@@ -25,6 +25,7 @@ import time
 from array import array
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 import stubload  # noqa: E402
 
