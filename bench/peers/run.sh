@@ -14,7 +14,8 @@
 # references of the prompts. Opt-in: big downloads, never run by CI.
 #
 #   bench/peers/run.sh [--rounds N] [--limit N] [--capacities "2097152 204800"]
-#                      [--trace FILE] [--systems "pagedkv vllm sglang"]
+#                      [--trace FILE] [--systems "pagedkv vllm sglang"] [--out FILE]
+# --out FILE keeps every run's raw line (key=value pairs) besides the table.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -26,6 +27,7 @@ ROUNDS=3
 LIMIT=0
 CAPS="2097152 204800"
 SYSTEMS="pagedkv vllm sglang"
+OUTFILE=
 while [ $# -gt 0 ]; do
     case "$1" in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -33,7 +35,8 @@ while [ $# -gt 0 ]; do
     --capacities) CAPS=$2; shift 2 ;;
     --trace) TRACE=$2; shift 2 ;;
     --systems) SYSTEMS=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --out) OUTFILE=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -92,6 +95,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 
+[ -z "$OUTFILE" ] || cp "$RES" "$OUTFILE"
 "$PY" - "$RES" "$ZT" "$LIMIT" <<'PYEOF'
 import json, statistics, sys
 rows = [dict(kv.split("=", 1) for kv in l.split()) for l in open(sys.argv[1]) if l.strip()]

