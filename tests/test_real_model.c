@@ -25,7 +25,7 @@
 /* Per K/V dtype: the largest |logit - reference| a prompt may show, and whether
  * a continuation may leave the reference at a near-tie. f32 K/V is the issue's
  * 1e-3 with no divergence; the rounding of f16 and bf16 K/V moves logits by
- * about 0.009 and 0.08 on the fixture, and the bounds leave 3x for other text. */
+ * about 0.009 and 0.08 on the fixture, and the bounds leave about 3x for other text. */
 typedef struct tolerance {
     pkv_dtype dt;
     const char *name;
