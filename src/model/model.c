@@ -17,6 +17,7 @@
 #include "gguf.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -764,16 +765,27 @@ uint32_t pkvm_argmax(const float *logits, uint32_t vocab) {
     return best;
 }
 
+/* Whether token a comes before token b in the order (logit descending, index
+ * ascending). */
+static inline bool rank_before(const float *logits, uint32_t a, uint32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
 uint32_t pkvm_rank(const float *logits, uint32_t vocab, uint32_t k) {
-    /* The k-th element of the order (logit descending, index ascending). */
+    /* The k-th element of the order, by k + 1 passes that each take the first
+     * token after the previous one: O(vocab * k), for the small k samplers use. */
     if (k >= vocab) k = vocab - 1;
-    for (uint32_t i = 0; i < vocab; i++) {
-        uint32_t above = 0;
-        for (uint32_t j = 0; j < vocab; j++)
-            if (logits[j] > logits[i] || (logits[j] == logits[i] && j < i)) above++;
-        if (above == k) return i;
+    uint32_t prev = UINT32_MAX;
+    for (uint32_t r = 0; r <= k; r++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t i = 0; i < vocab; i++) {
+            if (prev != UINT32_MAX && !rank_before(logits, prev, i)) continue;
+            if (best == UINT32_MAX || rank_before(logits, i, best)) best = i;
+        }
+        if (best == UINT32_MAX) return 0; /* NaN logits: no order */
+        prev = best;
     }
-    return 0;
+    return prev;
 }
 
 /* ---- Paged path --------------------------------------------------------------------- */
