@@ -374,8 +374,7 @@ static int rebuild(pkv_cache *c, uint64_t valid_blocks, bool drop_all, bool cut_
      * a buggy version) from holding a hash that does not match the block's chain,
      * or two identical sealed blocks. Either would leave the cache violating I8 /
      * I9 (pkv_check fails, the prefix index names the wrong content), so both are
-     * dropped here like a broken chain, with everything chained below them
-     * (found by fuzz/fuzz_record.c). */
+     * dropped here like a broken chain, with everything chained below them. */
     {
         bool any = false;
         for (uint32_t b = 0; b < cap; b++) {
@@ -580,8 +579,8 @@ static void chain_continue(pkv_cache *c, uint64_t base, const uint64_t *dig,
     w->chain_len = (uint32_t)c->rec.checkpoint_deltas;
     w->chain_raw = ch->chain_raw;
     w->base_raw = ch->base_raw;
-    /* The full checkpoint that would have come next used to delete leftovers of
-     * an interrupted clean-up (older ckpt- files, stale deltas); do it now. */
+    /* A full checkpoint deletes the leftovers of an interrupted clean-up (older
+     * ckpt- files, stale deltas); the chain continues instead, so delete them now. */
     pkv_ckpt_remove_stale(w, base);
 }
 
