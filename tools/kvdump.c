@@ -1819,14 +1819,14 @@ static void verify_log_files(const kd_hdr *h, const kd_log *L, vlist *prob, vlis
 static uint32_t verify_log_end(const kd_log *L, vlist *prob, vlist *notes) {
     uint32_t flags = 0;
     switch (L->end_reason) {
-    case KD_END_CORRUPT:
-    case KD_END_GAP:
-    case KD_END_BAD_RECORD:
-        vadd(prob, L->end_reason == KD_END_GAP ? "log_gap" :
-             L->end_reason == KD_END_CORRUPT ? "log_corrupt" : "log_bad_record",
+    case PKV_LOG_END_CORRUPT:
+    case PKV_LOG_END_GAP:
+    case PKV_LOG_END_BAD_RECORD:
+        vadd(prob, L->end_reason == PKV_LOG_END_GAP ? "log_gap" :
+             L->end_reason == PKV_LOG_END_CORRUPT ? "log_corrupt" : "log_bad_record",
              UINT64_MAX, UINT64_MAX, "log segment %llu offset %llu: %s",
              (unsigned long long)L->end_seg, (unsigned long long)L->end_off, L->end_detail);
-        if (L->end_reason != KD_END_BAD_RECORD) flags = PKV_OPEN_POINT_IN_TIME;
+        if (L->end_reason != PKV_LOG_END_BAD_RECORD) flags = PKV_OPEN_POINT_IN_TIME;
         break;
     default:
         break;

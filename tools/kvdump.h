@@ -17,6 +17,7 @@
 
 #include "pagedkv.h"
 #include "pagedkv_inspect.h"
+#include "pagedkv_log.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -211,19 +212,7 @@ const char *kd_optval(const kd_opt *opts, const char *name);
 
 /* ---- Log scanner (kvdump_wal.c) -------------------------------------------- */
 
-enum kd_end {
-    KD_END_NONE = 0,   /* no log segment was read */
-    KD_END_CLEAN,      /* only zeros follow the last frame */
-    KD_END_EOF,        /* the segment file ends (full, or too short for a frame) */
-    KD_END_STALE,      /* a frame of the segment's previous life (another epoch) */
-    KD_END_GARBAGE,    /* bytes that are not a frame header */
-    KD_END_TORN,       /* a frame of this epoch that fails its length or checksum */
-    KD_END_NOT_NEXT,   /* a valid frame that does not continue the log */
-    KD_END_CORRUPT,    /* damage followed by valid frames: recovery fails */
-    KD_END_GAP,        /* a later segment starts after a hole in the LSNs */
-    KD_END_BAD_RECORD, /* an invalid record inside a valid frame: recovery fails */
-    KD_END_IN_PROGRESS,/* a frame completed while it was read (a live writer) */
-};
+/* End reasons: PKV_LOG_END_* of pagedkv_log.h. */
 const char *kd_end_name(int reason);
 
 typedef struct kd_seg {

@@ -31,17 +31,17 @@ uint64_t kd_spare_strays(uint64_t spare_mask) { return pkv_logview_spare_strays(
 
 const char *kd_end_name(int r) {
     switch (r) {
-    case KD_END_NONE:       return "no_log";
-    case KD_END_CLEAN:      return "clean";
-    case KD_END_EOF:        return "end_of_segment";
-    case KD_END_STALE:      return "stale_frame";
-    case KD_END_GARBAGE:    return "garbage";
-    case KD_END_TORN:       return "torn_frame";
-    case KD_END_NOT_NEXT:   return "not_continuation";
-    case KD_END_CORRUPT:    return "corrupt";
-    case KD_END_GAP:        return "gap";
-    case KD_END_BAD_RECORD: return "bad_record";
-    case KD_END_IN_PROGRESS: return "in_progress";
+    case PKV_LOG_END_NONE:       return "no_log";
+    case PKV_LOG_END_CLEAN:      return "clean";
+    case PKV_LOG_END_EOF:        return "end_of_segment";
+    case PKV_LOG_END_STALE:      return "stale_frame";
+    case PKV_LOG_END_GARBAGE:    return "garbage";
+    case PKV_LOG_END_TORN:       return "torn_frame";
+    case PKV_LOG_END_NOT_NEXT:   return "not_continuation";
+    case PKV_LOG_END_CORRUPT:    return "corrupt";
+    case PKV_LOG_END_GAP:        return "gap";
+    case PKV_LOG_END_BAD_RECORD: return "bad_record";
+    case PKV_LOG_END_IN_PROGRESS: return "in_progress";
     default:                return "unknown";
     }
 }
@@ -56,10 +56,6 @@ const char *kd_delta_state_name(int state) {
     }
 }
 
-_Static_assert((int)KD_END_IN_PROGRESS == (int)PKV_LOG_END_IN_PROGRESS &&
-                   (int)KD_END_BAD_RECORD == (int)PKV_LOG_END_BAD_RECORD &&
-                   (int)KD_END_CLEAN == (int)PKV_LOG_END_CLEAN,
-               "kvdump's end reasons are the reader's");
 _Static_assert((int)KD_DELTA_UNREACHED == (int)PKV_LOG_DELTA_UNREACHED &&
                    (int)KD_DELTA_APPLIED == (int)PKV_LOG_DELTA_APPLIED,
                "kvdump's delta states are the reader's");
@@ -682,7 +678,7 @@ int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
         kj_end_obj(j);
         kj_obj(j, "end", false);
         kj_u64(j, "last_lsn", L.last_lsn);
-        if (L.end_reason != KD_END_NONE) {
+        if (L.end_reason != PKV_LOG_END_NONE) {
             kj_u64(j, "segment", L.end_seg);
             kj_u64(j, "offset", L.end_off);
         } else {
@@ -690,7 +686,7 @@ int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
             kj_null(j, "offset");
         }
         kj_str(j, "reason", kd_end_name(L.end_reason));
-        kj_str(j, "detail", L.end_reason == KD_END_NONE ? "no log segment to read" : L.end_detail);
+        kj_str(j, "detail", L.end_reason == PKV_LOG_END_NONE ? "no log segment to read" : L.end_detail);
         kj_u64(j, "torn_bytes", L.torn_bytes);
         if (L.corrupt_lsn) kj_u64(j, "corrupt_lsn", L.corrupt_lsn);
         else kj_null(j, "corrupt_lsn");
@@ -718,7 +714,7 @@ int kd_cmd_wal(kd_ctx *x, int argc, char **argv) {
             printf("checkpoint chain: full checkpoint LSN %llu + %zu delta%s, the log is read "
                    "after LSN %llu\n", (unsigned long long)L.ckpt_lsn, L.nchain,
                    L.nchain == 1 ? "" : "s", (unsigned long long)L.chain_lsn);
-        if (L.end_reason == KD_END_NONE)
+        if (L.end_reason == PKV_LOG_END_NONE)
             printf("end of log: no log segment to read; last LSN %llu%s\n",
                    (unsigned long long)L.last_lsn,
                    !L.have_ckpt ? "" : L.nchain ? " (from the checkpoint chain)"
