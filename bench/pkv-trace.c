@@ -65,6 +65,8 @@ static struct config {
     uint64_t engine_max;
     bool no_engine, no_sim;
     bool payload, prefault, check, no_limbo_wait;
+    int durability;           /* pkv_durability */
+    uint32_t layers, kv_heads, head_dim;
     uint64_t checkpoint_mib;
     const char *dir;
     const char *arena_dir;
@@ -82,7 +84,15 @@ static struct config {
     .protect = 0.5,
     .ghost = 2.0,
     .engine_policy = SIM_LEAF_LRU,
+    .durability = PKV_DURABLE_NONE,
+    .layers = 1,
+    .kv_heads = 1,
+    .head_dim = 8,
 };
+
+static const char *durability_name(int d) {
+    return d == PKV_DURABLE_NONE ? "NONE" : d == PKV_DURABLE_GROUP ? "GROUP" : "ALWAYS";
+}
 
 static const char *default_capacities =
     "1%,2%,3%,5%,7.5%,10%,15%,20%,30%,2M,40%,50%,70%,100%";
@@ -119,6 +129,9 @@ static void usage(FILE *f) {
 "  --no-engine          simulator only        --no-sim   engine only\n"
 "  --limit N            replay only the first N requests\n"
 "  --payload            also write K/V through pkv_kv() (off: metadata path only)\n"
+"  --geometry L,H,D     layers, KV heads, head_dim of the f16 K/V (default 1,1,8: 32\n"
+"                       bytes of K/V per token; 30,3,64 is SmolLM2-135M's 23,040)\n"
+"  --durability MODE    none (default), group (the library's default) or always\n"
 "  --prefault           open the cache with PKV_OPEN_PREFAULT\n"
 "  --no-limbo-wait      open the cache with PKV_OPEN_NO_LIMBO_WAIT (evict rather than\n"
 "                       wait for the log; the engine may then differ from the\n"
@@ -306,7 +319,22 @@ typedef struct engine_result {
     pkv_stats st;
     trace_replay_stats rs;
     double open_s, close_s;
+    int64_t storage_bytes; /* written to storage by the process during the replay; -1 unknown */
 } engine_result;
+
+/* Bytes this process has caused to be written to storage (write_bytes of
+ * /proc/self/io: page-cache pages dirtied, mmap'd arena pages included, and
+ * direct writes such as the log's), or -1 if the kernel does not say. */
+static int64_t storage_written(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return -1;
+    char line[128];
+    long long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "write_bytes: %lld", &v) == 1) break;
+    fclose(f);
+    return v;
+}
 
 static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) {
     memset(er, 0, sizeof *er);
@@ -331,14 +359,17 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
 
     pkv_options opt;
     pkv_options_init(&opt);
-    opt.num_layers = 1;
-    opt.num_kv_heads = 1;
-    opt.head_dim = 8;
+    opt.num_layers = cfg.layers;
+    opt.num_kv_heads = cfg.kv_heads;
+    opt.head_dim = cfg.head_dim;
     opt.block_size = cfg.block_size;
     opt.dtype = PKV_F16;
     opt.capacity = capacity;
-    opt.model_id = "pkv-trace/1L-1H-d8-f16";
-    opt.durability = PKV_DURABLE_NONE;
+    char model_id[64];
+    snprintf(model_id, sizeof model_id, "pkv-trace/%uL-%uH-d%u-f16", cfg.layers, cfg.kv_heads,
+             cfg.head_dim);
+    opt.model_id = model_id;
+    opt.durability = (pkv_durability)cfg.durability;
     opt.checkpoint_bytes = cfg.checkpoint_mib << 20;
     opt.flags = (cfg.prefault ? PKV_OPEN_PREFAULT : 0) |
                 (cfg.no_limbo_wait ? PKV_OPEN_NO_LIMBO_WAIT : 0);
@@ -351,7 +382,10 @@ static void engine_replay(const trace *t, uint64_t capacity, engine_result *er) 
 
     trace_replay_opts ro = {.seed = cfg.seed, .batch = cfg.batch, .payload = cfg.payload,
                             .limit = cfg.limit, .stop = &g_stop};
+    int64_t io0 = storage_written();
     int rc = trace_replay(g_cache, t, &ro, &er->rs);
+    int64_t io1 = storage_written();
+    er->storage_bytes = io0 >= 0 && io1 >= 0 ? io1 - io0 : -1;
     if (rc == 1) check_stop();
     if (rc < 0) {
         fprintf(stderr, "pkv-trace: error at request %zu: %s failed: %s (%d)%s%s\n",
@@ -409,7 +443,7 @@ int main(int argc, char **argv) {
     trace_synth_defaults(&cfg.syn);
     enum {
         O_TRACE = 256, O_SYN, O_REQ, O_WRITE, O_SEED, O_BS, O_BATCH, O_CAPS, O_POL, O_EMAX,
-        O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_NOLIMBO, O_CKPT, O_CHECK, O_DIR, O_ADIR, O_CSV,
+        O_NOENG, O_NOSIM, O_LIMIT, O_PAYLOAD, O_PREFAULT, O_NOLIMBO, O_GEOM, O_DURAB, O_CKPT, O_CHECK, O_DIR, O_ADIR, O_CSV,
         O_LABEL, O_PROTECT, O_GHOST, O_EPOL, O_SYNK, O_HELP
     };
     static const struct option longopts[] = {
@@ -428,6 +462,8 @@ int main(int argc, char **argv) {
         {"limit", required_argument, 0, O_LIMIT},
         {"payload", no_argument, 0, O_PAYLOAD},
         {"prefault", no_argument, 0, O_PREFAULT},
+        {"geometry", required_argument, 0, O_GEOM},
+        {"durability", required_argument, 0, O_DURAB},
         {"no-limbo-wait", no_argument, 0, O_NOLIMBO},
         {"checkpoint-mib", required_argument, 0, O_CKPT},
         {"check", no_argument, 0, O_CHECK},
@@ -474,6 +510,20 @@ int main(int argc, char **argv) {
             break;
         case O_PAYLOAD: cfg.payload = true; break;
         case O_PREFAULT: cfg.prefault = true; break;
+        case O_GEOM: {
+            unsigned l, h, d;
+            char end;
+            ok = sscanf(optarg, "%u,%u,%u%c", &l, &h, &d, &end) == 3 && l >= 1 && l <= 4096 &&
+                 h >= 1 && h <= 4096 && d >= 1 && d <= 4096;
+            cfg.layers = l, cfg.kv_heads = h, cfg.head_dim = d;
+            break;
+        }
+        case O_DURAB:
+            if (!strcmp(optarg, "none")) cfg.durability = PKV_DURABLE_NONE;
+            else if (!strcmp(optarg, "group")) cfg.durability = PKV_DURABLE_GROUP;
+            else if (!strcmp(optarg, "always")) cfg.durability = PKV_DURABLE_ALWAYS;
+            else ok = false;
+            break;
         case O_NOLIMBO: cfg.no_limbo_wait = true; break;
         case O_CKPT:
             ok = parse_u64(optarg, &cfg.checkpoint_mib) && cfg.checkpoint_mib < (1ull << 40);
@@ -590,9 +640,11 @@ int main(int argc, char **argv) {
         snprintf(ckpt, sizeof ckpt, "every %" PRIu64 " MiB of log", cfg.checkpoint_mib);
     else
         snprintf(ckpt, sizeof ckpt, "the engine's default (64 MiB of log or the snapshot's size)");
-    printf("  engine: %s, durability NONE, payload %s, prefault %s, limbo wait %s, batch %u "
-           "tokens, checkpoints %s, arena under %s\n",
-           cfg.no_engine ? "off" : "on", cfg.payload ? "on" : "off", cfg.prefault ? "on" : "off",
+    printf("  engine: %s, durability %s, payload %s (%u layers x %u KV heads x head_dim %u, "
+           "f16), prefault %s, limbo wait %s, batch %u tokens, checkpoints %s, arena under %s\n",
+           cfg.no_engine ? "off" : "on", durability_name(cfg.durability),
+           cfg.payload ? "on" : "off", cfg.layers, cfg.kv_heads, cfg.head_dim,
+           cfg.prefault ? "on" : "off",
            cfg.no_limbo_wait ? "off" : "on", cfg.batch, ckpt,
            cfg.arena_dir ? cfg.arena_dir : cfg.dir);
 
@@ -696,7 +748,7 @@ int main(int argc, char **argv) {
                    pct(st->hit_blocks, st->hit_blocks + st->miss_blocks),
                    isnan(best) ? 0.0 : best - th,
                    st->evictions, "-", rs->seconds, gap_closed(base, best, th));
-            char verdict[160] = "";
+            char verdict[256] = "";
             const int ep = cfg.engine_policy;
             const char *en = sim_policy_name(cfg.engine_policy);
             if (have[ep]) {
@@ -735,6 +787,37 @@ int main(int argc, char **argv) {
                    (double)rs->appended / rs->seconds / 1e6, st->seals, st->dedupes,
                    st->wal_records, (double)st->wal_bytes / 1048576.0, st->wal_frames,
                    st->checkpoints, "", verdict);
+            /* Where the request thread's time went: wall against its own CPU time
+             * (user + system), the waits for the log the library counted, and the
+             * payload's write rate over the replay's wall time. */
+            uint64_t refs = st->hit_blocks + st->miss_blocks;
+            double rwall = rs->seconds - rs->gen_seconds, rcpu = rs->cpu_seconds - rs->gen_seconds;
+            /* Off CPU = blocked (sleeping: the library's waits, page faults that
+             * wait for I/O, lock hand-offs) + runnable but not running (the
+             * machine's load). On a loaded machine the second inflates wall time
+             * by itself, so both are shown: wall less run-queue time over CPU is
+             * the ratio the library is answerable for. */
+            double rq = rs->runq_seconds, blocked = rq >= 0 ? rwall - rcpu - rq : NAN;
+            printf("%20s request thread: wall %.2f s, CPU %.2f s (wall/CPU %.2f; token "
+                   "generation excluded), run-queue wait %.2f s, blocked %.2f s ((wall - "
+                   "run-queue)/CPU %.2f); %.0f ns wall, %.0f ns CPU per full block reference; "
+                   "%" PRIu64 " major faults, %" PRIu64 " voluntary switches\n"
+                   "%20s waits for the log: limbo %" PRIu64 " (%.2f s), SEAL before eviction "
+                   "(D3) %" PRIu64 " (%.2f s), backlog %" PRIu64 " (%.2f s); %" PRIu64 " syncs\n",
+                   "", rwall, rcpu, rcpu > 0 ? rwall / rcpu : 0.0, rq, blocked,
+                   rcpu > 0 && rq >= 0 ? (rwall - rq) / rcpu : NAN,
+                   refs ? 1e9 * rwall / (double)refs : 0.0, refs ? 1e9 * rcpu / (double)refs : 0.0,
+                   rs->major_faults, rs->vol_switches,
+                   "", st->waits_limbo, (double)st->wait_limbo_us / 1e6, st->waits_seal,
+                   (double)st->wait_seal_us / 1e6, st->waits_backlog,
+                   (double)st->wait_backlog_us / 1e6, st->wal_syncs);
+            if (rs->payload_bytes)
+                printf("%20s payload: %.1f MiB of K/V written, %.1f MiB/s over the replay's "
+                       "wall time; storage writes %.1f MiB (%.1f MiB/s: arena pages and log)\n",
+                       "", (double)rs->payload_bytes / 1048576.0,
+                       (double)rs->payload_bytes / 1048576.0 / rs->seconds,
+                       (double)er.storage_bytes / 1048576.0,
+                       (double)er.storage_bytes / 1048576.0 / rs->seconds);
             csv_row(label, cap, shares[ci],
                     cfg.engine_policy == SIM_LEAF_LRU ? "engine" : "engine-leaf-slru",
                     st->hit_tokens, st->miss_tokens,

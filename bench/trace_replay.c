@@ -10,32 +10,42 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
-static inline double now_s(void) {
+static inline double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static inline double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 
-/* One recognizable K row and V row per appended token (every layer and head). */
-static int write_payload(pkv_cache *c, const pkv_cache_info *in, const pkv_slot *slots,
-                         const uint32_t *tokens, size_t n) {
+/* Seconds this thread has waited on a run queue (the second field of
+ * /proc/thread-self/schedstat), or -1 if the kernel does not say. */
+static double runq_s(void) {
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return -1;
+    unsigned long long run, wait;
+    int k = fscanf(f, "%llu %llu", &run, &wait);
+    fclose(f);
+    return k == 2 ? 1e-9 * (double)wait : -1;
+}
+
+/* One recognizable K row and V row per appended token (every layer and head):
+ * byte i of a row is (token * 31 + kind + layer + head + i) mod 256, copied out
+ * of a ramp (ramp[i] = i mod 256) so that writing it costs a memcpy, and the
+ * replay with payload can outrun the disk. */
+static int write_payload(pkv_cache *c, const pkv_cache_info *in, const uint8_t *ramp,
+                         const pkv_slot *slots, const uint32_t *tokens, size_t n) {
     uint64_t row = (uint64_t)in->head_dim * in->elem_size;
-    uint8_t pat[256];
     for (size_t i = 0; i < n; i++)
         for (uint32_t l = 0; l < in->num_layers; l++)
             for (int k = 0; k < 2; k++)
                 for (uint32_t h = 0; h < in->num_kv_heads; h++) {
                     uint8_t *p = pkv_kv(c, slots[i].block, l, (pkv_kind)k, h);
                     if (!p) return PKV_EINVAL;
-                    p += (uint64_t)slots[i].offset * row;
-                    for (uint64_t j = 0; j < row; j += sizeof pat) {
-                        uint64_t len = row - j < sizeof pat ? row - j : sizeof pat;
-                        for (uint64_t b = 0; b < len; b++)
-                            pat[b] = (uint8_t)(tokens[i] * 31u + b + (unsigned)k + l + h);
-                        memcpy(p + j, pat, len);
-                    }
+                    unsigned base = (tokens[i] * 31u + (unsigned)k + l + h) & 255u;
+                    memcpy(p + (uint64_t)slots[i].offset * row, ramp + base, row);
                 }
     return 0;
 }
@@ -64,13 +74,21 @@ int trace_replay(pkv_cache *c, const trace *t, const trace_replay_opts *o,
     uint32_t *prompt = malloc(((size_t)t->max_in + 1) * sizeof *prompt);
     uint32_t *out = malloc(batch * sizeof *out);
     pkv_slot *slots = malloc(batch * sizeof *slots);
+    const size_t row = (size_t)info.head_dim * info.elem_size;
+    uint8_t *ramp = malloc(256 + row);
     size_t r = 0;
-    if (!prompt || !out || !slots) {
+    if (!prompt || !out || !slots || !ramp) {
         rc = PKV_ENOMEM;
         st->failed_call = "malloc";
         goto out;
     }
-    double t0 = now_s(), gen = 0;
+    for (size_t i = 0; i < 256 + row; i++) ramp[i] = (uint8_t)i;
+    const uint64_t token_bytes =
+        2ull * info.num_layers * info.num_kv_heads * info.head_dim * info.elem_size;
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_THREAD, &ru0);
+    double q0 = runq_s();
+    double t0 = now_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID), gen = 0;
     for (; r < n; r++) {
         if (o->stop && *o->stop) {
             rc = 1;
@@ -85,7 +103,10 @@ int trace_replay(pkv_cache *c, const trace *t, const trace_replay_opts *o,
         for (size_t pos = hit; pos < q->in_len; pos += batch) {
             size_t m = q->in_len - pos < batch ? q->in_len - pos : batch;
             CALL("pkv_seq_append", pkv_seq_append(c, r, prompt + pos, m, slots));
-            if (o->payload) CALL("pkv_kv", write_payload(c, &info, slots, prompt + pos, m));
+            if (o->payload) {
+                CALL("pkv_kv", write_payload(c, &info, ramp, slots, prompt + pos, m));
+                st->payload_bytes += m * token_bytes;
+            }
             CALL("pkv_seq_commit", pkv_seq_commit(c, r, m));
             st->appended += m;
         }
@@ -95,7 +116,10 @@ int trace_replay(pkv_cache *c, const trace *t, const trace_replay_opts *o,
             trace_output(o->seed, r, pos, m, out);
             gen += now_s() - g0;
             CALL("pkv_seq_append", pkv_seq_append(c, r, out, m, slots));
-            if (o->payload) CALL("pkv_kv", write_payload(c, &info, slots, out, m));
+            if (o->payload) {
+                CALL("pkv_kv", write_payload(c, &info, ramp, slots, out, m));
+                st->payload_bytes += m * token_bytes;
+            }
             CALL("pkv_seq_commit", pkv_seq_commit(c, r, m));
             st->appended += m;
         }
@@ -103,10 +127,17 @@ int trace_replay(pkv_cache *c, const trace *t, const trace_replay_opts *o,
         st->requests++;
     }
     st->seconds = now_s() - t0;
+    st->cpu_seconds = clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+    double q1 = runq_s();
+    st->runq_seconds = q0 >= 0 && q1 >= 0 ? q1 - q0 : -1;
+    getrusage(RUSAGE_THREAD, &ru1);
+    st->major_faults = (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
+    st->vol_switches = (uint64_t)(ru1.ru_nvcsw - ru0.ru_nvcsw);
     st->gen_seconds = gen;
 out:
     free(prompt);
     free(out);
     free(slots);
+    free(ramp);
     return rc;
 }

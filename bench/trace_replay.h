@@ -27,6 +27,14 @@ typedef struct trace_replay_opts {
 typedef struct trace_replay_stats {
     uint64_t requests, calls, appended; /* requests done, pkv_* calls, tokens appended */
     double seconds, gen_seconds;        /* the loop; of which generating token ids */
+    double cpu_seconds;                 /* the loop's CPU time on this thread (user +
+                                           system, CLOCK_THREAD_CPUTIME_ID): wall minus
+                                           this is time spent waiting */
+    double runq_seconds;                /* of the rest, runnable but not running (Linux
+                                           schedstat; -1 if unknown): a loaded machine's
+                                           share, not the library's */
+    uint64_t major_faults, vol_switches; /* this thread's, over the loop (getrusage) */
+    uint64_t payload_bytes;             /* K/V bytes written through pkv_kv() */
     const char *failed_call;            /* on failure: which call ... */
     size_t failed_request;              /* ... for which request */
     char error[512];                    /* pkv_last_error() of the failure */

@@ -440,6 +440,14 @@ typedef struct pkv_stats {
     uint32_t checkpoint_backoff_ms;  /* after failures: the delay before the next
                                         automatic attempt (1 s doubling to 60 s);
                                         0 when the latest attempt succeeded */
+    /* Waits for the log inside mutating calls, since open (each a wait with the
+     * lock released until the log's safe LSN reached what the call needed):
+     * an allocation waiting for limbo blocks (rule D2 of docs/format.md), an
+     * allocation waiting before it evicts a block whose SEAL is not yet safe
+     * (rule D3), a call held back while the log's buffer is over its backlog.
+     * Their total wall time in microseconds. */
+    uint64_t waits_limbo, waits_seal, waits_backlog;
+    uint64_t wait_limbo_us, wait_seal_us, wait_backlog_us;
 } pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */

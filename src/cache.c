@@ -249,6 +249,12 @@ int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     out->checkpoint_failures = w->ckpt_failures;
     out->checkpoint_error = w->ckpt_err;
     out->checkpoint_backoff_ms = w->ckpt_backoff_ms;
+    out->waits_limbo = c->ctr.waits_limbo;
+    out->waits_seal = c->ctr.waits_seal;
+    out->waits_backlog = c->ctr.waits_backlog;
+    out->wait_limbo_us = c->ctr.wait_limbo_ns / 1000u;
+    out->wait_seal_us = c->ctr.wait_seal_ns / 1000u;
+    out->wait_backlog_us = c->ctr.wait_backlog_ns / 1000u;
     pkv_unlock(c);
     return 0;
 }

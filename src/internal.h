@@ -546,6 +546,9 @@ typedef struct pkv_counters {
     uint64_t hit_tokens, miss_tokens, hit_blocks, miss_blocks;
     uint64_t evictions, cow_copies, dedupes, seals;
     uint64_t verify_failures;
+    /* calls that waited for the log, and for how long (pkv_get_stats) */
+    uint64_t waits_limbo, waits_seal, waits_backlog;
+    uint64_t wait_limbo_ns, wait_seal_ns, wait_backlog_ns;
 } pkv_counters;
 
 struct pkv_cache {

@@ -64,6 +64,16 @@ static inline int finish(pkv_cache *c) {
     return pkv_wal_commit_point(c);
 }
 
+/* pkv_wal_wait, counted in *n and *ns when it has to wait (pkv_get_stats). */
+static int timed_wait(pkv_cache *c, uint64_t lsn, uint64_t *n, uint64_t *ns) {
+    if (pkv_wal_safe_lsn(&c->wal) >= lsn) return pkv_wal_wait(c, lsn);
+    uint64_t t0 = pkv_now_ns();
+    int rc = pkv_wal_wait(c, lsn);
+    ++*n;
+    *ns += pkv_now_ns() - t0;
+    return rc;
+}
+
 /* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
  * freeing record not yet safe) come next, after waiting for the log, since using
  * them is better than evicting cached blocks; eviction last, after waiting for the
@@ -82,7 +92,7 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;
-        int rc = pkv_wal_wait(c, target);
+        int rc = timed_wait(c, target, &c->ctr.waits_limbo, &c->ctr.wait_limbo_ns);
         if (rc) return rc;
         pkv_limbo_drain(c, pkv_wal_safe_lsn(&c->wal));
         return 1;
@@ -93,7 +103,7 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     uint64_t target =
         c->wal.running ? pkv_evict_wait_lsn(c, need - nfree, pkv_wal_safe_lsn(&c->wal)) : 0;
     if (target) {
-        int rc = pkv_wal_wait(c, target);
+        int rc = timed_wait(c, target, &c->ctr.waits_seal, &c->ctr.wait_seal_ns);
         return rc ? rc : 1;
     }
     return 0;

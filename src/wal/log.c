@@ -744,10 +744,14 @@ int pkv_wal_unwritable(pkv_cache *c) {
 
 void pkv_wal_backlog_wait(pkv_cache *c) {
     pkv_wal *w = &c->wal;
+    if (w->len < w->backlog || w->failed || w->stop) return;
+    uint64_t t0 = pkv_now_ns();
     while (w->len >= w->backlog && !w->failed && !w->stop) {
         pkv_cond_signal(&w->cv_work);
         pkv_cond_wait(&w->cv_done, &c->lock);
     }
+    c->ctr.waits_backlog++;
+    c->ctr.wait_backlog_ns += pkv_now_ns() - t0;
 }
 
 int pkv_wal_wait(pkv_cache *c, uint64_t lsn) {
