@@ -139,7 +139,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.durability = (g >> 4) & 1 ? PKV_DURABLE_GROUP : PKV_DURABLE_NONE;
     o.group_commit_us = 200;
     o.checkpoint_bytes = (g >> 5) & 1 ? 4096 : 0; /* small: automatic checkpoints */
-    if ((g >> 6) & 1) o.flags |= PKV_OPEN_NO_LIMBO_WAIT; /* evict before waiting */
+    if ((g >> 6) & 1) o.flags |= PKV_OPEN_LIMBO_WAIT; /* wait for limbo before evicting */
     const char *dir = fz_dir("api");
     pkv_cache *c = open_cache(dir, &o);
     static uint32_t buf[MAXTOK];

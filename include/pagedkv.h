@@ -149,17 +149,28 @@ typedef enum pkv_eviction {
 #define PKV_OPEN_PREFAULT      0x4u /* populate the whole arena mapping at open
                                        (MAP_POPULATE), so first touches of block
                                        slots do not page-fault later */
-#define PKV_OPEN_NO_LIMBO_WAIT 0x8u /* an allocation short of free blocks evicts
-                                       cached ones instead of waiting for the log to
-                                       release freed blocks (which blocks are
-                                       evicted then depends on flush timing). It
-                                       still waits before evicting a block sealed
-                                       after a commit named it open, until that
-                                       seal is durable (docs/format.md, rule D3) */
+#define PKV_OPEN_NO_LIMBO_WAIT 0x8u /* the default since 2026-12-02 (accepted,
+                                       no effect): an allocation short of free
+                                       blocks evicts cached ones rather than wait
+                                       for the log to release freed blocks from
+                                       limbo; it waits only for what eviction
+                                       cannot supply, and before evicting a block
+                                       sealed after a commit named it open, until
+                                       that seal is safe (docs/format.md, rule D3) */
 #define PKV_OPEN_FULL_CHECKPOINTS 0x10u /* every checkpoint full, no delta files
                                        (so builds before deltas can open the
                                        directory; each checkpoint then costs the
                                        whole metadata) */
+#define PKV_OPEN_LIMBO_WAIT    0x20u /* the former default: an allocation short of
+                                       free blocks first waits for the log to
+                                       release freed blocks from limbo, and evicts
+                                       only then, so which blocks are evicted never
+                                       depends on flush timing (deterministic
+                                       replays: bench/pkv-trace's simulator check).
+                                       Costs a log write (an fdatasync in GROUP
+                                       mode) on the first allocation after most
+                                       closes on a full cache. Not with
+                                       PKV_OPEN_NO_LIMBO_WAIT */
 
 struct pkv_io_ops; /* I/O backend for log and checkpoint files (testing) */
 
@@ -290,9 +301,10 @@ int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *p
  * Errors: mutating, PKV_EINVAL (cache, tokens or slots NULL; n == 0),
  * PKV_ENOSEQ, PKV_EFULL (also n > capacity * block_size, or a table past 2^32
  * entries), PKV_ENOMEM (the block table).
- * Blocks: lock, log; short of free blocks it waits for the log to release freed
- * ones from limbo before evicting (not with PKV_OPEN_NO_LIMBO_WAIT), and before
- * evicting a block whose SEAL is not yet durable (rule D3). */
+ * Blocks: lock, log; short of free blocks it evicts cached ones, and waits for the
+ * log only for freed blocks in limbo that eviction cannot replace (with
+ * PKV_OPEN_LIMBO_WAIT: for every limbo block it takes, before evicting), and
+ * before evicting a block whose SEAL is not yet safe (rule D3). */
 int pkv_seq_append(pkv_cache *cache, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots);
 
@@ -448,6 +460,14 @@ typedef struct pkv_stats {
      * Their total wall time in microseconds. */
     uint64_t waits_limbo, waits_seal, waits_backlog;
     uint64_t wait_limbo_us, wait_seal_us, wait_backlog_us;
+    /* The most blocks in limbo at once when an allocation evicted, since open:
+     * a cache that waited for limbo instead (PKV_OPEN_LIMBO_WAIT) would hold at
+     * most this many more cached blocks at any time (docs/design.md, "Free
+     * list, limbo"); 0 with PKV_OPEN_LIMBO_WAIT. */
+    uint64_t limbo_evict_max;
+    uint64_t blocks_limbo; /* of blocks_free, those in limbo now (the flusher moves
+                              them to the free list once their freeing record is
+                              safe) */
 } pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */

@@ -47,8 +47,11 @@ static int wal_init(pkv_cache *c, const char *dir, const pkv_options *opt) {
  * geometry and model_id checks for its own callers. */
 static int check_options(const char *dir, const pkv_options *opt) {
     if (opt->flags & ~(PKV_OPEN_RDONLY | PKV_OPEN_POINT_IN_TIME | PKV_OPEN_PREFAULT |
-                       PKV_OPEN_NO_LIMBO_WAIT | PKV_OPEN_FULL_CHECKPOINTS))
+                       PKV_OPEN_NO_LIMBO_WAIT | PKV_OPEN_FULL_CHECKPOINTS |
+                       PKV_OPEN_LIMBO_WAIT))
         return pkv_err(PKV_EINVAL, "unknown flags 0x%x", opt->flags);
+    if ((opt->flags & PKV_OPEN_LIMBO_WAIT) && (opt->flags & PKV_OPEN_NO_LIMBO_WAIT))
+        return pkv_err(PKV_EINVAL, "PKV_OPEN_LIMBO_WAIT and PKV_OPEN_NO_LIMBO_WAIT together");
     pkv_geometry g;
     int rc = pkv_geometry_from_options(opt, &g);
     if (rc) return rc;
@@ -101,7 +104,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
     memset(c, 0, sizeof *c);
     /* c->lock and the log's condition variables are ready zeroed (lock.c) */
     c->rdonly = opt->flags & PKV_OPEN_RDONLY;
-    c->no_limbo_wait = opt->flags & PKV_OPEN_NO_LIMBO_WAIT;
+    c->limbo_wait = opt->flags & PKV_OPEN_LIMBO_WAIT;
     c->seal_threads = opt->seal_threads;
     c->limbo.head = c->limbo.tail = PKV_NONE;
     c->wal.seg_fd = -1;
@@ -255,6 +258,8 @@ int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     out->wait_limbo_us = c->ctr.wait_limbo_ns / 1000u;
     out->wait_seal_us = c->ctr.wait_seal_ns / 1000u;
     out->wait_backlog_us = c->ctr.wait_backlog_ns / 1000u;
+    out->limbo_evict_max = c->ctr.limbo_evict_max;
+    out->blocks_limbo = c->limbo.count;
     pkv_unlock(c);
     return 0;
 }

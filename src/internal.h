@@ -549,6 +549,7 @@ typedef struct pkv_counters {
     /* calls that waited for the log, and for how long (pkv_get_stats) */
     uint64_t waits_limbo, waits_seal, waits_backlog;
     uint64_t wait_limbo_ns, wait_seal_ns, wait_backlog_ns;
+    uint64_t limbo_evict_max; /* most limbo blocks at an allocation that evicted */
 } pkv_counters;
 
 struct pkv_cache {
@@ -561,7 +562,7 @@ struct pkv_cache {
     pkv_wal wal;
     pkv_recovery rec;
     bool rdonly;
-    bool no_limbo_wait; /* PKV_OPEN_NO_LIMBO_WAIT: evict rather than wait for limbo */
+    bool limbo_wait; /* PKV_OPEN_LIMBO_WAIT: wait for limbo rather than evict */
     uint32_t cuda_handles, cuda_mode; /* set by src/cuda/cuda.c (pkv_get_stats) */
     pkv_list limbo; /* freed blocks waiting until the freeing record is safe */
     uint32_t seal_threads;   /* pkv_options.seal_threads (0 and 1: none) */

@@ -74,21 +74,28 @@ static int timed_wait(pkv_cache *c, uint64_t lsn, uint64_t *n, uint64_t *ns) {
     return rc;
 }
 
-/* Need `need` blocks. Free blocks come first; blocks in limbo (freed, their
- * freeing record not yet safe) come next, after waiting for the log, since using
- * them is better than evicting cached blocks; eviction last, after waiting for the
- * log where an evicted slot's SEAL is not yet safe (pkv_evict_wait_lsn, rule D3). With
- * PKV_OPEN_NO_LIMBO_WAIT eviction comes before the limbo wait, which is then only
- * for what eviction cannot supply. 0: go ahead; 1: the caller waited (the lock was
- * released) and must retry; PKV_EFULL: never. */
+/* Need `need` blocks. Free blocks come first, then eviction of cached blocks;
+ * blocks in limbo (freed, their freeing record not yet safe, rule D2) only when
+ * eviction cannot supply enough, after waiting for the log. So no allocation
+ * waits for the disk while a cached block can be evicted, except for rule D3:
+ * before evicting a block whose SEAL is not yet safe it waits for that SEAL
+ * (pkv_evict_wait_lsn). Under leaf-LRU the victims' release LSNs ascend, so that
+ * wait comes only when fewer cached blocks than the call needs have a safe SEAL.
+ * Which blocks are evicted
+ * then depends on flush timing (a limbo block drained in time saves an
+ * eviction); the cost is bounded: a cache holds at most limbo_evict_max fewer
+ * cached blocks than one that waits (docs/design.md, "Free list, limbo"). With
+ * PKV_OPEN_LIMBO_WAIT, limbo comes before eviction, after waiting for the log,
+ * which keeps eviction independent of flush timing. 0: go ahead; 1: the caller
+ * waited (the lock was released) and must retry; PKV_EFULL: never. */
 static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
     uint64_t nfree = c->pool.free.count;
     if (need <= nfree) return 0;
-    if (c->limbo.count > 0 && (!c->no_limbo_wait || need > pkv_available(c))) {
+    if (c->limbo.count > 0 && (c->limbo_wait || need > pkv_available(c))) {
         /* Wait only for the records that freed the limbo blocks this call needs
-         * (with PKV_OPEN_NO_LIMBO_WAIT, only those eviction cannot replace): limbo
-         * is in release order, so their stamps ascend from the head (rule D2). */
-        uint64_t k = c->no_limbo_wait ? need - pkv_available(c) : need - nfree, target = 0;
+         * (by default, only those eviction cannot replace): limbo is in release
+         * order, so their stamps ascend from the head (rule D2). */
+        uint64_t k = c->limbo_wait ? need - nfree : need - pkv_available(c), target = 0;
         for (uint32_t b = c->limbo.head; b != PKV_NONE && k > 0; b = c->pool.b[b].next, k--)
             target = c->pool.b[b].rel_lsn;
         if (target > c->wal.next_lsn - 1) target = c->wal.next_lsn - 1;
@@ -106,6 +113,9 @@ static int ensure_blocks(pkv_cache *c, uint64_t need, const char *what) {
         int rc = timed_wait(c, target, &c->ctr.waits_seal, &c->ctr.wait_seal_ns);
         return rc ? rc : 1;
     }
+    /* Each limbo block now is at most one eviction more than a cache that waited
+     * for it would make (pkv_get_stats().limbo_evict_max). */
+    if (c->limbo.count > c->ctr.limbo_evict_max) c->ctr.limbo_evict_max = c->limbo.count;
     return 0;
 }
 

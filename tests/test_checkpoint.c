@@ -139,6 +139,7 @@ static void prompt_cached(pkv_cache *c, uint64_t id, uint32_t seed, uint32_t nb,
 
 static void opts(pkv_options *o, uint64_t cap) {
     wu_opts(o, 16, cap, PKV_DURABLE_GROUP);
+    o->flags = PKV_OPEN_LIMBO_WAIT; /* block counts that do not depend on flush timing */
 }
 
 /* A new cache of `cap` blocks (opts) in pt_path(sub). */

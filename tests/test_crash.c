@@ -9,7 +9,7 @@
  *     prompts (the families), decode steps of 1-3 tokens (pkv_seq_commit_append),
  *     forks, truncations, closes, pkv_sync, checkpoints; the group commit is 2 ms or,
  *     in a quarter of the children, 20-100 ms; a third of the children open with
- *     PKV_OPEN_NO_LIMBO_WAIT; a sync every 8 steps, or every 40 in a third of them.
+ *     PKV_OPEN_LIMBO_WAIT; a sync every 8 steps, or every 40 in a third of them.
  *     Before every open / fork / truncate / close the child appends an "intent" message
  *     to a file (and, before a close or truncation, the sequence's tokens as a prompt to
  *     recompute), and after every successful pkv_sync -- in ALWAYS mode after every
@@ -456,12 +456,12 @@ static void kill_test(const kill_cfg *k)
     for (uint64_t it = 0; it < iters; it++) {
         /* 2 ms mostly; sometimes 20-100 ms, so unsynced windows are wide */
         uint32_t commit_us = pt_below(&r, 4) ? 2000 : 20000 * (1 + pt_below(&r, 5));
-        /* a third of the children evict instead of waiting for the log to release
-         * limbo blocks (each such wait is a group commit, which closes the window) */
-        uint32_t flags = pt_below(&r, 3) ? 0 : PKV_OPEN_NO_LIMBO_WAIT;
+        /* a third of the children wait for the log to release limbo blocks instead
+         * of evicting (each such wait is a group commit, which closes the window) */
+        uint32_t flags = pt_below(&r, 3) ? 0 : PKV_OPEN_LIMBO_WAIT;
         snprintf(pt_ctx, sizeof pt_ctx, "[%s iteration %llu, PKV_SEED=%llu, group commit %u us%s] ",
                  k->name, (unsigned long long)it, (unsigned long long)seed0, commit_us,
-                 flags ? ", no limbo wait" : "");
+                 flags ? ", limbo wait" : "");
         int ready[2];
         cr_assert_eq(pipe(ready), 0);
         fflush(NULL);
@@ -507,7 +507,7 @@ static void kill_test(const kill_cfg *k)
         /* The checks: recovery does not depend on the mode, so they run in GROUP mode
          * (in ALWAYS mode each probe call would wait for an fdatasync), and evict rather
          * than wait for the log to release limbo blocks (each wait an fdatasync). */
-        kill_opts(&o, k, 0, PKV_OPEN_NO_LIMBO_WAIT);
+        kill_opts(&o, k, 0, 0);
         o.durability = PKV_DURABLE_GROUP; /* (a child killed before it created the
                                              cache leaves none: this open creates it) */
         /* The synchronous backend, so this process keeps no io_uring ring for the

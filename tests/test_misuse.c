@@ -309,7 +309,7 @@ Test(misuse, options_and_open_arguments)
     memset(longid, 'm', sizeof longid - 1);
     longid[sizeof longid - 1] = '\0';
     BAD_OPT(b_.model_id = longid);
-    BAD_OPT(b_.flags = 0x20u); /* the first bit after PKV_OPEN_FULL_CHECKPOINTS */
+    BAD_OPT(b_.flags = 0x40u); /* the first bit after PKV_OPEN_LIMBO_WAIT */
     BAD_OPT(b_.flags = 0x80000000u);
     BAD_OPT(b_.durability = (pkv_durability)3);
     BAD_OPT(b_.durability = (pkv_durability)-1);

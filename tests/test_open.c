@@ -402,6 +402,7 @@ Test(open, invalid_options)
     CASE("model_id empty", model_id, "");
     CASE("model_id 256 bytes", model_id, long_id);
     CASE("dtype out of range", dtype, (pkv_dtype)7);
+    CASE("limbo wait and no limbo wait", flags, PKV_OPEN_LIMBO_WAIT | PKV_OPEN_NO_LIMBO_WAIT);
 #undef CASE
     for (size_t i = 0; i < n; i++) {
         char sub[32];

@@ -54,12 +54,13 @@ static sim_result simulate(const trace *t, const trace_blocks *tb, uint64_t cap,
 
 /* Replay through the engine at `cap` blocks under policy p (leaf-lru or leaf-slru,
  * 50% protected) and compare with the simulator's p (no ghosts: the engine keeps
- * none). */
+ * none). PKV_OPEN_LIMBO_WAIT: eviction must not depend on flush timing. */
 static void engine_vs_sim_p(const trace *t, const trace_blocks *tb, uint64_t cap,
                             uint32_t batch, const char *sub, sim_policy p) {
     pkv_options o;
     pt_opts(&o, 1, 1, 8, BS, PKV_F16, cap);
     o.durability = PKV_DURABLE_NONE;
+    o.flags = PKV_OPEN_LIMBO_WAIT;
     o.eviction = p == SIM_LEAF_SLRU ? PKV_EVICT_LEAF_SLRU : PKV_EVICT_LEAF_LRU;
     pkv_cache *c = pt_open_sub(sub, &o);
     trace_replay_opts ro = {.seed = 7, .batch = batch};
@@ -109,6 +110,63 @@ Test(trace, simulator_reproduces_engine) {
         snprintf(sub, sizeof sub, "s%zu", i);
         engine_vs_sim_p(&t, &tb, cap, batches[i], sub, SIM_LEAF_SLRU);
     }
+    trace_blocks_free(&tb);
+    trace_free(&t);
+}
+
+/* By default an allocation evicts rather than wait for limbo, so which blocks are
+ * evicted depends on flush timing. The bound (docs/design.md, "Free list, limbo"):
+ * under leaf-LRU the engine's cached blocks are always the newest of those a cache
+ * that waits would hold, at most L = limbo_evict_max fewer, so its hits lie between
+ * the simulator's at capacity C - L and at C. A slow log (50 ms group commits)
+ * makes L large. */
+Test(trace, engine_without_limbo_wait_stays_within_the_bound) {
+    trace t;
+    trace_blocks tb;
+    small_trace(&t, 3, 400);
+    blocks(&t, &tb);
+    uint64_t distinct = trace_distinct_blocks(&tb);
+    uint64_t caps[] = {tb.max_req_blocks + 8, distinct / 10, distinct / 3};
+    uint64_t most = 0;
+    for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) {
+        uint64_t cap = caps[i] > tb.max_req_blocks ? caps[i] : tb.max_req_blocks + 1;
+        pkv_options o;
+        pt_opts(&o, 1, 1, 8, BS, PKV_F16, cap);
+        o.durability = PKV_DURABLE_NONE;
+        o.group_commit_us = 50000;
+        o.eviction = PKV_EVICT_LEAF_LRU; /* the bound is leaf-LRU's */
+        char sub[32];
+        snprintf(sub, sizeof sub, "b%zu", i);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        trace_replay_opts ro = {.seed = 7, .batch = 512};
+        trace_replay_stats rs;
+        int rc = trace_replay(c, &t, &ro, &rs);
+        cr_assert_eq(rc, 0, "capacity %llu: %s failed: %s", (unsigned long long)cap,
+                     rs.failed_call ? rs.failed_call : "?", rs.error);
+        PT_CHECK(c);
+        pkv_stats st = pt_stats(c);
+        pt_close(c);
+        uint64_t L = st.limbo_evict_max;
+        most = L > most ? L : most;
+        cr_log_info("capacity %llu: limbo_evict_max %llu, %llu evictions",
+                    (unsigned long long)cap, (unsigned long long)L,
+                    (unsigned long long)st.evictions);
+        cr_assert_eq(st.waits_limbo, 0, "waited for limbo with %llu blocks cached",
+                     (unsigned long long)st.blocks_cached);
+        sim_result hi = simulate_g(&t, &tb, cap, SIM_LEAF_LRU, 512, 0);
+        sim_result lo = simulate_g(&t, &tb, cap - L, SIM_LEAF_LRU, 512, 0);
+        cr_expect(lo.hit_tokens <= st.hit_tokens && st.hit_tokens <= hi.hit_tokens,
+                  "cap %llu, L %llu: hit tokens %llu outside [%llu, %llu]",
+                  (unsigned long long)cap, (unsigned long long)L,
+                  (unsigned long long)st.hit_tokens, (unsigned long long)lo.hit_tokens,
+                  (unsigned long long)hi.hit_tokens);
+        cr_expect(lo.hit_blocks <= st.hit_blocks && st.hit_blocks <= hi.hit_blocks,
+                  "cap %llu, L %llu: hit blocks %llu outside [%llu, %llu]",
+                  (unsigned long long)cap, (unsigned long long)L,
+                  (unsigned long long)st.hit_blocks, (unsigned long long)lo.hit_blocks,
+                  (unsigned long long)hi.hit_blocks);
+    }
+    cr_expect(most > 0, "no allocation evicted while blocks were in limbo: nothing tested");
     trace_blocks_free(&tb);
     trace_free(&t);
 }

@@ -770,9 +770,9 @@ static void lb_opts(pkv_options *o, uint32_t flags)
     o->flags = flags;
 }
 
-static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w)
+static pkv_cache *full_cache(const char *dir, pkv_options *o, wu_wl *w, uint32_t flags)
 {
-    lb_opts(o, 0);
+    lb_opts(o, flags);
     pkv_cache *c = wu_open_ok(dir, o);
     wu_wl_init(w, c, 5, NULL);
     uint64_t id;
@@ -808,7 +808,7 @@ Test(wal, never_named_blocks_skip_limbo)
     cache_dir(dir, sizeof dir, "spec");
     pkv_options o;
     wu_wl w;
-    pkv_cache *c = full_cache(dir, &o, &w);
+    pkv_cache *c = full_cache(dir, &o, &w, 0);
     uint64_t id;
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &id));
     pkv_stats st0 = lb_stats(c);
@@ -830,18 +830,19 @@ Test(wal, never_named_blocks_skip_limbo)
     wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
 }
 
-/* The other side: a closed sequence's partial tail block is named by its COMMIT (it
- * holds committed tokens), so the next allocation on a full cache waits for the log
- * to make the close safe and then reuses that block rather than evicting; a tail
- * that held only pending tokens was never named and is reused at once. */
-Test(wal, named_block_waits_in_limbo)
+/* The other side, with PKV_OPEN_LIMBO_WAIT: a closed sequence's partial tail block
+ * is named by its COMMIT (it holds committed tokens), so the next allocation on a
+ * full cache waits for the log to make the close safe and then reuses that block
+ * rather than evicting; a tail that held only pending tokens was never named and is
+ * reused at once. */
+Test(wal, limbo_wait_reuses_a_named_block_after_the_log)
 {
     for (int committed = 0; committed < 2; committed++) {
         char dir[512];
         cache_dir(dir, sizeof dir, committed ? "named" : "unnamed");
         pkv_options o;
         wu_wl w;
-        pkv_cache *c = full_cache(dir, &o, &w);
+        pkv_cache *c = full_cache(dir, &o, &w, PKV_OPEN_LIMBO_WAIT);
         uint64_t a, b;
         uint32_t t[2] = {4242, 4243}, u = 5151;
         WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &a));
@@ -865,20 +866,21 @@ Test(wal, named_block_waits_in_limbo)
     }
 }
 
-/* PKV_OPEN_NO_LIMBO_WAIT: on a full cache, the allocation after a close evicts a
- * cached block instead of waiting for the log to release the closed sequence's
- * tail from limbo (that block joins the free list after the next flush). Only
- * what eviction cannot supply is still waited for: with nothing cached, the
- * allocation waits for limbo as without the flag. Both crash images recover. */
-Test(wal, no_limbo_wait_evicts_instead)
+/* By default (and with PKV_OPEN_NO_LIMBO_WAIT, which is the default): on a full
+ * cache, the allocation after a close evicts a cached block instead of waiting for
+ * the log to release the closed sequence's tail from limbo (that block joins the
+ * free list after the next flush). Only what eviction cannot supply is still
+ * waited for: with nothing cached, the allocation waits for limbo. Both crash
+ * images recover. */
+Test(wal, limbo_never_delays_an_eviction)
 {
     char dir[512];
     cache_dir(dir, sizeof dir, "nowait");
     pkv_options o;
     wu_wl w;
-    pkv_cache *c = full_cache(dir, &o, &w);
+    pkv_cache *c = full_cache(dir, &o, &w, 0);
     pkv_close(c);
-    o.flags |= PKV_OPEN_NO_LIMBO_WAIT;
+    o.flags |= PKV_OPEN_NO_LIMBO_WAIT; /* still accepted: the same as 0 */
     c = wu_open_ok(dir, &o);
     wu_wl_reattach(&w, c);
     uint64_t a, b;
@@ -894,6 +896,8 @@ Test(wal, no_limbo_wait_evicts_instead)
     cr_assert_eq(st1.wal_frames, st0.wal_frames, "the allocation waited for the log");
     cr_assert_eq(st1.evictions, st0.evictions + 1);
     cr_assert_eq(st1.blocks_free, 1, "the closed tail is still in limbo (counted as free)");
+    cr_assert_eq(st1.limbo_evict_max, 1, "one block in limbo when it evicted");
+    cr_assert_eq(st1.waits_limbo, 0);
     WU_OK(pkv_sync(c)); /* the close is safe now: limbo drains to the free list */
     WU_OK(wu_do_append(&w, b, t, 2, true)); /* 1+2 tokens: still one block */
     uint32_t v[WU_BS];
@@ -908,7 +912,7 @@ Test(wal, no_limbo_wait_evicts_instead)
     /* Nothing cached: every block but one held by an open sequence, the last one
      * in limbo. The allocation must wait for it. */
     cache_dir(dir, sizeof dir, "nowait-full");
-    lb_opts(&o, PKV_OPEN_NO_LIMBO_WAIT);
+    lb_opts(&o, 0);
     c = wu_open_ok(dir, &o);
     wu_wl_init(&w, c, 9, NULL);
     uint64_t big, small, next;
@@ -926,8 +930,133 @@ Test(wal, no_limbo_wait_evicts_instead)
     st1 = lb_stats(c);
     cr_assert(st1.wal_frames > st0.wal_frames, "reused the limbo block without waiting");
     cr_assert_eq(st1.evictions, st0.evictions);
+    cr_assert_eq(st1.waits_limbo, 1);
     WU_CHECK(c, "waited");
     wu_crash_image_recovers(c, &w, dir, &o, UINT64_MAX, 0, "crash image");
+}
+
+/* ---- No allocation waits for the disk while a block can be evicted ------------- */
+
+/* A backend whose syncs (the arena's fdatasync and the log's write + fdatasync)
+ * block while the gate is shut: a disk that takes as long as the test likes. */
+static struct {
+    pt_syncio inner;
+    pkv_io_ops ops;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool shut;
+} gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void gate_pass(void)
+{
+    pthread_mutex_lock(&gate.mu);
+    while (gate.shut)
+        pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+}
+
+static void gate_set(bool shut)
+{
+    pthread_mutex_lock(&gate.mu);
+    gate.shut = shut;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mu);
+}
+
+static int gate_write(void *ctx, int fd, const void *buf, size_t n, uint64_t off, int sync)
+{
+    (void)ctx;
+    if (sync)
+        gate_pass();
+    return gate.inner.ops.write(gate.inner.ops.ctx, fd, buf, n, off, sync);
+}
+
+static int gate_sync(void *ctx, int fd)
+{
+    (void)ctx;
+    gate_pass();
+    return gate.inner.ops.sync(gate.inner.ops.ctx, fd);
+}
+
+typedef struct {
+    pkv_cache *c;
+    atomic_int done;
+    int rc;
+} alloc_job;
+
+static void *alloc_thread(void *arg)
+{
+    alloc_job *j = arg;
+    uint32_t tok = 9999;
+    pkv_slot slot;
+    j->rc = pkv_seq_open(j->c, 3, 0, NULL, 0, NULL);
+    if (!j->rc)
+        j->rc = pkv_seq_append(j->c, 3, &tok, 1, &slot);
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* GROUP mode, the disk stalled: a sequence whose partial tail holds committed
+ * tokens is closed, so that block waits in limbo for a sync that does not come.
+ * The next allocation finds no free block but cached ones whose SEALs are
+ * durable: it must evict one and return, not wait for the log (issue 24). The
+ * evicted block's SEAL is safe, so rule D3 allows it; the limbo block stays
+ * where it is (rule D2). */
+Test(wal, no_allocation_waits_for_the_disk_while_a_block_can_be_evicted)
+{
+    char dir[512];
+    cache_dir(dir, sizeof dir, "stalled");
+    pt_syncio_init(&gate.inner);
+    gate.ops = gate.inner.ops;
+    gate.ops.write = gate_write;
+    gate.ops.sync = gate_sync;
+    gate_set(false);
+    pkv_options o;
+    wu_opts(&o, WU_BS, 4, PKV_DURABLE_GROUP);
+    o.group_commit_us = 1000; /* the flusher runs on its own, and stalls at the gate */
+    o.checkpoint_bytes = 1ull << 40;
+    o.io = &gate.ops;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    uint32_t t[4 * WU_BS];
+    pkv_slot slots[4 * WU_BS];
+    for (uint32_t i = 0; i < 4 * WU_BS; i++)
+        t[i] = 300 + i;
+    /* four sealed, cached blocks, their SEALs durable */
+    PT_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    PT_OK(pkv_seq_append(c, 1, t, 4 * WU_BS, slots));
+    PT_OK(pkv_seq_commit(c, 1, 4 * WU_BS));
+    PT_OK(pkv_seq_close(c, 1));
+    /* a partial tail with committed tokens (its COMMIT names it), durable */
+    PT_OK(pkv_seq_open(c, 2, 0, NULL, 0, NULL));
+    PT_OK(pkv_seq_append(c, 2, t, 2, slots));
+    PT_OK(pkv_seq_commit(c, 2, 2));
+    PT_OK(pkv_sync(c));
+    gate_set(true);
+    PT_OK(pkv_seq_close(c, 2)); /* its block goes to limbo; the close cannot be durable */
+    pkv_stats st0;
+    PT_OK(pkv_get_stats(c, &st0));
+    cr_assert(st0.blocks_cached == 3 && st0.blocks_free == 1, "cached %llu, free %llu",
+              (unsigned long long)st0.blocks_cached, (unsigned long long)st0.blocks_free);
+
+    alloc_job j = {.c = c};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, alloc_thread, &j), 0);
+    bool returned = false;
+    for (int i = 0; i < 2000 && !returned; i++) { /* up to 2 s */
+        usleep(1000);
+        returned = atomic_load(&j.done);
+    }
+    gate_set(false); /* let the disk go on, whatever happened */
+    pthread_join(th, NULL);
+    PT_OK(j.rc);
+    pkv_stats st1;
+    PT_OK(pkv_get_stats(c, &st1));
+    cr_assert(returned, "the append waited for the disk although 3 blocks could be evicted");
+    cr_assert_eq(st1.waits_limbo, 0);
+    cr_assert_eq(st1.waits_seal, 0);
+    cr_assert_eq(st1.evictions, st0.evictions + 1);
+    PT_CHECK(c);
+    pkv_close(c);
 }
 
 /* ---- Retired log segments are deleted without the cache lock -------------------- */
