@@ -432,3 +432,96 @@ Test(metrics, serve_refuses_bad_addresses) {
 Test(metrics, cuda_text_needs_a_handle) {
     PT_ERR(pkv_cuda_metrics_text(NULL, text, sizeof text, NULL), PKV_EINVAL);
 }
+
+/* docs/metrics.md names every family the text has, and every pagedkv_* name the
+ * dashboard and the plot script use is one it names (so neither refers to a
+ * metric that does not exist). */
+static char *slurp_src(const char *rel) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", PKV_SOURCE_DIR, rel);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    fclose(f);
+    return b;
+}
+
+/* `name` in backquotes in the doc, alone or as the start of a `name{labels}` or
+ * of a `name`, `_suffix` list (the doc abbreviates families sharing a prefix). */
+static bool doc_names(const char *doc, const char *name) {
+    char pat[256];
+    snprintf(pat, sizeof pat, "`%s`", name);
+    if (strstr(doc, pat)) return true;
+    snprintf(pat, sizeof pat, "`%s{", name);
+    if (strstr(doc, pat)) return true;
+    /* abbreviated: "`pagedkv_since_creation_prefix_cache_queries`, `_hits`" */
+    for (const char *u = strchr(name, '_'); u; u = strchr(u + 1, '_')) {
+        snprintf(pat, sizeof pat, "`%s`", u);
+        const char *hit = strstr(doc, pat);
+        if (!hit) continue;
+        /* the line must also name the prefix */
+        const char *ls = hit;
+        while (ls > doc && ls[-1] != '\n') ls--;
+        size_t plen = (size_t)(u - name);
+        for (const char *q = ls; q < hit; q++)
+            if (*q == '`' && strncmp(q + 1, name, plen) == 0) return true;
+    }
+    return false;
+}
+
+static void names_documented(const char *doc, const char *src, const char *what) {
+    for (const char *p = strstr(src, "pagedkv_"); p; p = strstr(p + 1, "pagedkv_")) {
+        if (p > src && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'))) continue;
+        char name[128];
+        size_t n = 0;
+        while (n + 1 < sizeof name && ((p[n] >= 'a' && p[n] <= 'z') || p[n] == '_' ||
+                                       (p[n] >= '0' && p[n] <= '9')))
+            name[n] = p[n], n++;
+        name[n] = '\0';
+        if (strcmp(name, "pagedkv_") == 0 || strcmp(name, "pagedkv_job") == 0) continue;
+        /* histogram parts name their family */
+        static const char *const parts[] = {"_bucket", "_sum", "_count"};
+        for (int i = 0; i < 3; i++) {
+            size_t l = strlen(parts[i]);
+            if (n > l && strcmp(name + n - l, parts[i]) == 0 && !doc_names(doc, name)) {
+                name[n - l] = '\0';
+                break;
+            }
+        }
+        cr_assert(doc_names(doc, name), "%s uses %s, which docs/metrics.md does not list", what,
+                  name);
+    }
+}
+
+Test(metrics, docs_list_every_metric_the_text_dashboard_and_plots_use) {
+    char *doc = slurp_src("docs/metrics.md");
+    pkv_cache *c = pt_open(4, 16);
+    pm_doc d;
+    render(c, &d);
+    for (size_t i = 0; i < d.n; i++) {
+        char fam[128];
+        snprintf(fam, sizeof fam, "%s", d.s[i].name);
+        static const char *const parts[] = {"_bucket", "_sum", "_count"};
+        for (int k = 0; k < 3; k++) {
+            size_t l = strlen(parts[k]), n = strlen(fam);
+            if (n > l && strcmp(fam + n - l, parts[k]) == 0 && !doc_names(doc, fam)) {
+                fam[n - l] = '\0';
+                break;
+            }
+        }
+        cr_assert(doc_names(doc, fam), "docs/metrics.md does not list %s", fam);
+    }
+    pm_free(&d);
+    char *dash = slurp_src("docs/grafana/pagedkv.json");
+    names_documented(doc, dash, "docs/grafana/pagedkv.json");
+    char *plot = slurp_src("scripts/metrics-plot.sh");
+    names_documented(doc, plot, "scripts/metrics-plot.sh");
+    free(dash);
+    free(plot);
+    free(doc);
+}

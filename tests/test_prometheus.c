@@ -102,6 +102,55 @@ static bool query(int port, const char *promql, double *v) {
     return end != q + 2 && *end == '"';
 }
 
+/* Does Prometheus accept the query (HTTP 200, status success)? *why gets its answer. */
+static bool query_valid(int port, const char *promql, char *why, size_t cap) {
+    char enc[2048], path[2200];
+    ht_urlencode(promql, enc, sizeof enc);
+    snprintf(path, sizeof path, "/api/v1/query?query=%s", enc);
+    int st = ht_request(port, "GET", path, why, cap, NULL, 5000);
+    return st == 200 && strstr(why, "\"status\":\"success\"");
+}
+
+/* Every "expr" of docs/grafana/pagedkv.json, unescaped, with Grafana's
+ * $__rate_interval replaced by a duration: f(expr) for each; returns the count. */
+static int dashboard_exprs(void (*f)(const char *expr, void *arg), void *arg) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/grafana/pagedkv.json", PKV_SOURCE_DIR);
+    FILE *fp = fopen(path, "r");
+    cr_assert_not_null(fp, "cannot read %s", path);
+    static char json[1 << 17];
+    size_t n = fread(json, 1, sizeof json - 1, fp);
+    fclose(fp);
+    json[n] = '\0';
+    int count = 0;
+    for (const char *p = strstr(json, "\"expr\": \""); p; p = strstr(p, "\"expr\": \"")) {
+        p += strlen("\"expr\": \"");
+        char e[2048];
+        size_t k = 0;
+        for (; *p && *p != '"' && k + 8 < sizeof e; p++) {
+            if (*p == '\\') p++; /* \" and \\ */
+            if (*p == '$' && strncmp(p, "$__rate_interval", 16) == 0) {
+                memcpy(e + k, "5s", 2);
+                k += 2;
+                p += 15;
+                continue;
+            }
+            e[k++] = *p;
+        }
+        e[k] = '\0';
+        f(e, arg);
+        count++;
+    }
+    return count;
+}
+
+static void expr_valid(const char *expr, void *arg) {
+    int port = *(int *)arg;
+    static char why[4096];
+    cr_assert(query_valid(port, expr, why, sizeof why), "Prometheus refuses the dashboard's %s: %s",
+              expr, why);
+}
+
 /* Wait until the query returns `want` (the scrape after the workload ended). */
 static void expect_eventually(int port, const char *promql, double want, double deadline,
                               const char *log) {
@@ -262,6 +311,8 @@ Test(prometheus, scraped_values_equal_pkv_stats) {
     cr_assert(query(pport, "histogram_quantile(0.99, pagedkv_wal_group_commit_delay_seconds_bucket)", &v));
     cr_assert(fabs(v - p99) <= 1e-9 * fmax(1, p99), "p99: Prometheus %.9g, buckets %.9g", v, p99);
     cr_assert(p50 > 0 && p99 <= 1 && p50 <= p99, "p50 %g p99 %g", p50, p99);
+    /* every query of the dashboard is valid PromQL to this Prometheus */
+    cr_assert(dashboard_exprs(expr_valid, (void *)&pport) >= 10);
     /* the scrapes saw the workload move: the hits rose over the run */
     cr_assert(query(pport, "count_over_time(pagedkv_prefix_cache_hits_total[1m])", &v));
     cr_assert(v >= 3, "%g scrapes", v);
