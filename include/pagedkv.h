@@ -521,6 +521,7 @@ int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
 int pkv_metrics_text(pkv_cache *cache, char *buf, size_t cap, size_t *needed);
 
 typedef struct pkv_metrics_server pkv_metrics_server;
+struct pkv_cuda; /* pkv_cuda, the CUDA layer's handle (below) */
 
 /* Serve GET /metrics (pkv_metrics_text, plus pkv_cuda_metrics_text of a handle
  * given to pkv_metrics_serve_cuda) over HTTP on `addr`, "IPV4:PORT" (e.g.
@@ -537,6 +538,11 @@ int pkv_metrics_port(const pkv_metrics_server *srv);
 /* Stop serving: waits for a request in progress, closes the socket, frees srv.
  * NULL is fine. Blocks: joins the server thread. */
 void pkv_metrics_stop(pkv_metrics_server *srv);
+/* Add the metrics of CUDA handle g (pkv_cuda_metrics_text) to what srv serves
+ * (NULL: none again). Call pkv_metrics_serve_cuda(srv, NULL) before
+ * pkv_cuda_close(g). Errors: PKV_EINVAL (srv NULL), PKV_ENOTSUP (built without
+ * libmicrohttpd). Blocks: waits for a request in progress. */
+int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g);
 
 /* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
 
@@ -832,16 +838,11 @@ int pkv_cuda_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
                          size_t work_bytes, void *stream);
 
 /* The handle's pkv_cuda_get_stats as Prometheus text (pagedkv_gpu_* families,
- * docs/metrics.md), appended by a server to the cache's text; the same buffer
+ * docs/metrics.md), which a server appends to the cache's text; the same buffer
  * rules as pkv_metrics_text. Counters cover the handle's lifetime.
- * Errors: PKV_EINVAL (g NULL; buf NULL with cap > 0), PKV_ERANGE, PKV_ENOTSUP
- * (a build without the CUDA layer). Blocks: the handle's mutex. */
+ * Errors: PKV_EINVAL (g NULL; buf NULL with cap > 0), PKV_ERANGE. Blocks: the
+ * handle's mutex. */
 int pkv_cuda_metrics_text(pkv_cuda *g, char *buf, size_t cap, size_t *needed);
-/* Add g's metrics to what srv serves (NULL: none again). Call
- * pkv_metrics_serve_cuda(srv, NULL) before pkv_cuda_close(g).
- * Errors: PKV_EINVAL (srv NULL). Blocks: waits for a request in progress. */
-int pkv_metrics_serve_cuda(pkv_metrics_server *srv, pkv_cuda *g);
-
 /* ==== end of CUDA layer =================================================== */
 
 #if defined(__GNUC__) && !defined(PKV_NO_VISIBILITY)

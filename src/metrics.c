@@ -374,11 +374,12 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
 /* ---- A CUDA handle -------------------------------------------------------- */
 
 int pkv_cuda_metrics_text(pkv_cuda *g, char *buf, size_t cap, size_t *needed) {
-    if (!g) return pkv_err(PKV_EINVAL, "handle is NULL");
-    if (!buf && cap) return pkv_err(PKV_EINVAL, "buf is NULL with cap %zu", cap);
+    /* First, as every CUDA-layer call: PKV_ENOTSUP whatever the arguments in a
+     * build without the layer, PKV_EINVAL for a NULL handle in one with it. */
     pkv_cuda_stats st;
     int rc = pkv_cuda_get_stats(g, &st);
     if (rc) return rc;
+    if (!buf && cap) return pkv_err(PKV_EINVAL, "buf is NULL with cap %zu", cap);
     mw w = {buf, cap, 0};
     head(&w, "pagedkv_gpu_info", "gauge",
          "Constant 1; the labels name the CUDA device and how it reaches the arena.");

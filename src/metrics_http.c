@@ -57,7 +57,7 @@ struct pkv_metrics_server {
     struct MHD_Daemon *d;
     int port;
     pthread_mutex_t mu;
-    pkv_cuda *cuda; /* mu */
+    struct pkv_cuda *cuda; /* mu */
     char *buf;      /* mu: the response text */
     size_t cap;
 };
@@ -160,7 +160,7 @@ int pkv_metrics_port(const pkv_metrics_server *srv) {
     return srv->port;
 }
 
-int pkv_metrics_serve_cuda(pkv_metrics_server *srv, pkv_cuda *g) {
+int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g) {
     if (!srv) return pkv_err(PKV_EINVAL, "server is NULL");
     pthread_mutex_lock(&srv->mu);
     srv->cuda = g;
@@ -192,7 +192,7 @@ int pkv_metrics_port(const pkv_metrics_server *srv) {
     return pkv_err(PKV_ENOTSUP, "built without libmicrohttpd");
 }
 
-int pkv_metrics_serve_cuda(pkv_metrics_server *srv, pkv_cuda *g) {
+int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g) {
     (void)g;
     if (!srv) return pkv_err(PKV_EINVAL, "server is NULL");
     return pkv_err(PKV_ENOTSUP, "built without libmicrohttpd");
