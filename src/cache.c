@@ -122,6 +122,7 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out) {
         (rc = pkv_seqmap_init(&c->seqs)) || (rc = wal_init(c, dir, opt)) ||
         (rc = pkv_recover(c, dir, opt->flags, &next_lsn, &next_seg)))
         goto fail;
+    c->ctr_at_open = c->ctr;
     if (!c->rdonly) {
         if ((rc = pkv_wal_start(c, next_lsn, next_seg))) goto fail;
         /* After cutting a damaged log, or dropping lost blocks, make the repaired
@@ -218,6 +219,12 @@ void *pkv_kv(const pkv_cache *c, uint32_t block, uint32_t layer, pkv_kind kind,
 int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
     pkv_lock(c);
+    pkv_stats_locked(c, out);
+    pkv_unlock(c);
+    return 0;
+}
+
+void pkv_stats_locked(const pkv_cache *c, pkv_stats *out) {
     const pkv_pool *p = &c->pool;
     memset(out, 0, sizeof *out);
     out->capacity = p->capacity;
@@ -260,6 +267,4 @@ int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     out->wait_backlog_us = c->ctr.wait_backlog_ns / 1000u;
     out->limbo_evict_max = c->ctr.limbo_evict_max;
     out->blocks_limbo = c->limbo.count;
-    pkv_unlock(c);
-    return 0;
 }

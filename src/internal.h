@@ -550,6 +550,8 @@ typedef struct pkv_counters {
     uint64_t waits_limbo, waits_seal, waits_backlog;
     uint64_t wait_limbo_ns, wait_seal_ns, wait_backlog_ns;
     uint64_t limbo_evict_max; /* most limbo blocks at an allocation that evicted */
+    uint64_t tokens_appended; /* by append (and the decode steps): the denominator
+                                 of copy-on-write copies per token (metrics) */
 } pkv_counters;
 
 struct pkv_cache {
@@ -575,6 +577,10 @@ struct pkv_cache {
         uint32_t index, block;
         const char *why;
     } first_cut;
+    /* The checkpointed counters (pkv_counters' first eight) as recovery loaded
+     * them: metrics.c reports counts since this open as ctr minus these, and the
+     * carried totals apart (docs/metrics.md). */
+    pkv_counters ctr_at_open;
 };
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */
@@ -589,6 +595,10 @@ void pkv_seal_sums_done(pkv_cache *c, uint32_t *list, size_t k);
 /* With the lock held, just before a commit seals s->blocks[first, full), two
  * blocks or more: checksum them the same way (seal() consumes the marks). */
 void pkv_seal_sums_range(pkv_cache *c, const pkv_seq *s, uint64_t first, uint64_t full);
+
+/* pkv_get_stats's copy, with the cache lock held (cache.c; metrics.c uses it
+ * too, so one lock hold gives a consistent set). */
+void pkv_stats_locked(const pkv_cache *c, pkv_stats *out);
 
 static inline void pkv_lock(pkv_cache *c) { pkv_mutex_lock(&c->lock); }
 static inline void pkv_unlock(pkv_cache *c) { pkv_mutex_unlock(&c->lock); }

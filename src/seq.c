@@ -315,6 +315,7 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
         }
     }
     s->len += n;
+    c->ctr.tokens_appended += n;
 }
 
 /* The block s's last token just filled will be sealed by the commit of that token:
@@ -352,6 +353,7 @@ static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slo
     slot->block = blk;
     slot->offset = off;
     s->len++;
+    c->ctr.tokens_appended++;
     /* A few tokens before the block fills, start loading what its seal and the
      * next block's allocation will touch, so those misses overlap decoding. */
     if (pkv_unlikely(off + 5 >= bs) && bs >= 8) {

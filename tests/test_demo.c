@@ -2,7 +2,14 @@
  * directory it uses, that it never empties one another process holds, that a
  * cache of another model is refused, and the real chat on the GGUF model named by
  * PKV_MODEL (skipped without it): identical answers cold and warm. */
+#include "http_get.h"
 #include "pkv_test.h"
+#include "prom_text.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -242,6 +249,67 @@ static void cold_tiny(const char *dir)
     char *out, *err;
     int code = demo_wait(&d, &out, &err);
     cr_assert_eq(code, 0, "exit %d\nstderr:\n%s", code, err);
+    free(out);
+    free(err);
+}
+
+/* A port nothing listens on right now (the kernel's choice). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    socklen_t l = sizeof sa;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &l), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+Test(demo, metrics_are_served_during_each_run)
+{
+    pkv_cache *probe = pt_open(4, 4);
+    pkv_metrics_server *srv = NULL;
+    if (pkv_metrics_serve(probe, "127.0.0.1:0", &srv) == PKV_ENOTSUP) {
+        cr_skip_test("built without libmicrohttpd");
+        return;
+    }
+    pkv_metrics_stop(srv);
+    const int port = free_port();
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    demo_run d;
+    demo_start(&d, "metrics", NULL,
+               (const char *const[]){"--metrics", addr, "--metrics-linger", "2", NULL});
+    /* Poll until a scrape shows a finished cold run's prompt lookups (each run
+     * lingers 2 s with its final values), then until the warm run's hits. */
+    static char body[1 << 16];
+    bool cold_seen = false, warm_seen = false;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        if (ht_request(port, "GET", "/metrics", body, sizeof body, NULL, 2000) == 200) {
+            pm_doc doc;
+            cr_assert_eq(pm_parse(body, &doc), 0, "%s", doc.err);
+            const pm_sample *q = pm_find(&doc, "pagedkv_prefix_cache_queries_total", NULL);
+            const pm_sample *h = pm_find(&doc, "pagedkv_prefix_cache_hits_total", NULL);
+            const pm_sample *r = pm_find(&doc, "pagedkv_recovery_blocks_recovered", NULL);
+            cr_assert(q && h && r);
+            if (q->v > 0 && r->v == 0) cold_seen = true;
+            if (h->v > 0 && r->v > 0) warm_seen = true;
+            pm_free(&doc);
+        }
+        usleep(100000);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (!(cold_seen && warm_seen) && t.tv_sec - t0.tv_sec < 120);
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 0, "exit %d\nstderr:\n%s", code, err);
+    cr_assert(cold_seen, "no scrape saw the cold run");
+    cr_assert(warm_seen, "no scrape saw the warm run's hits on recovered blocks");
     free(out);
     free(err);
 }

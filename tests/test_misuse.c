@@ -1150,6 +1150,7 @@ Test(misuse, cuda_calls)
     cr_assert_null(g, "pkv_cuda_open: *out not NULL after a failure");
     MS_BAD(c, &m, pkv_cuda_open(c, &co, NULL), none);
     MS_BAD(c, &m, pkv_cuda_get_stats(NULL, &gs), none);
+    MS_BAD(c, &m, pkv_cuda_metrics_text(NULL, why, sizeof why, NULL), none);
     b = (pkv_cuda_batch *)&b;
     MS_BAD(c, &m, pkv_cuda_page_in(NULL, ids, 2, 0, NULL, &b), none);
     cr_assert_null(b, "pkv_cuda_page_in: *out not NULL after a failure");
@@ -1189,6 +1190,15 @@ Test(misuse, cuda_calls)
     PT_OK(pkv_cuda_open(c, &co, &g));
     MS_BAD(c, &m, pkv_cuda_get_stats(g, NULL), PKV_EINVAL);
     PT_OK(pkv_cuda_get_stats(g, &gs));
+    {
+        static char mt[1 << 14];
+        size_t need = 0;
+        MS_BAD(c, &m, pkv_cuda_metrics_text(g, NULL, 8, &need), PKV_EINVAL);
+        MS_BAD(c, &m, pkv_cuda_metrics_text(g, mt, 8, &need), PKV_ERANGE);
+        PT_OK(pkv_cuda_metrics_text(g, mt, sizeof mt, &need));
+        cr_assert_eq(need, strlen(mt) + 1);
+        cr_assert_not_null(strstr(mt, "\npagedkv_gpu_pool_blocks 8\n"), "%s", mt);
+    }
     b = (pkv_cuda_batch *)&b;
     MS_BAD(c, &m, pkv_cuda_page_in(g, ids, 2, 0, NULL, NULL), PKV_EINVAL);
     MS_BAD(c, &m, pkv_cuda_page_in(g, ids, 0, 0, NULL, &b), PKV_EINVAL);

@@ -71,6 +71,8 @@ static struct opts {
     uint64_t seed, capacity;
     const char *prompt_file;
     const char *arena_dir;
+    const char *metrics_addr; /* --metrics: serve /metrics there during each pass */
+    uint32_t metrics_linger;  /* --metrics-linger: seconds to keep serving after it */
     pkv_durability durability;
     pkv_dtype kv;
     bool json, quiet;
@@ -157,6 +159,10 @@ static void usage(FILE *f) {
             "  --threads N           compute threads per process (default: 2 with --model\n"
             "                        when there are 2 CPUs or more, else 1)\n"
             "  --seed N              --preset: model weights and workload text (default 1)\n"
+            "  --metrics ADDR        serve Prometheus metrics at http://ADDR/metrics (IPV4:PORT,\n"
+            "                        e.g. 127.0.0.1:9464) while each run has the cache open\n"
+            "  --metrics-linger S    keep serving S seconds after each run's work (default 0),\n"
+            "                        so a scraper sees the final values\n"
             "  --run cold|warm       run one pass only, in this process\n"
             "  --json                print the summary as JSON on stdout\n"
             "  --quiet               no progress on stderr\n"
@@ -229,6 +235,7 @@ static void parse_args(int argc, char **argv) {
         {"run", 1, 0, 'r'},            {"json", 0, 0, 'j'},          {"quiet", 0, 0, 'q'},
         {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {"arena-dir", 1, 0, 'A'},
         {"model", 1, 0, 'M'},          {"questions-file", 1, 0, 'Q'},
+        {"metrics", 1, 0, 'X'},        {"metrics-linger", 1, 0, 'L'},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -295,6 +302,11 @@ static void parse_args(int argc, char **argv) {
             break;
         case 'j': opt.json = true; break;
         case 'q': opt.quiet = true; break;
+        case 'X':
+            if (!optarg[0]) bad_usage("bad --metrics ''");
+            opt.metrics_addr = optarg;
+            break;
+        case 'L': opt.metrics_linger = (uint32_t)parse_num(optarg, "--metrics-linger", 0, 3600); break;
         case 'R': opt.result_fd = (int)parse_num(optarg, "--result-fd", 3, 1 << 20); break;
         case 'h': usage(stdout); exit(0);
         case ':': bad_usage("option '%s' needs a value", argv[optind - 1]);
@@ -816,6 +828,14 @@ static void run_pass(int which, const workload *w, pass_result *r) {
             opt.cache_dir, pkv_last_error());
     if (rc) die("pkv_open(%s): %s (%s)", opt.cache_dir, pkv_strerror(rc), pkv_last_error());
     r->open_ns = now_ns() - t_open;
+    pkv_metrics_server *msrv = NULL;
+    if (opt.metrics_addr) {
+        rc = pkv_metrics_serve(c, opt.metrics_addr, &msrv);
+        if (rc)
+            die("--metrics %s: %s (%s)", opt.metrics_addr, pkv_strerror(rc), pkv_last_error());
+        if (!opt.quiet)
+            fprintf(stderr, "  [%s] metrics at http://%s/metrics\n", r->name, opt.metrics_addr);
+    }
     pkv_recovery rec;
     PKV(pkv_get_recovery(c, &rec));
     pkv_stats st0;
@@ -953,6 +973,15 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     r->miss_tokens = st.miss_tokens - st0.miss_tokens;
     r->sealed = st.blocks_sealed;
     pkvm_engine_free(e);
+    if (msrv) {
+        if (opt.metrics_linger) {
+            PKV(pkv_sync(c)); /* the final values, group commits included, before the wait */
+            if (!opt.quiet)
+                fprintf(stderr, "  [%s] serving metrics %u s more\n", r->name, opt.metrics_linger);
+            sleep(opt.metrics_linger);
+        }
+        pkv_metrics_stop(msrv);
+    }
     pkv_close(c); /* makes everything durable */
     r->total_ns = now_ns() - t_start;
     pkvm_free(m);

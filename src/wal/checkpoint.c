@@ -399,6 +399,7 @@ int pkv_ckpt_write(pkv_wal *w, bool delta, uint64_t lsn, uint64_t end_lsn,
     *renamed = true; /* from here on a failure leaves the directory uncertain */
     if ((rc = io->rename(io->ctx, tmp, path)) < 0) return pkv_io_err(rc, "rename", path);
     if ((rc = io->sync_dir(io->ctx, w->dir)) < 0) return pkv_io_err(rc, "fsync", w->dir);
+    atomic_fetch_add_explicit(&w->ckpt_file_bytes, o, memory_order_relaxed);
     if (!delta) remove_old(w, lsn, false);
     return 0;
 }

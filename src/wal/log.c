@@ -347,11 +347,16 @@ static void flush_once(pkv_cache *c, bool hard) {
             rc = seg_create(c, w->seg_no + 1, first, len, &what);
         if (!rc) {
             frame_seal(fb, len, w->epoch, first, nrec);
+            uint64_t t0 = sync ? pkv_now_ns() : 0;
             if ((rc = io->write(io->ctx, w->seg_fd, fb, len, w->seg_off, sync)) < 0)
                 what = sync ? "write+fdatasync log" : "write log";
+            else if (sync)
+                pkv_hist_observe(&w->sync_hist, &pkv_hist_latency, pkv_now_ns() - t0);
         }
     } else if (!rc && sync && w->seg_fd >= 0 && w->durable_lsn < w->written_lsn) {
+        uint64_t t0 = pkv_now_ns();
         if ((rc = io->sync(io->ctx, w->seg_fd)) < 0) what = "fdatasync log";
+        else pkv_hist_observe(&w->sync_hist, &pkv_hist_latency, pkv_now_ns() - t0);
     }
 
     pkv_lock(c);
@@ -374,6 +379,8 @@ static void flush_once(pkv_cache *c, bool hard) {
              * were written unsynced: not measured. */
             uint64_t waited = nrec && w->mode != PKV_DURABLE_NONE ? pkv_now_ns() - first_ns : 0;
             if (waited > w->max_delay_ns) w->max_delay_ns = waited;
+            if (nrec && w->mode != PKV_DURABLE_NONE)
+                pkv_hist_observe(&w->delay_hist, &pkv_hist_latency, waited);
         }
     }
     pkv_cond_broadcast(&w->cv_done);
@@ -479,6 +486,7 @@ static bool do_checkpoint(pkv_cache *c) {
     uint64_t budget = w->base_raw > w->delta_floor ? w->base_raw : w->delta_floor;
     bool delta = !w->full_only && w->chain_ok && w->chain_len < DELTA_CHAIN_MAX &&
                  w->chain_raw + pkv_ckpt_delta_estimate(c) <= budget;
+    const uint64_t t_start = pkv_now_ns();
     w->ckpt_busy = true;
     w->chain_ok = false; /* until this file is written: dirty bits get cleared */
     uint64_t since = w->bytes_since_ckpt;
@@ -572,6 +580,7 @@ static bool do_checkpoint(pkv_cache *c) {
     w->bytes_since_ckpt = w->bytes_since_ckpt > since ? w->bytes_since_ckpt - since : 0;
     w->checkpoints++;
     w->ckpt_ok++;
+    pkv_hist_observe(&w->ckpt_hist, &pkv_hist_long, pkv_now_ns() - t_start);
     if (ndead) {
         pkv_unlock(c);
         for (size_t i = 0; i < ndead; i++) {

@@ -19,6 +19,7 @@
 #define PKV_WAL_H
 
 #include "pagedkv.h"
+#include "histogram.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -218,6 +219,14 @@ typedef struct pkv_wal {
     uint64_t bytes_since_ckpt;
 
     uint64_t records, frames, syncs, bytes, checkpoints;
+    /* Metrics since open (src/metrics.c, docs/metrics.md). delay_hist: each
+     * synced group's first record, append to durable (as max_delay_ns). sync_hist:
+     * each log write+fdatasync (one linked I/O) or lone fdatasync of the flusher.
+     * ckpt_hist: each checkpoint written, from its start to the rename's
+     * directory sync. ckpt_file_bytes: bytes of the checkpoint files written
+     * (compressed, header included), added by pkv_ckpt_write outside the lock. */
+    pkv_hist delay_hist, sync_hist, ckpt_hist;
+    _Atomic uint64_t ckpt_file_bytes;
 } pkv_wal;
 
 /* ---- wal/log.c ---- */
