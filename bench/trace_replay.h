@@ -27,6 +27,8 @@ typedef struct trace_replay_opts {
 typedef struct trace_replay_stats {
     uint64_t requests, calls, appended; /* requests done, pkv_* calls, tokens appended */
     double seconds, gen_seconds;        /* the loop; of which generating token ids */
+    double cpu_seconds;                 /* the loop's CPU time on the calling thread
+                                           (wall less waits and preemption) */
     const char *failed_call;            /* on failure: which call ... */
     size_t failed_request;              /* ... for which request */
     char error[512];                    /* pkv_last_error() of the failure */
