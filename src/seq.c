@@ -688,7 +688,8 @@ out:
 static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep) {
     enum { AHEAD = 8 };
     while (s->nblocks > keep) {
-        if (s->nblocks >= keep + AHEAD + 1) pkv_prefetch(&c->pool.b[s->blocks[s->nblocks - 1 - AHEAD]]);
+        if (s->nblocks > keep + AHEAD)
+            pkv_prefetch(&c->pool.b[s->blocks[s->nblocks - 1 - AHEAD]]);
         pkv_block_release(c, s->blocks[--s->nblocks]);
     }
 }
