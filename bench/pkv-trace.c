@@ -810,10 +810,11 @@ int main(int argc, char **argv) {
             }
             double wall = er.open_s + rs->seconds + er.close_s;
             printf("%20s engine: open %.2f s + replay %.2f s (%.2f s of it generating token "
-                   "ids) + close %.2f s = %.2f s; %.0f calls/s, %.0f requests/s, %.2f M "
+                   "ids) + close %.2f s = %.2f s; replay CPU %.2f s on the request thread; "
+                   "%.0f calls/s, %.0f requests/s, %.2f M "
                    "appended tokens/s; %" PRIu64 " seals, %" PRIu64 " dedupes; log: %" PRIu64
                    " records, %.0f MiB in %" PRIu64 " writes, %" PRIu64 " checkpoints\n%20s %s\n",
-                   "", er.open_s, rs->seconds, rs->gen_seconds, er.close_s, wall,
+                   "", er.open_s, rs->seconds, rs->gen_seconds, er.close_s, wall, rs->cpu_seconds,
                    (double)rs->calls / rs->seconds, (double)rs->requests / rs->seconds,
                    (double)rs->appended / rs->seconds / 1e6, st->seals, st->dedupes,
                    st->wal_records, (double)st->wal_bytes / 1048576.0, st->wal_frames,

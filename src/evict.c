@@ -115,6 +115,37 @@ void pkv_alloc_prefetch(const pkv_cache *c, int stage) {
     pkv_prefetch(pkv_pool_tokens(p, b));
 }
 
+/* The order in which allocations take blocks: the free list from its head, then
+ * the victims (probation from its head, then prot from its head). Between the
+ * allocations of one append nothing joins these lists, so the order holds for the
+ * whole run; it is only a prefetch hint, never a decision. */
+uint32_t pkv_alloc_order_first(const pkv_cache *c) {
+    const pkv_pool *p = &c->pool;
+    return p->free.head != PKV_NONE ? p->free.head : next_victim(&p->pol);
+}
+
+uint32_t pkv_alloc_order_next(const pkv_cache *c, uint32_t b) {
+    const pkv_pool *p = &c->pool;
+    const pkv_block *x = &p->b[b];
+    if (x->next != PKV_NONE) return x->next;
+    if (x->list == LIST_FREE) return next_victim(&p->pol);
+    if (x->list == LIST_LRU) return p->pol.prot.head;
+    return PKV_NONE;
+}
+
+/* What taking block b will touch besides its record (loaded by the caller): for
+ * a cached block, its index slot and its parent's record (eviction) and its token
+ * ids (rewritten by the append). */
+void pkv_alloc_prefetch_block(const pkv_cache *c, uint32_t b) {
+    const pkv_pool *p = &c->pool;
+    const pkv_block *x = &p->b[b];
+    if (x->state == BLK_SEALED) {
+        pkv_index_prefetch(&c->index, x->hash.lo);
+        if (x->parent != PKV_NONE) pkv_prefetch(&p->b[x->parent]);
+    }
+    pkv_prefetch(pkv_pool_tokens(p, b));
+}
+
 uint32_t pkv_evict_victim(pkv_cache *c) {
     pkv_pool *p = &c->pool;
     uint32_t b = next_victim(&p->pol);

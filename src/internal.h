@@ -336,6 +336,18 @@ static inline uint64_t pkv_index_home(const pkv_index *ix, uint64_t key) {
 static inline void pkv_index_prefetch(const pkv_index *ix, uint64_t key) {
     pkv_prefetch(&ix->slots[pkv_index_home(ix, key)]);
 }
+/* The second stage of a probe's prefetch, the slot loaded (or loading): start
+ * loading the record and token ids of the block in the key's home slot, which a
+ * hit compares (a hint: other slots of the run are left to the probe). */
+static inline void pkv_index_prefetch_entry(const pkv_index *ix, const pkv_block *b,
+                                            const uint32_t *tokens, uint32_t block_size,
+                                            uint64_t key) {
+    const pkv_index_slot *s = &ix->slots[pkv_index_home(ix, key)];
+    if (s->key == key && s->block != PKV_NONE) {
+        pkv_prefetch(&b[s->block]);
+        pkv_prefetch(tokens + (uint64_t)s->block * block_size);
+    }
+}
 /* The sealed, not BAD block with this hash, parent, salt and tokens, or
  * PKV_NONE. The match is exact: hash equality alone never suffices. */
 uint32_t pkv_index_find(const pkv_index *ix, const pkv_pool *p, pkv_h128 h,
@@ -666,6 +678,13 @@ static inline uint64_t pkv_evict_count(const pkv_policy *e) {
 }
 /* Prefetch what the next pkv_block_alloc will touch (stage 0, then 1). */
 void pkv_alloc_prefetch(const pkv_cache *c, int stage);
+/* The block the next pkv_block_alloc takes (PKV_NONE: none), and the one the
+ * allocation after the one taking b takes, as long as nothing else changes the
+ * free list or the policy's lists: for prefetching a run of allocations ahead. */
+uint32_t pkv_alloc_order_first(const pkv_cache *c);
+uint32_t pkv_alloc_order_next(const pkv_cache *c, uint32_t b);
+/* Prefetch what taking block b will touch, its record already loaded. */
+void pkv_alloc_prefetch_block(const pkv_cache *c, uint32_t b);
 /* A block loses one reference (before the count drops): under leaf-SLRU a reused
  * (so sealed) block marks its parent reused, so a parent is never on a lower level
  * than its cached children (evict.c). Inline: on every release's path. */

@@ -192,6 +192,8 @@ static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt
             hs[k] = h;
             pkv_index_prefetch(&c->index, h.lo);
         }
+        for (uint64_t k = 0; k < m; k++)
+            pkv_index_prefetch_entry(&c->index, c->pool.b, c->pool.tokens, bs, hs[k].lo);
         for (uint64_t k = 0; k < m; k++) {
             uint32_t b = pkv_index_find(&c->index, &c->pool, hs[k], parent, salt,
                                         prompt + (base + k) * bs);
@@ -223,7 +225,15 @@ int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *promp
         goto out;
     }
     uint32_t hit = prefix_match(c, salt, prompt, maxb, s->blocks);
-    for (uint32_t i = 0; i < hit; i++) pkv_block_acquire(c, s->blocks[i]);
+    for (uint32_t i = 0; i < hit; i++) {
+        /* a cached block leaves its list: its neighbours' records are written */
+        if (i + 4 < hit) {
+            const pkv_block *y = &c->pool.b[s->blocks[i + 4]];
+            if (y->prev != PKV_NONE) pkv_prefetch(&c->pool.b[y->prev]);
+            if (y->next != PKV_NONE) pkv_prefetch(&c->pool.b[y->next]);
+        }
+        pkv_block_acquire(c, s->blocks[i]);
+    }
     s->nblocks = hit;
     s->len = s->committed = (uint64_t)hit * bs;
     pkv_seqmap_insert(&c->seqs, s);
@@ -284,6 +294,32 @@ static int append_plan_make(pkv_cache *c, pkv_seq *s, size_t n, uint64_t spare,
     return table_reserve(s, ap->total);
 }
 
+/* Prefetching a run of allocations: a cursor AHEAD allocations in front of the
+ * next one follows the order pkv_alloc_order_* gives; each step loads the record
+ * of the block after it and what taking the cursor's block will touch, so the
+ * misses of an eviction (record, index slot, parent, token ids) overlap the
+ * allocations before it instead of stalling each. A wrong guess costs only
+ * prefetches. */
+enum { ALLOC_AHEAD = 4 };
+typedef struct alloc_ahead {
+    uint32_t cur;  /* the next block to prefetch for, its record requested */
+    uint64_t left; /* allocations of the run not yet prefetched for */
+} alloc_ahead;
+
+static void alloc_ahead_step(const pkv_cache *c, alloc_ahead *aa) {
+    if (aa->cur == PKV_NONE || aa->left == 0) return;
+    pkv_alloc_prefetch_block(c, aa->cur);
+    aa->left--;
+    aa->cur = pkv_alloc_order_next(c, aa->cur);
+    if (aa->cur != PKV_NONE) pkv_prefetch(&c->pool.b[aa->cur]);
+}
+
+static void alloc_ahead_init(const pkv_cache *c, alloc_ahead *aa, uint64_t need) {
+    aa->left = need;
+    aa->cur = need > 1 ? pkv_alloc_order_first(c) : PKV_NONE;
+    for (int k = 0; k < ALLOC_AHEAD; k++) alloc_ahead_step(c, aa);
+}
+
 /* Carry out a planned append (its blocks and log room are there). */
 static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_t n,
                          pkv_slot *slots, const append_plan *ap) {
@@ -303,15 +339,29 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
         slots[0].block = blk;
         slots[0].offset = off;
     } else {
-        for (size_t i = 0; i < n; i++, off++) {
-            if (off == bs || blk == PKV_NONE) {
+        /* A run of tokens per block: one copy of the ids and a slot loop the
+         * compiler vectorizes, instead of a block test per token (a prefill
+         * appends thousands). */
+        size_t i = 0;
+        if (blk == PKV_NONE) off = bs; /* the end is on a block boundary */
+        alloc_ahead aa;
+        alloc_ahead_init(c, &aa, ap->need - (ap->cow ? 1 : 0));
+        while (i < n) {
+            if (off == bs) {
                 blk = take_block(c);
+                alloc_ahead_step(c, &aa);
                 s->blocks[s->nblocks++] = blk;
-                off = off == bs ? 0 : off;
+                off = 0;
             }
-            p->tokens[(uint64_t)blk * bs + off] = tokens[i];
-            slots[i].block = blk;
-            slots[i].offset = off;
+            uint32_t k = n - i < bs - off ? (uint32_t)(n - i) : bs - off;
+            memcpy(p->tokens + (uint64_t)blk * bs + off, tokens + i, (size_t)k * sizeof *tokens);
+            pkv_slot *sl = slots + i;
+            for (uint32_t j = 0; j < k; j++) {
+                sl[j].block = blk;
+                sl[j].offset = off + j;
+            }
+            i += k;
+            off += k;
         }
     }
     s->len += n;
@@ -370,27 +420,20 @@ static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slo
     }
 }
 
-/* Seal the full block at table index i: hash it, then either enter it in the prefix
- * index or, if an identical block is already sealed, switch to that one. */
-static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
+/* Seal the full block at table index i, whose chained hash is h (seal_run): enter
+ * it in the prefix index or, if an identical block is already sealed, switch to
+ * that one. */
+static void seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
     pkv_pool *p = &c->pool;
     uint32_t b = s->blocks[i];
     pkv_block *x = &p->b[b];
     pkv_assert(x->state == BLK_OPEN && x->ref == 1);
     uint32_t parent = i ? s->blocks[i - 1] : PKV_NONE;
-    pkv_h128 ph = i ? p->b[parent].hash : pkv_hash_root(c->arena.secret, s->salt);
     const uint32_t *toks = pkv_pool_tokens(p, b);
-    pkv_h128 h;
-    if (s->pf_ok && s->pf_blk == b) { /* hashed when its last token came (and */
-        h = s->pf_hash;                /* its index slot is loading already) */
-        pkv_assert(pkv_h128_eq(h, pkv_hash_block(c->arena.secret, ph, toks, p->block_size)));
-    } else {
-        h = pkv_hash_block(c->arena.secret, ph, toks, p->block_size);
-        /* The index probe is a likely miss: start it, and checksum the payload
-         * while it loads (wasted only when the block dedupes, which is rare). */
-        pkv_index_prefetch(&c->index, h.lo);
-    }
-    s->pf_ok = false;
+    pkv_assert(pkv_h128_eq(h, pkv_hash_block(c->arena.secret,
+                                             i ? p->b[parent].hash
+                                               : pkv_hash_root(c->arena.secret, s->salt),
+                                             toks, p->block_size)));
     uint64_t sum; /* computed ahead by the batch (sealsum.c), or now */
     if (x->flags & BLKF_PRESUM) {
         sum = x->payload_sum;
@@ -412,6 +455,49 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i) {
     pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
     pkv_log_seal(c, b);
+}
+
+/* Start loading block b's payload, the seal's checksum input, when it is small
+ * enough to be worth it (a large one streams through the hardware prefetcher). */
+static inline void payload_prefetch(const pkv_cache *c, uint32_t b) {
+    uint64_t n = c->arena.geo.block_bytes;
+    if (n > 4096) return;
+    const uint8_t *q = pkv_arena_block(&c->arena, b);
+    for (uint64_t k = 0; k < n; k += 64) pkv_prefetch(q + k);
+}
+
+/* Seal the full blocks [first, full) of s's table. A window of them is hashed
+ * first, each chained on the hash of the one before (the hash a seal leaves at
+ * that table index: a dedupe switches to a block with the same hash), and their
+ * index slots start loading; then each is sealed while the payload of the block
+ * two ahead loads for its checksum. The hash the decode path computed ahead
+ * (seal_prefetch) is used for its block. */
+static void seal_run(pkv_cache *c, pkv_seq *s, uint64_t first, uint64_t full) {
+    enum { W = 8 };
+    const pkv_pool *p = &c->pool;
+    const uint32_t bs = p->block_size;
+    const uint64_t secret = c->arena.secret;
+    pkv_h128 h = first ? p->b[s->blocks[first - 1]].hash : pkv_hash_root(secret, s->salt);
+    pkv_h128 hs[W];
+    for (uint64_t i = first; i < full && i < first + 2; i++) payload_prefetch(c, s->blocks[i]);
+    for (uint64_t base = first; base < full; base += W) {
+        uint64_t m = full - base < W ? full - base : W;
+        for (uint64_t k = 0; k < m; k++) {
+            uint32_t b = s->blocks[base + k];
+            if (s->pf_ok && s->pf_blk == b) { /* its index slot is loading already */
+                h = s->pf_hash;
+            } else {
+                h = pkv_hash_block(secret, h, pkv_pool_tokens(p, b), bs);
+                pkv_index_prefetch(&c->index, h.lo);
+            }
+            hs[k] = h;
+        }
+        for (uint64_t k = 0; k < m; k++) {
+            if (base + k + 2 < full) payload_prefetch(c, s->blocks[base + k + 2]);
+            seal(c, s, (uint32_t)(base + k), hs[k]);
+        }
+    }
+    if (first < full) s->pf_ok = false;
 }
 
 /* A commit, validated before anything changes. */
@@ -439,7 +525,7 @@ static int commit_plan_make(pkv_cache *c, const pkv_seq *s, size_t n, commit_pla
 }
 
 static void commit_apply(pkv_cache *c, pkv_seq *s, const commit_plan *cp) {
-    for (uint64_t i = cp->first; i < cp->full; i++) seal(c, s, (uint32_t)i);
+    seal_run(c, s, cp->first, cp->full);
     s->committed = cp->newc;
     pkv_log_commit(c, s, cp->old);
     c->wal.arena_dirty = true; /* the caller wrote the K/V it commits */
@@ -622,7 +708,12 @@ out:
 }
 
 static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep) {
-    while (s->nblocks > keep) pkv_block_release(c, s->blocks[--s->nblocks]);
+    enum { AHEAD = 8 };
+    while (s->nblocks > keep) {
+        if (s->nblocks > keep + AHEAD)
+            pkv_prefetch(&c->pool.b[s->blocks[s->nblocks - 1 - AHEAD]]);
+        pkv_block_release(c, s->blocks[--s->nblocks]);
+    }
 }
 
 int pkv_seq_truncate(pkv_cache *c, uint64_t id, size_t new_len) {

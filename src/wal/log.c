@@ -85,7 +85,12 @@ int pkv_wal_too_big(pkv_cache *c, size_t bytes) {
                    "than %llu; nothing changed", bytes, (unsigned long long)PKV_WAL_CALL_MAX);
 }
 
-uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
+_Static_assert(REC_TRAILER == 8, "append() clears the trailer as one word");
+
+/* pkv_wal_append and pkv_wal_append_filled: `zero` says whether the payload is
+ * zeroed here (else the caller writes every byte of it). */
+static pkv_always_inline uint8_t *append(pkv_cache *c, unsigned type, size_t payload,
+                                         bool zero) {
     pkv_wal *w = &c->wal;
     size_t total = pkv_rec_size(payload);
     /* REC_MAX_BYTES: the caller's reserve refused larger records (pkv_wal_reserve) */
@@ -101,7 +106,15 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
     w->tail_end = 0;
     pkv_assert(w->cap - w->len >= total);
     uint8_t *r = w->buf + w->len;
-    memset(r, 0, total);
+    if (zero) {
+        memset(r + REC_HDR, 0, total - REC_HDR);
+    } else {
+        /* The padding and trailer: the word the payload ends in and the last one
+         * (total is REC_HDR + payload + REC_TRAILER rounded up to 8), cleared
+         * before the caller writes the payload over the first one's head. */
+        pkv_put_u64(r + ((REC_HDR + payload) & ~(size_t)7), 0);
+        pkv_put_u64(r + total - 8, 0);
+    }
     pkv_put_u32(r, (uint32_t)total);
     pkv_put_u32(r + 4, type);
     pkv_put_u64(r + 8, w->next_lsn);
@@ -117,6 +130,14 @@ uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
         pkv_cond_signal(&w->cv_work);
     }
     return r + REC_HDR;
+}
+
+uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload) {
+    return append(c, type, payload, true);
+}
+
+uint8_t *pkv_wal_append_filled(pkv_cache *c, unsigned type, size_t payload) {
+    return append(c, type, payload, false);
 }
 
 uint8_t *pkv_wal_reappend(pkv_cache *c, size_t off, unsigned type, size_t payload,

@@ -156,7 +156,7 @@ static uint8_t *put_tokens(uint8_t *q, const uint32_t *t, uint32_t n) {
 void pkv_log_seal(pkv_cache *c, uint32_t b) {
     const pkv_block *x = &c->pool.b[b];
     uint32_t bs = c->pool.block_size;
-    uint8_t *q = pkv_wal_append(c, REC_SEAL, 48 + 4ull * bs);
+    uint8_t *q = pkv_wal_append_filled(c, REC_SEAL, 48 + 4ull * bs);
     pkv_put_u32(q, b);
     pkv_put_u32(q + 4, x->parent);
     pkv_put_u64(q + 8, x->salt);
@@ -164,12 +164,14 @@ void pkv_log_seal(pkv_cache *c, uint32_t b) {
     pkv_put_u64(q + 24, x->hash.hi);
     pkv_put_u64(q + 32, x->payload_sum);
     pkv_put_u32(q + 40, bs);
+    pkv_put_u32(q + 44, 0);
     put_tokens(q + 48, pkv_pool_tokens(&c->pool, b), bs);
 }
 
 void pkv_log_evict(pkv_cache *c, uint32_t b) {
-    uint8_t *q = pkv_wal_append(c, REC_EVICT, 8);
+    uint8_t *q = pkv_wal_append_filled(c, REC_EVICT, 8);
     pkv_put_u32(q, b);
+    pkv_put_u32(q + 4, 0);
 }
 
 /* The committed part of a sequence's table, and its partial tail. */

@@ -238,6 +238,10 @@ int pkv_wal_too_big(pkv_cache *c, size_t bytes);
 /* Append a record header for a payload of `payload` bytes (reserved before);
  * returns the payload to fill. Cache lock held. */
 uint8_t *pkv_wal_append(pkv_cache *c, unsigned type, size_t payload);
+/* The same for a caller that writes every payload byte itself (its zero fields
+ * included): only the padding and the trailer are cleared. For the records
+ * written per block (SEAL, EVICT). */
+uint8_t *pkv_wal_append_filled(pkv_cache *c, unsigned type, size_t payload);
 /* Rewrite the last record appended, at offset `off` of the unflushed buffer, as
  * a record of `type` with `payload` bytes and the same LSN (COMMIT coalescing);
  * the first `keep` payload bytes stay as they are, the rest is zeroed. Returns the
