@@ -118,6 +118,15 @@ static void gauge_secs(mw *w, const char *name, const char *help, uint64_t ns) {
     put(w, "\n", 1);
 }
 
+/* One sample of pagedkv_log_wait_seconds_total{reason=...}. */
+static void wait_secs(mw *w, const char *reason, uint64_t us) {
+    puts_(w, "pagedkv_log_wait_seconds_total{reason=\"");
+    puts_(w, reason);
+    puts_(w, "\"} ");
+    put_secs(w, us * 1000u);
+    put(w, "\n", 1);
+}
+
 typedef struct hist_copy {
     uint64_t n[PKV_HIST_BOUNDS + 1];
     uint64_t sum_ns;
@@ -306,6 +315,23 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     counter(&w, "pagedkv_wal_syncs_total", "fdatasync calls on the log since open.", st->wal_syncs);
     gauge(&w, "pagedkv_wal_last_lsn", "Last log sequence number assigned.", st->last_lsn);
     gauge(&w, "pagedkv_wal_durable_lsn", "Every record up to this LSN is durable.", st->durable_lsn);
+    /* The request thread's waits for the log (design.md, "Free list, limbo and
+     * the policy's lists"): an allocation waits for limbo only for what eviction
+     * cannot supply, for rule D3 before evicting a block whose SEAL is not safe,
+     * and any mutating call for the backlog. */
+    head(&w, "pagedkv_log_waits_total", "counter",
+         "Calls that waited for the log since open, by reason: limbo (freed blocks not yet safe to reuse), seal (rule D3: a victim's SEAL not yet durable), backlog (the unflushed log buffer full).");
+    sample(&w, "pagedkv_log_waits_total", "reason=\"limbo\"", st->waits_limbo);
+    sample(&w, "pagedkv_log_waits_total", "reason=\"seal\"", st->waits_seal);
+    sample(&w, "pagedkv_log_waits_total", "reason=\"backlog\"", st->waits_backlog);
+    head(&w, "pagedkv_log_wait_seconds_total", "counter",
+         "Time calls spent waiting for the log since open, by reason (as pagedkv_log_waits_total).");
+    wait_secs(&w, "limbo", st->wait_limbo_us);
+    wait_secs(&w, "seal", st->wait_seal_us);
+    wait_secs(&w, "backlog", st->wait_backlog_us);
+    gauge(&w, "pagedkv_limbo_blocks",
+          "Of the free blocks, those in limbo: freed, waiting for the log to make their release safe before reuse.",
+          st->blocks_limbo);
     histogram(&w, "pagedkv_wal_group_commit_delay_seconds",
               "Wait of each synced group's first record from its append until durable, since open (not measured in NONE mode).",
               &s.delay, &pkv_hist_latency);

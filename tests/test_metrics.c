@@ -159,6 +159,10 @@ Test(metrics, values_equal_stats_after_a_known_workload) {
     EXPECT(&d, "pagedkv_wal_bytes_total", NULL, st.wal_bytes);
     EXPECT(&d, "pagedkv_wal_frames_total", NULL, st.wal_frames);
     EXPECT(&d, "pagedkv_wal_syncs_total", NULL, st.wal_syncs);
+    EXPECT(&d, "pagedkv_log_waits_total", "reason=limbo", st.waits_limbo);
+    EXPECT(&d, "pagedkv_log_waits_total", "reason=seal", st.waits_seal);
+    EXPECT(&d, "pagedkv_log_waits_total", "reason=backlog", st.waits_backlog);
+    EXPECT(&d, "pagedkv_limbo_blocks", NULL, st.blocks_limbo);
     EXPECT(&d, "pagedkv_wal_last_lsn", NULL, st.last_lsn);
     EXPECT(&d, "pagedkv_wal_durable_lsn", NULL, st.durable_lsn);
     EXPECT(&d, "pagedkv_checkpoints_total", NULL, st.checkpoints);
