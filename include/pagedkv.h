@@ -283,6 +283,24 @@ typedef struct pkv_slot {
 int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached);
 
+/* How many tokens of `prompt` a pkv_seq_open(cache, id, salt, prompt, n, ...) made
+ * in its place would attach: the same prompt cap (a multiple of block_size, at
+ * most n-1), the same exact match under `salt`, the same payload check of a
+ * recovered block (rules S1, S2 of docs/format.md). Side-effect free: attaches
+ * nothing, leaves the eviction order (LRU recency, SLRU protection), every
+ * pkv_stats counter and the log as they were, so it may be called any number of
+ * times per request. Works on read-only handles (answering for the state
+ * recovered at their open) and on failed caches. The answer is advice: blocks
+ * may be evicted before a later pkv_seq_open, whose *n_cached is what counts.
+ * A recovered block it reaches is checksummed; a pass is remembered (later
+ * lookups and opens do not checksum it again), a failure ends the count and is
+ * left for pkv_seq_open to record (BAD, verify_failures, log).
+ * *n_cached is 0 on error.
+ * Errors: PKV_EINVAL (cache, prompt or n_cached NULL; n == 0).
+ * Blocks: lock; reads the payload of a recovered block it reaches first. */
+int pkv_prefix_lookup(pkv_cache *cache, uint64_t salt, const uint32_t *prompt, size_t n,
+                      size_t *n_cached);
+
 /* Reserve room for n > 0 new tokens after the sequence's current end and write, for
  * each, its slot to slots[0..n) (the caller's array). If the last block is shared it
  * is first copied (copy-on-write). All-or-nothing: on PKV_EFULL nothing changed.

@@ -632,6 +632,12 @@ void pkv_block_seal(pkv_cache *c, uint32_t b, pkv_h128 h, uint32_t parent, uint6
  * log runs, so no later recovery serves or indexes it. */
 typedef enum { PKV_VERIFY_OK, PKV_VERIFY_BAD, PKV_VERIFY_FAILED } pkv_verdict;
 pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b);
+/* Rule S1 for a path that serves nothing and must record nothing
+ * (pkv_prefix_lookup): true when sealed block b would pass pkv_block_verify. A
+ * pass is kept exactly as pkv_block_verify keeps it (UNVERIFIED cleared, nothing
+ * logged or counted); a failure changes nothing, so the serving path that next
+ * reaches the block marks it BAD, counts and logs it. */
+bool pkv_block_verify_quiet(pkv_cache *c, uint32_t b);
 /* Stamp blocks freed by the current call with the LSN of its last record. */
 void pkv_limbo_stamp(pkv_cache *c);
 /* Move limbo blocks whose stamp is at or below `safe` to the free list. */
