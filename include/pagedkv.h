@@ -69,7 +69,7 @@ const char *pkv_version(int *major, int *minor, int *patch);
  * backend (pkv_io_ops) returns -errno values in [-4095, -1], and neither range
  * meets the other, so a code says unambiguously which one it is. */
 #define PKV_ERR_FIRST (-31001)
-#define PKV_ERR_LAST  (-31017)
+#define PKV_ERR_LAST  (-31018)
 enum {
     PKV_OK        =      0,
     PKV_EINVAL    = -31001, /* bad argument (NULL, zero or out-of-range value)      */
@@ -91,6 +91,9 @@ enum {
     PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
     PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
     PKV_EFAILED   = -31017, /* the cache hit an I/O error and refuses changes; reopen */
+    PKV_EDISCONNECTED = -31018, /* a connected handle (pkv_connect) lost its daemon:
+                                   every later call fails too; pkv_close it and
+                                   connect again */
 };
 
 /* Static description of an error code ("unknown error" for unknown codes). Never
@@ -229,6 +232,26 @@ void pkv_options_init(pkv_options *opt);
  * the log, fdatasyncs, may write a repair checkpoint); never waits for another
  * writer (PKV_EBUSY instead). */
 int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
+
+/* Connect to the pkvd daemon listening on the Unix socket `socket_path` (docs/pkvd.md)
+ * and return a handle on which the sequence calls, pkv_prefix_lookup,
+ * pkv_get_stats, pkv_sync, pkv_info, pkv_kv and pkv_kv_view_of behave as
+ * documented for a handle of pkv_open, the daemon's cache (its geometry and
+ * durability mode); the arena file is mapped into this process, so pkv_kv
+ * addresses are this process's own and K/V never crosses the socket. Each call is
+ * one round trip (pkv_seq_step_batch: one per batch); the handle's calls are
+ * serialized by a mutex of its own. Sequences belong to the connection: pkvd
+ * closes them when the handle is closed or the process dies. pkv_check,
+ * pkv_checkpoint, pkv_get_recovery, pkv_seq_list, the inspection API and
+ * pkv_cuda_open return PKV_ENOTSUP on it. Once the daemon is gone every call
+ * returns PKV_EDISCONNECTED (pkv_close the handle, connect again); pointers from
+ * pkv_kv must not be read after that. At most 4 Mi tokens per call (PKV_ERANGE).
+ * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
+ * daemon, or it closed the connection), PKV_EGEOMETRY (a geometry this library
+ * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,
+ * PKV_EIO. On failure *out is NULL.
+ * Blocks: connects and waits for the daemon's first reply; maps the arena. */
+int pkv_connect(const char *socket_path, pkv_cache **out);
 
 /* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine.
  * Cannot fail: an I/O error of its last flush is lost, as in a crash. Blocks: log

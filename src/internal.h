@@ -571,7 +571,44 @@ struct pkv_cache {
         uint32_t index, block;
         const char *why;
     } first_cut;
+    /* A connected handle (pkv_connect, remote.c): only the arena part above is
+     * filled; the calls forward to pkvd (PKV_REMOTE) or refuse (PKV_LOCAL_ONLY). */
+    struct pkv_remote *remote;
 };
+
+/* ---- Connected handles (remote.c, docs/pkvd.md) --------------------------- */
+
+typedef struct pkv_remote pkv_remote;
+/* First statement of a public call with a remote form, after its argument
+ * checks: forward it when the handle is connected. */
+#define PKV_REMOTE(c, call)                                                     \
+    do {                                                                        \
+        if (pkv_unlikely((c) != NULL && (c)->remote != NULL)) return (call);    \
+    } while (0)
+/* Calls without a remote form: PKV_ENOTSUP on a connected handle. */
+#define PKV_LOCAL_ONLY(c, what)                                                 \
+    do {                                                                        \
+        if (pkv_unlikely((c) != NULL && (c)->remote != NULL))                   \
+            return pkv_err(PKV_ENOTSUP, "%s is not available on a pkv_connect "   \
+                           "handle", what);                                     \
+    } while (0)
+void pkv_remote_close(pkv_cache *c);
+int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
+                      size_t *n_cached);
+int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
+                        size_t n, size_t *n_cached);
+/* append (n_commit 0), commit (n 0) and commit_append */
+int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
+                             const uint32_t *tokens, size_t n, pkv_slot *slots);
+int pkv_remote_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done);
+int pkv_remote_fork(pkv_cache *c, uint64_t parent, uint64_t child);
+int pkv_remote_truncate(pkv_cache *c, uint64_t id, size_t new_len);
+int pkv_remote_seq_close(pkv_cache *c, uint64_t id);
+int pkv_remote_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out);
+int pkv_remote_list(pkv_cache *c, bool tokens, uint64_t id, uint32_t *out, size_t cap,
+                    size_t *n);
+int pkv_remote_stats(pkv_cache *c, pkv_stats *out);
+int pkv_remote_sync(pkv_cache *c);
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */
 

@@ -29,6 +29,7 @@ int pkv_prefix_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_
     if (!c || !prompt || !n_cached)
         return pkv_err(PKV_EINVAL, "cache, prompt or n_cached is NULL");
     if (n == 0) return pkv_err(PKV_EINVAL, "a lookup needs n > 0 prompt tokens");
+    PKV_REMOTE(c, pkv_remote_lookup(c, salt, prompt, n, n_cached));
     enum { W = 16 }; /* hashes computed ahead, their index slots prefetched */
     pkv_lock(c);
     const uint32_t bs = c->pool.block_size;
