@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,8 +48,10 @@ static void daemon_paths(void)
     pt_path(sock_path, sizeof sock_path, "pkvd.sock");
 }
 
-/* Start pkvd on dir_path / sock_path and wait for its READY line. */
-static pid_t daemon_start(void)
+/* Start pkvd on dir_path / sock_path (extra arguments: up to 4, NULL-ended)
+ * and wait for its READY line. */
+static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
+                               const char *x4)
 {
     const char *bin = getenv("PKVD");
     cr_assert(bin && bin[0], "$PKVD (the daemon binary) is not set");
@@ -65,7 +68,8 @@ static pid_t daemon_start(void)
         snprintf(bs, sizeof bs, "%u", BS);
         execl(bin, bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
               "--layers", "2", "--kv-heads", "2", "--head-dim", "4", "--block-size", bs,
-              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL, (char *)NULL);
+              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL, x1, x2, x3, x4,
+              (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -76,6 +80,11 @@ static pid_t daemon_start(void)
     close(p[0]);
     cr_assert(!memcmp(buf, "READY\n", 6));
     return pid;
+}
+
+static pid_t daemon_start(void)
+{
+    return daemon_start_with(NULL, NULL, NULL, NULL);
 }
 
 static void daemon_stop(pid_t pid, int sig)
@@ -293,8 +302,9 @@ Test(pkvd, sequence_calls_behave_as_on_a_local_handle)
 /* ---- Client death ---------------------------------------------------------------------- */
 
 /* A client that opens sequences over a shared prefix, appends (pending), commits
- * part, forks, forever, until killed. */
-static void busy_client(uint32_t seed)
+ * part, forks, forever, until killed. It writes one byte to `ready` once its first
+ * sequence is open. */
+static void busy_client(uint32_t seed, int ready)
 {
     pkv_cache *c = NULL;
     if (pkv_connect(sock_path, &c)) _exit(3);
@@ -305,6 +315,12 @@ static void busy_client(uint32_t seed)
         size_t n = 5 + pt_below(&r, 20), nc = 0;
         for (size_t i = 0; i < n; i++) p[i] = i < 8 ? 1000 + (uint32_t)i : pt_below(&r, 3);
         if (pkv_seq_open(c, id, 0, p, n, &nc)) continue;
+        if (ready >= 0) {
+            ssize_t w = write(ready, "r", 1);
+            (void)w;
+            close(ready);
+            ready = -1;
+        }
         if (nc < n && pkv_seq_append(c, id, p + nc, n - nc, slots) == 0 && pt_below(&r, 2)) {
             pkv_cache_info inf;
             pkv_info(c, &inf);
@@ -330,13 +346,24 @@ Test(pkvd, a_killed_client_releases_everything)
     open_fill(obs, 1, p, 13); /* the other client's sequence must be unaffected */
     pkv_stats s0 = pt_stats(obs);
     pt_rng r = {.s = 0xdeadu};
-    int kills = (int)pt_env_u64("PKV_PKVD_KILLS", 30);
+    int kills = (int)pt_env_u64("PKV_PKVD_KILLS", 300), holding = 0;
     for (int k = 0; k < kills; k++) {
+        int rp[2];
+        cr_assert_eq(pipe(rp), 0);
         pid_t b = fork();
         cr_assert(b >= 0);
-        if (b == 0) busy_client((uint32_t)k + 1);
-        struct timespec ts = {0, (long)(1 + pt_below(&r, 20)) * 1000000L};
+        if (b == 0) {
+            close(rp[0]);
+            busy_client((uint32_t)k + 1, rp[1]);
+        }
+        close(rp[1]);
+        /* Killed while it works: after its first open, 0-5 ms into its calls. */
+        struct pollfd pf = {.fd = rp[0], .events = POLLIN};
+        cr_assert_eq(poll(&pf, 1, 10000), 1, "kill %d: the client never got going", k);
+        close(rp[0]);
+        struct timespec ts = {0, (long)pt_below(&r, 5000) * 1000L};
         nanosleep(&ts, NULL);
+        holding += pt_stats(obs).sequences > s0.sequences;
         cr_assert_eq(kill(b, SIGKILL), 0);
         int st;
         cr_assert_eq(waitpid(b, &st, 0), b);
@@ -355,6 +382,9 @@ Test(pkvd, a_killed_client_releases_everything)
                   (unsigned long long)s0.sequences, (unsigned long long)s0.blocks_used);
         cr_assert_eq(s.capacity, s.blocks_free + s.blocks_cached + s.blocks_used);
     }
+    cr_log_info("%d kills, %d found the client holding sequences", kills, holding);
+    cr_assert(holding >= kills / 2, "only %d of %d kills found the client holding sequences",
+              holding, kills);
     PT_VERIFY(obs, 1, 0, p, 13, 13);
     pkv_close(obs);
     daemon_stop(d, SIGTERM);
@@ -543,4 +573,49 @@ Test(pkvd, connect_checks_its_arguments)
     PT_ERR(pkv_connect(sock_path, &c), PKV_EDISCONNECTED); /* nothing listens */
     cr_assert_null(c);
     cr_assert(pkv_last_error()[0], "a message");
+}
+
+/* ---- Permissions ----------------------------------------------------------------------- */
+
+/* pkv_connect's result in a child running as uid `uid` (needs root to switch). */
+static int connect_as(uid_t uid)
+{
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        if (setgid(uid) || setuid(uid)) _exit(100);
+        pkv_cache *c = NULL;
+        int r = pkv_connect(sock_path, &c);
+        pkv_close(c);
+        _exit(r == 0 ? 0 : r == PKV_EDISCONNECTED ? 1 : 2);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 100, "the child could not switch uid");
+    return WEXITSTATUS(st);
+}
+
+Test(pkvd, only_allowed_uids_connect)
+{
+    if (geteuid() != 0) cr_skip_test("needs root to run a client as another uid");
+    daemon_paths();
+    pid_t d = daemon_start();
+    struct stat st;
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600, "the socket is 0%o", st.st_mode & 0777);
+    cr_assert_eq(connect_as(65534), 1, "another uid is refused (socket mode)");
+    daemon_stop(d, SIGTERM);
+    /* A world-writable socket that other uids can reach (the test directory is
+     * 0700): now SO_PEERCRED alone refuses, until the uid is allowed. */
+    cr_assert_eq(chmod(pt_dir, 0711), 0);
+    d = daemon_start_with("--socket-mode", "666", NULL, NULL);
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0666);
+    cr_assert_eq(connect_as(65534), 1, "another uid is refused (peer credentials)");
+    pkv_cache *c = connect_ok(); /* the daemon's own uid still connects */
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    d = daemon_start_with("--socket-mode", "666", "--allow-uid", "65534");
+    cr_assert_eq(connect_as(65534), 0, "an allowed uid connects");
+    daemon_stop(d, SIGTERM);
 }

@@ -42,7 +42,15 @@ static pkv_cache *cache;
 static pkv_cache_info info;
 static int arena_fd = -1;
 static atomic_uint_fast64_t next_id = 1;
-static uid_t allow_uid;
+#define MAX_UIDS 64
+static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
+static size_t n_uids;
+
+static bool uid_allowed(uid_t u) {
+    for (size_t i = 0; i < n_uids; i++)
+        if (allow_uids[i] == u) return true;
+    return false;
+}
 
 static void logf_(const char *fmt, ...) {
     va_list ap;
@@ -449,8 +457,10 @@ static void usage(void) {
             "            --layers N --kv-heads N --head-dim N --model-id ID --capacity N\n"
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
+            "            [--socket-mode OCTAL] [--allow-uid UID]...\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
-            "(mode 0600; only this uid may connect). docs/pkvd.md.\n");
+            "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
+            "connect). docs/pkvd.md.\n");
 }
 
 static bool num(const char *s, uint64_t *out) {
@@ -504,7 +514,8 @@ static void reap(bool all) {
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL;
-    uint64_t ready_fd = UINT64_MAX, v;
+    uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600;
+    allow_uids[n_uids++] = getuid();
     pkv_options o;
     pkv_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -529,6 +540,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--head-dim")) ok = num(val, &v) && v <= UINT32_MAX && (o.head_dim = (uint32_t)v, 1);
         else if (!strcmp(a, "--block-size")) ok = num(val, &v) && v <= UINT32_MAX && (o.block_size = (uint32_t)v, 1);
         else if (!strcmp(a, "--capacity")) ok = num(val, &o.capacity);
+        else if (!strcmp(a, "--allow-uid"))
+            ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
+                 (allow_uids[n_uids++] = (uid_t)v, 1);
+        else if (!strcmp(a, "--socket-mode")) {
+            char *end;
+            errno = 0;
+            sock_mode = strtoull(val, &end, 8);
+            ok = !errno && end != val && !*end && sock_mode <= 0777;
+        }
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(val, "f32")) o.dtype = PKV_F32;
             else if (!strcmp(val, "f16")) o.dtype = PKV_F16;
@@ -559,7 +579,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     memcpy(sa.sun_path, sock, strlen(sock) + 1);
-    allow_uid = getuid();
     int rc = pkv_open(dir, &o, &cache);
     if (rc) {
         logf_("pkv_open %s: %s (%s)", dir, pkv_strerror(rc), pkv_last_error());
@@ -583,6 +602,7 @@ int main(int argc, char **argv) {
     mode_t old = umask(0177); /* the socket file is created 0600 */
     int brc = bind(lfd, (struct sockaddr *)&sa, sizeof sa);
     umask(old);
+    if (!brc && sock_mode != 0600) brc = chmod(sock, (mode_t)sock_mode);
     if (brc || listen(lfd, 64)) {
         logf_("listen on %s: %s", sock, strerror(errno));
         pkv_close(cache);
@@ -609,8 +629,8 @@ int main(int argc, char **argv) {
         if (fd < 0) continue;
         struct ucred cr;
         socklen_t cl = sizeof cr;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || cr.uid != allow_uid) {
-            logf_("refused a connection from uid %d", (int)cr.uid);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || !uid_allowed(cr.uid)) {
+            logf_("refused a connection from uid %d (not in --allow-uid)", (int)cr.uid);
             close(fd);
             continue;
         }
