@@ -619,3 +619,81 @@ Test(pkvd, only_allowed_uids_connect)
     cr_assert_eq(connect_as(65534), 0, "an allowed uid connects");
     daemon_stop(d, SIGTERM);
 }
+
+/* ---- Daemon death under load ----------------------------------------------------------- */
+
+/* A client that, until its daemon is gone, opens sequences over a few shared
+ * stems, checks that every attached token holds the K/V of its exact prefix,
+ * appends and writes the rest, commits, syncs now and then, closes. Exit 0 when
+ * the daemon went away (PKV_EDISCONNECTED), 1 on wrong K/V, 2 on an
+ * undocumented error. */
+static void checking_client(uint32_t seed)
+{
+    pkv_cache *c = NULL;
+    if (pkv_connect(sock_path, &c)) _exit(0); /* the daemon died first */
+    pkv_cache_info inf;
+    pkv_info(c, &inf);
+    pt_rng r = {.s = seed};
+    uint32_t p[40];
+    pkv_slot slots[40];
+    char err[256];
+    for (uint64_t id = 1;; id++) {
+        size_t n = 2 + pt_below(&r, 37), nc = 0;
+        uint32_t stem = pt_below(&r, 4);
+        for (size_t i = 0; i < n; i++) p[i] = i < 12 ? 100 * stem + (uint32_t)i : pt_below(&r, 3);
+        int rc = pkv_seq_open(c, id, 0, p, n, &nc);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        if (rc) _exit(2);
+        uint32_t tab[16];
+        size_t nb = 0;
+        rc = pkv_seq_blocks(c, id, tab, 16, &nb);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        uint64_t h = pt_h0(0);
+        for (size_t t = 0; !rc && t < nc; t++) {
+            h = pt_hstep(h, p[t]);
+            if (!pt_token_ok(c, &inf, tab[t / BS], (uint32_t)(t % BS), h, err, sizeof err)) {
+                fprintf(stderr, "client %u: wrong K/V at %zu of %zu: %s\n", seed, t, nc, err);
+                _exit(1);
+            }
+        }
+        rc = pkv_seq_append(c, id, p + nc, n - nc, slots);
+        if (rc == 0) {
+            for (size_t i = 0; i < n - nc; i++) {
+                h = pt_hstep(h, p[nc + i]);
+                pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+            }
+            rc = pkv_seq_commit(c, id, n - nc);
+        }
+        if (rc == 0 && pt_below(&r, 8) == 0) rc = pkv_sync(c);
+        if (rc == 0) rc = pkv_seq_close(c, id);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        if (rc && rc != PKV_EFULL) _exit(2);
+    }
+}
+
+Test(pkvd, killing_the_daemon_under_load_never_serves_wrong_kv)
+{
+    daemon_paths();
+    pt_rng r = {.s = 0x5eedu};
+    int rounds = (int)pt_env_u64("PKV_PKVD_DAEMON_KILLS", 20);
+    for (int k = 0; k < rounds; k++) {
+        pid_t d = daemon_start();
+        pid_t cl[2];
+        for (int i = 0; i < 2; i++) {
+            cl[i] = fork();
+            cr_assert(cl[i] >= 0);
+            if (cl[i] == 0) checking_client((uint32_t)(k * 2 + i + 1));
+        }
+        struct timespec ts = {0, (long)(2 + pt_below(&r, 40)) * 1000000L};
+        nanosleep(&ts, NULL);
+        daemon_stop(d, SIGKILL);
+        for (int i = 0; i < 2; i++) {
+            int st = 0;
+            cr_assert_eq(waitpid(cl[i], &st, 0), cl[i]);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "round %d, client %d: status 0x%x (1: wrong K/V, 2: an undocumented "
+                      "error)", k, i, st);
+        }
+    }
+    offline_check(); /* the directory the last kill left recovers clean */
+}
