@@ -697,3 +697,55 @@ Test(pkvd, killing_the_daemon_under_load_never_serves_wrong_kv)
     }
     offline_check(); /* the directory the last kill left recovers clean */
 }
+
+/* ---- Salts: the tenant boundary ----------------------------------------------------------- */
+
+static size_t sopen_salt(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *p, size_t n)
+{
+    size_t nc = 0;
+    PT_OK(pkv_seq_open(c, id, salt, p, n, &nc));
+    return nc;
+}
+
+Test(pkvd, a_client_uses_only_its_allowed_salts)
+{
+    daemon_paths();
+    char rule[64];
+    snprintf(rule, sizeof rule, "%u=1,2", (unsigned)getuid());
+    pid_t d = daemon_start_with("--salts", rule, NULL, NULL);
+    pkv_cache *c = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 600);
+    size_t nc = 5;
+    PT_ERR(pkv_prefix_lookup(c, 0, p, 13, &nc), PKV_EINVAL);
+    cr_assert(strstr(pkv_last_error(), "salt 0"), "message '%s'", pkv_last_error());
+    cr_assert_eq(nc, 0);
+    PT_ERR(pkv_seq_open(c, 1, 3, p, 13, &nc), PKV_EINVAL);
+    cr_assert_eq(sopen_salt(c, 1, 2, p, 13), 0);
+    add_commit(c, 1, 2, p, 0, 13);
+    PT_OK(pkv_seq_fork(c, 1, 2)); /* inherits salt 2 */
+    PT_OK(pkv_prefix_lookup(c, 2, p, 13, &nc));
+    cr_assert_eq(nc, 12);
+    PT_OK(pkv_prefix_lookup(c, 1, p, 13, &nc));
+    cr_assert_eq(nc, 0, "salt 1 is another domain");
+    pkv_stats s = pt_stats(c);
+    cr_assert_eq(s.sequences, 2, "the refused open created nothing");
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    /* Malformed rules stop the daemon before it listens (status 2). */
+    const char *bad[] = {"x", "=1", "0=", "0=1,", "0=a", "99999999999=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        pid_t b = fork();
+        cr_assert(b >= 0);
+        if (b == 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            dup2(devnull, 2);
+            execl(getenv("PKVD"), "pkvd", "--salts", bad[i], "--dir", dir_path, "--socket",
+                  sock_path, (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        cr_assert_eq(waitpid(b, &st, 0), b);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--salts %s: status 0x%x", bad[i], st);
+    }
+}

@@ -46,6 +46,22 @@ static atomic_uint_fast64_t next_id = 1;
 static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
 static size_t n_uids;
 
+/* --salts UID=S1,S2,...: the salts (trust domains) a uid's connections may
+ * name in a lookup or an open; a uid without a rule may name any. */
+typedef struct salt_rule {
+    uid_t uid;
+    size_t n;
+    uint64_t *salts;
+} salt_rule;
+static salt_rule rules[MAX_UIDS];
+static size_t n_rules;
+
+static const salt_rule *rule_of(uid_t u) {
+    for (size_t i = 0; i < n_rules; i++)
+        if (rules[i].uid == u) return &rules[i];
+    return NULL;
+}
+
 static bool uid_allowed(uid_t u) {
     for (size_t i = 0; i < n_uids; i++)
         if (allow_uids[i] == u) return true;
@@ -130,6 +146,7 @@ typedef struct conn {
     pthread_t th;
     idmap ids;
     uint64_t batch; /* STEP_BATCH counter (marks in ids) */
+    const salt_rule *salts; /* NULL: every salt */
     bool hello;
     atomic_bool finished;
     struct conn *next;
@@ -221,12 +238,23 @@ static int exists(uint64_t id) {
 
 static int oom(void) { return pkv_err(PKV_ENOMEM, "pkvd: out of memory"); }
 
+/* Salts are the tenant boundary: a connection may look up and open only under
+ * the salts its uid is allowed (forks inherit their parent's). */
+static int salt_check(const conn *k, uint64_t salt) {
+    if (!k->salts) return 0;
+    for (size_t i = 0; i < k->salts->n; i++)
+        if (k->salts->salts[i] == salt) return 0;
+    return pkv_err(PKV_EINVAL, "salt %llu is not allowed for this client (pkvd --salts)",
+                   (unsigned long long)salt);
+}
+
 /* Carry out one decoded request; results go to res. Returns the rc to send. */
 static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     int rc = 0;
     size_t i;
     switch (r->op) {
     case PKVD_LOOKUP: {
+        if ((rc = salt_check(k, r->salt))) return rc;
         uint32_t *t = tokens_of(r);
         size_t nc = 0;
         rc = t ? pkv_prefix_lookup(cache, r->salt, t, r->n, &nc) : oom();
@@ -236,6 +264,7 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     }
     case PKVD_SEQ_OPEN: {
         if (im_find(&k->ids, r->id) != SIZE_MAX) return exists(r->id);
+        if ((rc = salt_check(k, r->salt))) return rc;
         if (im_reserve(&k->ids)) return oom();
         uint32_t *t = tokens_of(r);
         if (!t) return oom();
@@ -457,7 +486,7 @@ static void usage(void) {
             "            --layers N --kv-heads N --head-dim N --model-id ID --capacity N\n"
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
-            "            [--socket-mode OCTAL] [--allow-uid UID]...\n"
+            "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
             "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
             "connect). docs/pkvd.md.\n");
@@ -469,6 +498,36 @@ static bool num(const char *s, uint64_t *out) {
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-') return false;
     *out = v;
+    return true;
+}
+
+/* UID=S1,S2,... (decimal) into a new rule. */
+static bool parse_salts(const char *val) {
+    uint64_t uid;
+    const char *eq = strchr(val, '=');
+    char head[32];
+    if (!eq || eq == val || (size_t)(eq - val) >= sizeof head || n_rules == MAX_UIDS) return false;
+    memcpy(head, val, (size_t)(eq - val));
+    head[eq - val] = '\0';
+    if (!num(head, &uid) || uid >= UINT32_MAX || rule_of((uid_t)uid)) return false;
+    salt_rule *sr = &rules[n_rules];
+    size_t cap = 1;
+    for (const char *q = eq + 1; *q; q++) cap += *q == ',';
+    if (!(sr->salts = calloc(cap, sizeof *sr->salts))) return false;
+    char *copy = strdup(eq + 1), *save = NULL;
+    size_t len = strlen(eq + 1);
+    bool ok = copy != NULL && len && eq[1] != ',' && eq[len] != ',' && !strstr(eq, ",,");
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; ok && tok;
+         tok = strtok_r(NULL, ",", &save))
+        ok = num(tok, &sr->salts[sr->n++]);
+    free(copy);
+    if (!ok) {
+        free(sr->salts);
+        memset(sr, 0, sizeof *sr);
+        return false;
+    }
+    sr->uid = (uid_t)uid;
+    n_rules++;
     return true;
 }
 
@@ -543,6 +602,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--allow-uid"))
             ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
                  (allow_uids[n_uids++] = (uid_t)v, 1);
+        else if (!strcmp(a, "--salts")) ok = parse_salts(val);
         else if (!strcmp(a, "--socket-mode")) {
             char *end;
             errno = 0;
@@ -640,6 +700,7 @@ int main(int argc, char **argv) {
             continue;
         }
         k->fd = fd;
+        k->salts = rule_of(cr.uid);
         pthread_mutex_lock(&conns_mu);
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
@@ -658,5 +719,6 @@ int main(int argc, char **argv) {
     if ((rc = pkv_checkpoint(cache))) logf_("checkpoint: %s", pkv_last_error());
     pkv_close(cache);
     close(arena_fd);
+    for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
     return 0;
 }
