@@ -749,3 +749,33 @@ Test(pkvd, a_client_uses_only_its_allowed_salts)
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--salts %s: status 0x%x", bad[i], st);
     }
 }
+
+/* ---- The example client ------------------------------------------------------------------ */
+
+/* Run $PKVD_EXAMPLE for `user`; its one line of output into out. */
+static int run_example(const char *user, char *out, size_t cap)
+{
+    const char *bin = getenv("PKVD_EXAMPLE");
+    cr_assert(bin && bin[0], "$PKVD_EXAMPLE is not set");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' %s", bin, sock_path, user);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    out[0] = '\0';
+    if (!fgets(out, (int)cap, f)) out[0] = '\0';
+    return pclose(f);
+}
+
+Test(pkvd, the_example_client_shares_the_system_prompt)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    char line[512];
+    cr_assert_eq(run_example("1", line, sizeof line), 0, "first run: %s", line);
+    cr_assert(strstr(line, "0 of 208 prompt tokens cached"), "first run: %s", line);
+    cr_assert_eq(run_example("2", line, sizeof line), 0, "second run: %s", line);
+    cr_assert(strstr(line, "200 of 208 prompt tokens cached (lookup said 200)"),
+              "second run: %s", line);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
