@@ -267,6 +267,7 @@ int pkv_connect(const char *path, pkv_cache **out) {
     memset(c, 0, sizeof *c);
     c->arena.fd = c->arena.lock_fd = c->arena.dir_fd = -1;
     c->remote = r;
+    c->rdonly = true; /* the gate PKV_REMOTE tests first (internal.h) */
     pthread_mutex_init(&r->mu, NULL);
     r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int rc;
