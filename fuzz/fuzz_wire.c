@@ -60,6 +60,7 @@ static void encode(const pkvd_req *r, pkvd_wr *w) {
         return;
     case PKVD_STATS:
     case PKVD_SYNC:
+    case PKVD_CLIENTS:
         return;
     default:
         fz_fail("accepted unknown op %u", r->op);

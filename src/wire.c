@@ -167,6 +167,7 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
         break;
     case PKVD_STATS:
     case PKVD_SYNC:
+    case PKVD_CLIENTS:
         break;
     default:
         return pkv_err(PKV_EINVAL, "unknown op %u", op);

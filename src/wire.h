@@ -44,6 +44,7 @@ enum pkvd_op {
     PKVD_TOKENS = 13,
     PKVD_STATS = 14,
     PKVD_SYNC = 15,
+    PKVD_CLIENTS = 16, /* pkvd --status: the connections and their sequences */
     PKVD_OP_END
 };
 

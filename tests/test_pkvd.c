@@ -779,3 +779,33 @@ Test(pkvd, the_example_client_shares_the_system_prompt)
     daemon_stop(d, SIGTERM);
     offline_check();
 }
+
+/* ---- pkvd --status ------------------------------------------------------------------------ */
+
+Test(pkvd, status_lists_the_connections_and_their_sequences)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *a = connect_ok(), *b = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 900);
+    open_fill(a, 1, p, 13);
+    open_fill(b, 1, p, 13);
+    PT_OK(pkv_seq_fork(b, 1, 2));
+    char cmd[1024], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --status --socket '%s'", getenv("PKVD"), sock_path);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    cr_assert_eq(pclose(f), 0, "pkvd --status failed: %s", out);
+    char want1[64], want2[64];
+    snprintf(want1, sizeof want1, "uid %u pid %d sequences 1\n", (unsigned)getuid(), (int)getpid());
+    snprintf(want2, sizeof want2, "uid %u pid %d sequences 2\n", (unsigned)getuid(), (int)getpid());
+    cr_assert(strstr(out, "3 connections (this one included)\n") && strstr(out, want1) &&
+                  strstr(out, want2),
+              "pkvd --status printed:\n%s", out);
+    pkv_close(a);
+    pkv_close(b);
+    daemon_stop(d, SIGTERM);
+}

@@ -18,7 +18,8 @@
  *  - a malformed frame (header or payload form) gets an error reply and ends
  *    the connection; a well-formed one with bad values gets the library's
  *    error and the connection goes on;
- *  - the connection list (shutdown) is under conns_mu, a plain mutex.
+ *  - the connection list (shutdown) is under conns_mu, a plain mutex; a
+ *    connection's descriptor is closed only after its thread is joined.
  */
 #include "internal.h" /* pkv_err: the daemon's messages travel as the library's */
 #include "wire.h"
@@ -127,6 +128,7 @@ static int im_reserve(idmap *m) {
 }
 
 static void im_put(idmap *m, uint64_t k, uint64_t v) {
+    pkv_assert(m->cap > m->used); /* im_reserve came first */
     size_t i = im_home(m, k);
     while (m->val[i] != 0 && m->val[i] != UINT64_MAX) i = (i + 1) & (m->cap - 1);
     if (m->val[i] == 0) m->used++;
@@ -147,6 +149,9 @@ typedef struct conn {
     idmap ids;
     uint64_t batch; /* STEP_BATCH counter (marks in ids) */
     const salt_rule *salts; /* NULL: every salt */
+    uid_t uid;
+    pid_t pid;
+    atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
     bool hello;
     atomic_bool finished;
     struct conn *next;
@@ -274,6 +279,7 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         free(t);
         if (rc) return rc;
         im_put(&k->ids, r->id, did);
+        atomic_fetch_add(&k->nseq, 1);
         pkvd_put_u64(res, nc);
         return 0;
     }
@@ -343,7 +349,10 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         i = im_find(&k->ids, r->id); /* the reserve may have rehashed */
         uint64_t did = atomic_fetch_add(&next_id, 1);
         rc = pkv_seq_fork(cache, k->ids.val[i], did);
-        if (!rc) im_put(&k->ids, r->id2, did);
+        if (!rc) {
+            im_put(&k->ids, r->id2, did);
+            atomic_fetch_add(&k->nseq, 1);
+        }
         return rc;
     }
     case PKVD_TRUNCATE:
@@ -352,7 +361,10 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_CLOSE:
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
         rc = pkv_seq_close(cache, k->ids.val[i]);
-        if (!rc) im_del(&k->ids, i);
+        if (!rc) {
+            im_del(&k->ids, i);
+            atomic_fetch_sub(&k->nseq, 1);
+        }
         return rc;
     case PKVD_INFO: {
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
@@ -393,6 +405,20 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     }
     case PKVD_SYNC:
         return pkv_sync(cache);
+    case PKVD_CLIENTS: { /* u32 count, then (u32 uid, u32 pid, u64 sequences) each */
+        pthread_mutex_lock(&conns_mu);
+        uint32_t n = 0;
+        for (const conn *q = conns; q; q = q->next) n += !atomic_load(&q->finished);
+        pkvd_put_u32(res, n);
+        for (const conn *q = conns; q; q = q->next) {
+            if (atomic_load(&q->finished)) continue;
+            pkvd_put_u32(res, (uint32_t)q->uid);
+            pkvd_put_u32(res, (uint32_t)q->pid);
+            pkvd_put_u64(res, atomic_load(&q->nseq));
+        }
+        pthread_mutex_unlock(&conns_mu);
+        return res->oom ? oom() : 0;
+    }
     default: /* HELLO is handled by the caller */
         return pkv_err(PKV_EINVAL, "op %u out of place", r->op);
     }
@@ -462,8 +488,9 @@ static void *conn_main(void *arg) {
                   pkv_last_error());
     }
     free(k->ids.key), free(k->ids.val), free(k->ids.mark);
-    close(k->fd);
-    k->fd = -1;
+    /* The peer sees the end now; the descriptor is closed by reap() after the
+     * join, so its number cannot be reused while reap() may still shut it down. */
+    shutdown(k->fd, SHUT_RDWR);
     atomic_store(&k->finished, true);
     return NULL;
 }
@@ -480,6 +507,67 @@ static void on_signal(int sig) {
     errno = e;
 }
 
+/* One request on a raw connection (pkvd --status): 0 and the reply's results
+ * in *buf and *rd, or -1. */
+static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkvd_rd *rd) {
+    uint8_t h[PKVD_HDR];
+    pkvd_hdr_put(h, op, (uint32_t)w->len, op);
+    if (!write_all(fd, h, sizeof h, -1) || (w->len && !write_all(fd, w->p, w->len, -1))) return -1;
+    /* HELLO's reply carries the arena descriptor: received and closed */
+    union {
+        struct cmsghdr c;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cm;
+    struct iovec iov = {.iov_base = h, .iov_len = sizeof h};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                       .msg_controllen = sizeof cm.b};
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); k > 0 && c; c = CMSG_NXTHDR(&m, c)) {
+        int got;
+        memcpy(&got, CMSG_DATA(c), sizeof got);
+        close(got);
+    }
+    pkvd_hdr hd;
+    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.len < 4) return -1;
+    if (!(*buf = malloc(hd.len)) || !read_all(fd, *buf, hd.len)) return -1;
+    *rd = (pkvd_rd){.p = *buf, .left = hd.len};
+    return pkvd_get_u32(rd) == 0 ? 0 : -1;
+}
+
+/* pkvd --status --socket PATH: the daemon's connections, one line each. */
+static int status_main(const struct sockaddr_un *sa) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof *sa)) {
+        logf_("connect to %s: %s", sa->sun_path, strerror(errno));
+        return 1;
+    }
+    pkvd_wr w = {0};
+    pkvd_put_u16(&w, PKVD_VERSION);
+    pkvd_put_u16(&w, PKVD_VERSION);
+    pkvd_put_u32(&w, 0);
+    uint8_t *b1 = NULL, *b2 = NULL;
+    pkvd_rd rd;
+    int rc = status_call(fd, PKVD_HELLO, &w, &b1, &rd);
+    pkvd_wr none = {0};
+    if (!rc) rc = status_call(fd, PKVD_CLIENTS, &none, &b2, &rd);
+    pkvd_wr_free(&w);
+    if (!rc) {
+        uint32_t n = pkvd_get_u32(&rd);
+        printf("%u connections (this one included)\n", n);
+        for (uint32_t i = 0; i < n && !rd.bad; i++) {
+            uint32_t uid = pkvd_get_u32(&rd), pid = pkvd_get_u32(&rd);
+            uint64_t ns = pkvd_get_u64(&rd);
+            if (!rd.bad) printf("uid %u pid %u sequences %llu\n", uid, pid, (unsigned long long)ns);
+        }
+        if (rd.bad) rc = -1;
+    }
+    if (rc) logf_("--status: the daemon's reply was refused or malformed");
+    free(b1);
+    free(b2);
+    close(fd);
+    return rc ? 1 : 0;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: pkvd --dir DIR --socket PATH [--ready-fd N]\n"
@@ -487,6 +575,7 @@ static void usage(void) {
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
+            "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
             "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
             "connect). docs/pkvd.md.\n");
@@ -559,9 +648,10 @@ static void reap(bool all) {
     pthread_mutex_lock(&conns_mu);
     for (conn **pp = &conns; *pp;) {
         conn *k = *pp;
-        if (all && !atomic_load(&k->finished) && k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+        if (all && !atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
         if (all || atomic_load(&k->finished)) {
             pthread_join(k->th, NULL);
+            close(k->fd);
             *pp = k->next;
             free(k);
         } else {
@@ -573,6 +663,7 @@ static void reap(bool all) {
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL;
+    bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600;
     allow_uids[n_uids++] = getuid();
     pkv_options o;
@@ -582,6 +673,10 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return 0;
+        }
+        if (!strcmp(a, "--status")) {
+            status = true;
+            continue;
         }
         if (!val) {
             logf_("%s needs a value", a);
@@ -629,7 +724,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!dir || !sock) {
+    if (!sock || (!dir && !status)) {
         usage();
         return 2;
     }
@@ -639,6 +734,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    if (status) {
+        for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
+        return status_main(&sa);
+    }
     int rc = pkv_open(dir, &o, &cache);
     if (rc) {
         logf_("pkv_open %s: %s (%s)", dir, pkv_strerror(rc), pkv_last_error());
@@ -701,6 +800,8 @@ int main(int argc, char **argv) {
         }
         k->fd = fd;
         k->salts = rule_of(cr.uid);
+        k->uid = cr.uid;
+        k->pid = cr.pid;
         pthread_mutex_lock(&conns_mu);
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
