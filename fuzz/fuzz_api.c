@@ -8,7 +8,8 @@
  * position, which the harness writes as a function of the salt and the token
  * prefix, so a block served for the wrong prefix shows as wrong K/V). A prefix
  * hit in pkv_seq_open must be a multiple of the block size, below the prompt
- * length, and every hit position must hold the K/V of its prefix. A reopen must
+ * length, equal to what pkv_prefix_lookup said just before, and every hit
+ * position must hold the K/V of its prefix. A reopen must
  * recover every open sequence with exactly its committed tokens and their K/V
  * (docs/api.md: pending tokens are dropped, committed ones survive a close).
  *
@@ -156,9 +157,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             uint64_t salt = (code & 1);
             size_t n = fz_u8(&in) % 24;
             for (size_t i = 0; i < n; i++) buf[i] = fz_u8(&in) & 3;
+            /* the side-effect-free lookup predicts the open's hit exactly */
+            size_t looked = 0;
+            int lrc = pkv_prefix_lookup(c, salt, buf, n, &looked);
             size_t hit = 12345;
             rc = pkv_seq_open(c, sid, salt, buf, n, &hit);
             snprintf(when, sizeof when, "open %d (%zu tokens)", id + 1, n);
+            FZ_ASSERT(n == 0 ? lrc == PKV_EINVAL : lrc == 0, "%s: lookup gave %d", when, lrc);
+            FZ_ASSERT(rc != 0 || n == 0 || looked == hit, "%s: lookup %zu, open attached %zu",
+                      when, looked, hit);
             if (m->open) {
                 FZ_ASSERT(rc == PKV_EEXIST, "%s: existing id gave %d", when, rc);
                 break;

@@ -69,7 +69,7 @@ const char *pkv_version(int *major, int *minor, int *patch);
  * backend (pkv_io_ops) returns -errno values in [-4095, -1], and neither range
  * meets the other, so a code says unambiguously which one it is. */
 #define PKV_ERR_FIRST (-31001)
-#define PKV_ERR_LAST  (-31017)
+#define PKV_ERR_LAST  (-31018)
 enum {
     PKV_OK        =      0,
     PKV_EINVAL    = -31001, /* bad argument (NULL, zero or out-of-range value)      */
@@ -91,6 +91,9 @@ enum {
     PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
     PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
     PKV_EFAILED   = -31017, /* the cache hit an I/O error and refuses changes; reopen */
+    PKV_EDISCONNECTED = -31018, /* a connected handle (pkv_connect) lost its daemon:
+                                   every later call fails too; pkv_close it and
+                                   connect again */
 };
 
 /* Static description of an error code ("unknown error" for unknown codes). Never
@@ -241,6 +244,26 @@ void pkv_options_init(pkv_options *opt);
  * writer (PKV_EBUSY instead). */
 int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
 
+/* Connect to the pkvd daemon listening on the Unix socket `socket_path` (docs/pkvd.md)
+ * and return a handle on which the sequence calls, pkv_prefix_lookup,
+ * pkv_get_stats, pkv_sync, pkv_info, pkv_kv and pkv_kv_view_of behave as
+ * documented for a handle of pkv_open, the daemon's cache (its geometry and
+ * durability mode); the arena file is mapped into this process, so pkv_kv
+ * addresses are this process's own and K/V never crosses the socket. Each call is
+ * one round trip (pkv_seq_step_batch: one per batch); the handle's calls are
+ * serialized by a mutex of its own. Sequences belong to the connection: pkvd
+ * closes them when the handle is closed or the process dies. pkv_check,
+ * pkv_checkpoint, pkv_get_recovery, pkv_seq_list, the inspection API and
+ * pkv_cuda_open return PKV_ENOTSUP on it. Once the daemon is gone every call
+ * returns PKV_EDISCONNECTED (pkv_close the handle, connect again); pointers from
+ * pkv_kv must not be read after that. At most 4 Mi tokens per call (PKV_ERANGE).
+ * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
+ * daemon, or it closed the connection), PKV_EGEOMETRY (a geometry this library
+ * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,
+ * PKV_EIO. On failure *out is NULL.
+ * Blocks: connects and waits for the daemon's first reply; maps the arena. */
+int pkv_connect(const char *socket_path, pkv_cache **out);
+
 /* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine.
  * Cannot fail: an I/O error of its last flush is lost, as in a crash. Blocks: log
  * and I/O (a last group commit, synced in every mode; a checkpoint if one is
@@ -293,6 +316,24 @@ typedef struct pkv_slot {
  * checksum). */
 int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached);
+
+/* How many tokens of `prompt` a pkv_seq_open(cache, id, salt, prompt, n, ...) made
+ * in its place would attach: the same prompt cap (a multiple of block_size, at
+ * most n-1), the same exact match under `salt`, the same payload check of a
+ * recovered block (rules S1, S2 of docs/format.md). Side-effect free: attaches
+ * nothing, leaves the eviction order (LRU recency, SLRU protection), every
+ * pkv_stats counter and the log as they were, so it may be called any number of
+ * times per request. Works on read-only handles (answering for the state
+ * recovered at their open) and on failed caches. The answer is advice: blocks
+ * may be evicted before a later pkv_seq_open, whose *n_cached is what counts.
+ * A recovered block it reaches is checksummed; a pass is remembered (later
+ * lookups and opens do not checksum it again), a failure ends the count and is
+ * left for pkv_seq_open to record (BAD, verify_failures, log).
+ * *n_cached is 0 on error.
+ * Errors: PKV_EINVAL (cache, prompt or n_cached NULL; n == 0).
+ * Blocks: lock; reads the payload of a recovered block it reaches first. */
+int pkv_prefix_lookup(pkv_cache *cache, uint64_t salt, const uint32_t *prompt, size_t n,
+                      size_t *n_cached);
 
 /* Reserve room for n > 0 new tokens after the sequence's current end and write, for
  * each, its slot to slots[0..n) (the caller's array). If the last block is shared it

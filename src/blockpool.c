@@ -17,6 +17,8 @@
  *     LIMBO   --pkv_limbo_stamp, then pkv_limbo_drain (its freeing record safe)--> FREE
  *     SEALED, UNVERIFIED --pkv_block_verify--> SEALED verified, or BAD (the caller
  *               logs BAD; PKV_VERIFY_FAILED says it just failed)
+ *     SEALED, UNVERIFIED --pkv_block_verify_quiet (lookup)--> SEALED verified on a
+ *               pass; unchanged on a failure (the next serving path marks it BAD)
  *     any     --pkv_pool_rebuild (recovery)--------> the state the recovered tables
  *               and sealed blocks imply: refcounts, lists, index, flags
  *
@@ -250,6 +252,15 @@ pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b) {
     pkv_ckpt_touch(&c->pool, b);
     c->ctr.verify_failures++;
     return PKV_VERIFY_FAILED;
+}
+
+bool pkv_block_verify_quiet(pkv_cache *c, uint32_t b) {
+    pkv_block *x = &c->pool.b[b];
+    if (x->flags & BLKF_BAD) return false;
+    if (!(x->flags & BLKF_UNVERIFIED)) return true;
+    if (pkv_arena_sum(&c->arena, b) != x->payload_sum) return false;
+    x->flags &= (uint8_t)~BLKF_UNVERIFIED; /* as pkv_block_verify: no dirty bit */
+    return true;
 }
 
 /* Recovery's bulk transition. wal/replay.c has decided which sealed blocks and

@@ -151,6 +151,10 @@ fail: {
 
 void pkv_close(pkv_cache *c) {
     if (!c) return;
+    if (c->remote) {
+        pkv_remote_close(c);
+        return;
+    }
     /* flushes and syncs what is left; a clean end removes the unsynced marker */
     if (pkv_wal_stop(c) == 0) pkv_unsynced_end(c);
     pkv_wal_free(&c->wal);
@@ -163,6 +167,7 @@ void pkv_close(pkv_cache *c) {
 
 int pkv_sync(pkv_cache *c) {
     if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    PKV_REMOTE(c, pkv_remote_sync(c));
     pkv_lock(c);
     int rc = pkv_wal_writable(c);
     if (!rc) rc = pkv_wal_sync(c);
@@ -172,6 +177,7 @@ int pkv_sync(pkv_cache *c) {
 
 int pkv_checkpoint(pkv_cache *c) {
     if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    PKV_LOCAL_ONLY(c, "pkv_checkpoint");
     pkv_lock(c);
     int rc = pkv_wal_writable(c);
     if (!rc) rc = pkv_wal_checkpoint(c);
@@ -181,6 +187,7 @@ int pkv_checkpoint(pkv_cache *c) {
 
 int pkv_get_recovery(pkv_cache *c, pkv_recovery *out) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    PKV_LOCAL_ONLY(c, "pkv_get_recovery");
     pkv_lock(c);
     *out = c->rec;
     pkv_unlock(c);
@@ -218,6 +225,7 @@ void *pkv_kv(const pkv_cache *c, uint32_t block, uint32_t layer, pkv_kind kind,
 
 int pkv_get_stats(pkv_cache *c, pkv_stats *out) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    PKV_REMOTE(c, pkv_remote_stats(c, out));
     pkv_lock(c);
     pkv_stats_locked(c, out);
     pkv_unlock(c);

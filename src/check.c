@@ -285,6 +285,7 @@ static int check_all(checker *k, pkv_cache *c, uint32_t *a, uint32_t *bcnt,
 
 int pkv_check(pkv_cache *c, char *why, size_t why_len) {
     if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    PKV_LOCAL_ONLY(c, "pkv_check (run it in pkvd)");
     if (why && why_len) why[0] = '\0';
     checker k = {why, why_len};
     uint32_t cap = c->pool.capacity;

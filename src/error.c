@@ -33,6 +33,7 @@ const char *pkv_strerror(int err) {
     case PKV_ENOTSUP:   return "not supported";
     case PKV_ERDONLY:   return "cache opened read-only";
     case PKV_EFAILED:   return "cache in failed state after an I/O error; reopen to recover";
+    case PKV_EDISCONNECTED: return "the connection to pkvd is lost; close the handle and reconnect";
     default:            return "unknown error";
     }
 }

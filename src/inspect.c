@@ -23,6 +23,7 @@ _Static_assert(PKV_NO_BLOCK == PKV_NONE, "no block");
 /* Lock the cache if block b exists; PKV_EINVAL (unlocked) otherwise. */
 static int lock_block(pkv_cache *c, uint32_t b) {
     if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
+    PKV_LOCAL_ONLY(c, "the inspection API");
     if (b >= c->pool.capacity)
         return pkv_err(PKV_EINVAL, "block %u is out of range (capacity %u)", b, c->pool.capacity);
     pkv_lock(c);
@@ -114,6 +115,7 @@ int pkv_inspect_check_block(pkv_cache *c, uint32_t b, pkv_block_check *out) {
 
 int pkv_inspect_depths(pkv_cache *c, uint32_t *out, size_t cap) {
     if (!c || !out) return pkv_err(PKV_EINVAL, "cache or out is NULL");
+    PKV_LOCAL_ONLY(c, "pkv_inspect_depths");
     const uint32_t n = c->pool.capacity;
     if (cap < n) return pkv_err(PKV_ERANGE, "%u blocks, buffer %zu", n, cap);
     uint32_t *stack = malloc(((size_t)n + 1) * sizeof *stack);
@@ -132,6 +134,7 @@ int pkv_inspect_prefix(pkv_cache *c, uint64_t salt, const uint32_t *tokens, size
     if (!c || !nblocks) return pkv_err(PKV_EINVAL, "cache or nblocks is NULL");
     if (n && !tokens) return pkv_err(PKV_EINVAL, "tokens is NULL with n = %zu", n);
     if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
+    PKV_LOCAL_ONLY(c, "pkv_inspect_prefix");
     pkv_lock(c);
     const uint32_t bs = c->pool.block_size;
     pkv_h128 h = pkv_hash_root(c->arena.secret, salt);

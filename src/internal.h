@@ -593,7 +593,48 @@ struct pkv_cache {
      * them: metrics.c reports counts since this open as ctr minus these, and the
      * carried totals apart (docs/metrics.md). */
     pkv_counters ctr_at_open;
+    /* A connected handle (pkv_connect, remote.c; rdonly is set too): only the
+     * arena part above is filled; the calls forward to pkvd (PKV_REMOTE) or
+     * refuse (PKV_LOCAL_ONLY). */
+    struct pkv_remote *remote;
 };
+
+/* ---- Connected handles (remote.c, docs/pkvd.md) --------------------------- */
+
+typedef struct pkv_remote pkv_remote;
+/* First statement of a public call with a remote form, after its argument
+ * checks: forward it when the handle is connected. A connected handle is also
+ * marked rdonly, which every mutating call reads anyway, so a local handle's
+ * decode path pays no extra cache line for this test. */
+#define PKV_REMOTE(c, call)                                                     \
+    do {                                                                        \
+        if (pkv_unlikely((c) != NULL && (c)->rdonly && (c)->remote != NULL))     \
+            return (call);                                                      \
+    } while (0)
+/* Calls without a remote form: PKV_ENOTSUP on a connected handle. */
+#define PKV_LOCAL_ONLY(c, what)                                                 \
+    do {                                                                        \
+        if (pkv_unlikely((c) != NULL && (c)->rdonly && (c)->remote != NULL))     \
+            return pkv_err(PKV_ENOTSUP, "%s is not available on a pkv_connect "   \
+                           "handle", what);                                     \
+    } while (0)
+void pkv_remote_close(pkv_cache *c);
+int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
+                      size_t *n_cached);
+int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
+                        size_t n, size_t *n_cached);
+/* append (n_commit 0), commit (n 0) and commit_append */
+int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
+                             const uint32_t *tokens, size_t n, pkv_slot *slots);
+int pkv_remote_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done);
+int pkv_remote_fork(pkv_cache *c, uint64_t parent, uint64_t child);
+int pkv_remote_truncate(pkv_cache *c, uint64_t id, size_t new_len);
+int pkv_remote_seq_close(pkv_cache *c, uint64_t id);
+int pkv_remote_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out);
+int pkv_remote_list(pkv_cache *c, bool tokens, uint64_t id, uint32_t *out, size_t cap,
+                    size_t *n);
+int pkv_remote_stats(pkv_cache *c, pkv_stats *out);
+int pkv_remote_sync(pkv_cache *c);
 
 /* ---- Seal checksums computed ahead (sealsum.c) --------------------------- */
 
@@ -658,6 +699,12 @@ void pkv_block_seal(pkv_cache *c, uint32_t b, pkv_h128 h, uint32_t parent, uint6
  * log runs, so no later recovery serves or indexes it. */
 typedef enum { PKV_VERIFY_OK, PKV_VERIFY_BAD, PKV_VERIFY_FAILED } pkv_verdict;
 pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b);
+/* Rule S1 for a path that serves nothing and must record nothing
+ * (pkv_prefix_lookup): true when sealed block b would pass pkv_block_verify. A
+ * pass is kept exactly as pkv_block_verify keeps it (UNVERIFIED cleared, nothing
+ * logged or counted); a failure changes nothing, so the serving path that next
+ * reaches the block marks it BAD, counts and logs it. */
+bool pkv_block_verify_quiet(pkv_cache *c, uint32_t b);
 /* Stamp blocks freed by the current call with the LSN of its last record. */
 void pkv_limbo_stamp(pkv_cache *c);
 /* Move limbo blocks whose stamp is at or below `safe` to the free list. */

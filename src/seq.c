@@ -207,6 +207,7 @@ static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt
 int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached) {
     if (n && !prompt) return pkv_err(PKV_EINVAL, "prompt is NULL with n = %zu", n);
+    PKV_REMOTE(c, pkv_remote_seq_open(c, id, salt, prompt, n, n_cached));
     MUTATING_ENTRY(c);
     int rc = 0;
     const uint32_t bs = c->pool.block_size;
@@ -612,6 +613,7 @@ int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots) {
     if (!tokens || !slots || n == 0)
         return pkv_err(PKV_EINVAL, "append needs tokens, slots and n > 0");
+    PKV_REMOTE(c, pkv_remote_commit_append(c, id, 0, tokens, n, slots));
     MUTATING_ENTRY(c);
     int rc = step_locked(c, id, 0, tokens, n, slots);
     if (!rc) rc = pkv_wal_commit_point(c);
@@ -621,6 +623,7 @@ int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,
 
 int pkv_seq_commit(pkv_cache *c, uint64_t id, size_t n) {
     if (n == 0) return pkv_err(PKV_EINVAL, "commit of 0 tokens");
+    PKV_REMOTE(c, pkv_remote_commit_append(c, id, n, NULL, 0, NULL));
     MUTATING_ENTRY(c);
     int rc = step_locked(c, id, n, NULL, 0, NULL);
     if (!rc) rc = pkv_wal_commit_point(c);
@@ -633,6 +636,7 @@ int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint
     if (n && (!tokens || !slots))
         return pkv_err(PKV_EINVAL, "append of %zu tokens needs tokens and slots", n);
     if (n_commit == 0 && n == 0) return pkv_err(PKV_EINVAL, "nothing to commit or append");
+    PKV_REMOTE(c, pkv_remote_commit_append(c, id, n_commit, tokens, n, slots));
     MUTATING_ENTRY(c);
     int rc = step_locked(c, id, n_commit, tokens, n, slots);
     if (!rc) rc = pkv_wal_commit_point(c);
@@ -647,6 +651,7 @@ int pkv_seq_commit_append(pkv_cache *c, uint64_t id, size_t n_commit, const uint
 int pkv_seq_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done) {
     if (done) *done = 0;
     if (!steps || n == 0) return pkv_err(PKV_EINVAL, "a batch needs steps and n > 0");
+    PKV_REMOTE(c, pkv_remote_step_batch(c, steps, n, done));
     MUTATING_ENTRY(c);
     int rc = 0;
     size_t i = 0;
@@ -671,6 +676,7 @@ int pkv_seq_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done) {
 }
 
 int pkv_seq_fork(pkv_cache *c, uint64_t parent, uint64_t child) {
+    PKV_REMOTE(c, pkv_remote_fork(c, parent, child));
     MUTATING_ENTRY(c);
     int rc = 0;
     pkv_seq *p = find_seq(c, parent, &rc), *s;
@@ -717,6 +723,7 @@ static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep) {
 }
 
 int pkv_seq_truncate(pkv_cache *c, uint64_t id, size_t new_len) {
+    PKV_REMOTE(c, pkv_remote_truncate(c, id, new_len));
     MUTATING_ENTRY(c);
     int rc = 0;
     pkv_pool *p = &c->pool;
@@ -771,6 +778,7 @@ out:
 }
 
 int pkv_seq_close(pkv_cache *c, uint64_t id) {
+    PKV_REMOTE(c, pkv_remote_seq_close(c, id));
     MUTATING_ENTRY(c);
     int rc = 0;
     pkv_seq *s = find_seq(c, id, &rc);
@@ -789,6 +797,7 @@ out:
 
 int pkv_seq_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out) {
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
+    PKV_REMOTE(c, pkv_remote_get_info(c, id, out));
     LOCKED_ENTRY(c);
     int rc = 0;
     pkv_seq *s = find_seq(c, id, &rc);
@@ -804,6 +813,7 @@ int pkv_seq_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out) {
 
 int pkv_seq_blocks(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t *n) {
     if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
+    PKV_REMOTE(c, pkv_remote_list(c, false, id, out, cap, n));
     LOCKED_ENTRY(c);
     int rc = 0;
     pkv_seq *s = find_seq(c, id, &rc);
@@ -820,6 +830,7 @@ out:
 
 int pkv_seq_tokens(pkv_cache *c, uint64_t id, uint32_t *out, size_t cap, size_t *n) {
     if (cap && !out) return pkv_err(PKV_EINVAL, "out is NULL with cap = %zu", cap);
+    PKV_REMOTE(c, pkv_remote_list(c, true, id, out, cap, n));
     LOCKED_ENTRY(c);
     int rc = 0;
     const uint32_t bs = c->pool.block_size;
@@ -841,6 +852,7 @@ out:
 
 int pkv_seq_list(pkv_cache *c, uint64_t *ids, size_t cap, size_t *n) {
     if (cap && !ids) return pkv_err(PKV_EINVAL, "ids is NULL with cap = %zu", cap);
+    PKV_LOCAL_ONLY(c, "pkv_seq_list");
     LOCKED_ENTRY(c);
     size_t k = 0;
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {

@@ -203,7 +203,7 @@ Test(misuse, strerror_and_last_error)
         seen[i] = s;
     }
     cr_assert_eq(PKV_EINVAL, PKV_ERR_FIRST);
-    cr_assert_eq(PKV_EFAILED, PKV_ERR_LAST);
+    cr_assert_eq(PKV_EDISCONNECTED, PKV_ERR_LAST);
     /* below the range: -errno values of an I/O backend are not pkv codes */
     const int unknown[] = {1, 2, -1, -5, -17, -28, -4095, PKV_ERR_FIRST + 1,
                            PKV_ERR_LAST - 1, INT_MIN, INT_MAX};
@@ -697,6 +697,17 @@ Test(misuse, seq_reads)
     MS_BAD(c, &m, pkv_seq_list(NULL, ids, 8, &n), PKV_EINVAL);
     MS_BAD(c, &m, pkv_seq_list(c, NULL, 1, &n), PKV_EINVAL);
     cr_assert_eq(n, 4242, "*n written by a call that failed with EINVAL or ENOSEQ");
+    /* prefix_lookup: *n_cached is 0 on error. */
+    MS_BAD(c, &m, pkv_prefix_lookup(NULL, 0, A, 9, &n), PKV_EINVAL);
+    cr_assert_eq(n, 0, "prefix_lookup left *n_cached set on error");
+    n = 4242;
+    MS_BAD(c, &m, pkv_prefix_lookup(c, 0, NULL, 9, &n), PKV_EINVAL);
+    cr_assert_eq(n, 0);
+    MS_BAD(c, &m, pkv_prefix_lookup(c, 0, A, 9, NULL), PKV_EINVAL);
+    MS_BAD(c, &m, pkv_prefix_lookup(c, 0, A, 0, &n), PKV_EINVAL);
+    PT_OK(pkv_prefix_lookup(c, 0, A, 9, &n));
+    cr_assert_eq(n, 8);
+    n = 4242;
     /* Short buffers: ERANGE, *n = full length, only cap entries written. */
     for (size_t i = 0; i < 32; i++)
         out[i] = 0xA5A5A5A5u;
@@ -804,9 +815,11 @@ Test(misuse, read_only_cache)
     MS_BAD(c, &m, pkv_seq_append(c, 1, A, 0, slots), PKV_EINVAL);
     MS_BAD(c, &m, pkv_seq_commit(c, 1, 0), PKV_EINVAL);
     MS_BAD(c, &m, pkv_seq_close(NULL, 1), PKV_EINVAL);
-    /* Reads work. */
+    /* Reads work, lookups included. */
     PT_VERIFY(c, 1, 0, A, 8, 8);
     PT_VERIFY(c, 3, 0, A, 6, 6);
+    PT_OK(pkv_prefix_lookup(c, 0, A, 9, &nc));
+    cr_assert_eq(nc, 8, "a read-only handle answers lookups");
     pkv_recovery rec;
     PT_OK(pkv_get_recovery(c, &rec));
     cr_assert_eq(rec.sequences, 4);
@@ -887,6 +900,8 @@ static void failed_state(int err)
     /* Reads work. */
     PT_VERIFY(c, 1, 0, A, 10, 10);
     PT_VERIFY(c, 4, 0, A, 6, 6);
+    PT_OK(pkv_prefix_lookup(c, 0, A, 9, &nc));
+    cr_assert_eq(nc, 8, "a failed cache still answers lookups");
     pkv_recovery rec;
     PT_OK(pkv_get_recovery(c, &rec));
     uint64_t ids[8];

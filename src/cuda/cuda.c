@@ -590,6 +590,7 @@ int pkv_cuda_open(pkv_cache *cache, const pkv_cuda_options *opt, pkv_cuda **out)
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
     *out = NULL;
     if (!cache) return pkv_err(PKV_EINVAL, "cache is NULL");
+    PKV_LOCAL_ONLY(cache, "pkv_cuda_open");
     pkv_cuda_options o;
     pkv_cuda_options_init(&o);
     if (opt) o = *opt;

@@ -1,0 +1,811 @@
+/* pkvd and pkv_connect (docs/pkvd.md), against the real daemon: the binary named
+ * by $PKVD, started as a child process on a socket in the test's temp directory.
+ *
+ * Specifications checked here:
+ *  - two client processes share a prefix: the second attaches the first's blocks
+ *    (the same block ids) and reads its K/V in place through its own mapping of
+ *    the arena, equal to the K/V of the exact prefix;
+ *  - the sequence calls on a connected handle behave as on a local one (open,
+ *    append, commit, commit_append, step_batch, fork, truncate, info, blocks,
+ *    tokens, stats, sync, lookup), K/V verified after each;
+ *  - a client killed with SIGKILL at random points releases everything: the
+ *    daemon's used blocks and sequences return to their values before it
+ *    connected, other clients are unaffected, and pkv_check of the directory
+ *    is clean afterwards;
+ *  - a killed daemon gives PKV_EDISCONNECTED on the next call and every later
+ *    one; a restarted daemon recovers the directory: the committed prefix is
+ *    found again and its K/V is the prefix's;
+ *  - malformed frames (bad magic, version, length, op, payload size, no HELLO,
+ *    HELLO twice, a truncated frame) get an error reply and end only their own
+ *    connection; well-formed hostile requests (another client's ids, a
+ *    sequence twice in a batch) get the documented errors.
+ * K/V follows pkv_test.h's convention: a pure function of (salt, prefix). */
+#include "pkv_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+TestSuite(pkvd, .init = pt_setup, .fini = pt_teardown);
+
+#define BS 4u
+#define CAP 64u
+
+static char sock_path[300], dir_path[300];
+
+static void daemon_paths(void)
+{
+    pt_path(dir_path, sizeof dir_path, "cache");
+    pt_path(sock_path, sizeof sock_path, "pkvd.sock");
+}
+
+/* Start pkvd on dir_path / sock_path (extra arguments: up to 4, NULL-ended)
+ * and wait for its READY line. */
+static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
+                               const char *x4)
+{
+    const char *bin = getenv("PKVD");
+    cr_assert(bin && bin[0], "$PKVD (the daemon binary) is not set");
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failing test leaves no daemon behind */
+        close(p[0]);
+        char fd[16], cap[16], bs[16];
+        snprintf(fd, sizeof fd, "%d", p[1]);
+        snprintf(cap, sizeof cap, "%u", CAP);
+        snprintf(bs, sizeof bs, "%u", BS);
+        execl(bin, bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
+              "--layers", "2", "--kv-heads", "2", "--head-dim", "4", "--block-size", bs,
+              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL, x1, x2, x3, x4,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    char buf[8] = "";
+    cr_assert_eq(poll(&pf, 1, 20000), 1, "pkvd did not get ready in 20 s");
+    cr_assert_eq(read(p[0], buf, 6), 6, "pkvd exited before it was ready");
+    close(p[0]);
+    cr_assert(!memcmp(buf, "READY\n", 6));
+    return pid;
+}
+
+static pid_t daemon_start(void)
+{
+    return daemon_start_with(NULL, NULL, NULL, NULL);
+}
+
+static void daemon_stop(pid_t pid, int sig)
+{
+    cr_assert_eq(kill(pid, sig), 0);
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (sig == SIGTERM)
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pkvd ended with status 0x%x", st);
+}
+
+static pkv_cache *connect_ok(void)
+{
+    pkv_cache *c = NULL;
+    int r = pkv_connect(sock_path, &c);
+    cr_assert_eq(r, 0, "pkv_connect -> %d (%s: %s)", r, pkv_strerror(r), pkv_last_error());
+    return c;
+}
+
+/* Append all[len..len+n) to id, write the K/V of each slot, commit them all.
+ * Works on connected handles (PT_APPEND runs pkv_check, a local-only call). */
+static void add_commit(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *all,
+                       size_t len, size_t n)
+{
+    pkv_cache_info inf = pt_info(c);
+    pkv_slot slots[64];
+    cr_assert(n <= 64);
+    PT_OK(pkv_seq_append(c, id, all + len, n, slots));
+    uint64_t h = pt_hprefix(salt, all, len);
+    for (size_t i = 0; i < n; i++) {
+        h = pt_hstep(h, all[len + i]);
+        pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+    }
+    PT_OK(pkv_seq_commit(c, id, n));
+}
+
+/* pkv_seq_open asserting success (PT_SEQ_OPEN runs pkv_check, a local-only call). */
+static size_t sopen_at(int line, pkv_cache *c, uint64_t id, const uint32_t *p, size_t n)
+{
+    size_t nc = 12345;
+    int r = pkv_seq_open(c, id, 0, p, n, &nc);
+    cr_assert_eq(r, 0, "line %d: pkv_seq_open -> %d (%s: %s)", line, r, pkv_strerror(r),
+                 pkv_last_error());
+    return nc;
+}
+#define SOPEN(c, id, p, n) sopen_at(__LINE__, (c), (id), (p), (n))
+
+/* Open id with prompt p (salt 0), add and commit what was not cached. */
+static size_t open_fill(pkv_cache *c, uint64_t id, const uint32_t *p, size_t n)
+{
+    size_t nc = SOPEN(c, id, p, n);
+    if (n > nc) add_commit(c, id, 0, p, nc, n - nc);
+    PT_VERIFY(c, id, 0, p, n, n);
+    return nc;
+}
+
+/* Check the directory offline (the daemon stopped): pkv_check and no sequence. */
+static void offline_check(void)
+{
+    pkv_options o;
+    pt_opts(&o, 2, 2, 4, BS, PKV_F32, CAP);
+    pkv_cache *c = pt_open_sub("cache", &o);
+    PT_CHECK(c);
+    pt_close(c);
+}
+
+static void prompt(uint32_t *p, size_t n, uint32_t base)
+{
+    for (size_t i = 0; i < n; i++) p[i] = base + (uint32_t)i * 7;
+}
+
+/* The daemon releases a closed connection's sequences as soon as it sees the
+ * end of the stream, which a client's pkv_close or death does not wait for:
+ * poll (a second at most) until the daemon holds `n` sequences. */
+static pkv_stats wait_sequences(pkv_cache *obs, uint64_t n)
+{
+    pkv_stats s = pt_stats(obs);
+    for (int t = 0; t < 1000 && s.sequences != n; t++) {
+        struct timespec w = {0, 1000000L};
+        nanosleep(&w, NULL);
+        s = pt_stats(obs);
+    }
+    return s;
+}
+
+/* ---- Two processes, one prefix ---------------------------------------------------- */
+
+Test(pkvd, two_processes_share_a_prefix_and_read_its_kv_in_place)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    uint32_t p[25];
+    prompt(p, 25, 500);
+    pkv_cache *a = connect_ok();
+    cr_assert_eq(open_fill(a, 1, p, 25), 0);
+    uint32_t tab_a[8];
+    cr_assert_eq(PT_BLOCKS(a, 1, tab_a, 8), 7);
+    /* The second client, a process of its own: its sequence 1 is its own (ids
+     * are per connection), it attaches A's six sealed blocks and reads A's K/V in
+     * its own mapping. It reports through its exit status. */
+    int rp[2];
+    cr_assert_eq(pipe(rp), 0);
+    pid_t b = fork();
+    cr_assert(b >= 0);
+    if (b == 0) {
+        close(rp[0]);
+        pkv_cache *c = NULL;
+        uint32_t tab[8];
+        size_t nc = 0, nb = 0, looked = 0;
+        int ok = pkv_connect(sock_path, &c) == 0 &&
+                 pkv_prefix_lookup(c, 0, p, 25, &looked) == 0 && looked == 24 &&
+                 pkv_seq_open(c, 1, 0, p, 25, &nc) == 0 && nc == 24 &&
+                 pkv_seq_blocks(c, 1, tab, 8, &nb) == 0 && nb == 6 &&
+                 memcmp(tab, tab_a, 6 * sizeof *tab) == 0;
+        pkv_cache_info inf;
+        char err[256];
+        uint64_t h = pt_h0(0);
+        for (size_t t = 0; ok && t < 24; t++) {
+            h = pt_hstep(h, p[t]);
+            ok = pkv_info(c, &inf) == 0 &&
+                 pt_token_ok(c, &inf, tab[t / BS], (uint32_t)(t % BS), h, err, sizeof err);
+        }
+        ssize_t w = write(rp[1], &ok, sizeof ok);
+        (void)w;
+        pkv_close(c);
+        _exit(ok ? 0 : 1);
+    }
+    close(rp[1]);
+    int st = 0, ok = 0;
+    cr_assert_eq(read(rp[0], &ok, sizeof ok), (ssize_t)sizeof ok);
+    cr_assert_eq(waitpid(b, &st, 0), b);
+    cr_assert(ok && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "the second process did not attach and read the first's K/V (status 0x%x)", st);
+    pkv_stats s = wait_sequences(a, 1);
+    cr_assert_eq(s.sequences, 1, "the second client's sequence was released at its exit");
+    cr_assert_eq(s.hit_blocks, 6);
+    pkv_close(a);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- The calls through a connected handle ---------------------------------------- */
+
+Test(pkvd, sequence_calls_behave_as_on_a_local_handle)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *c = connect_ok();
+    pkv_cache_info inf = pt_info(c);
+    cr_assert(inf.block_size == BS && inf.capacity == CAP && !strcmp(inf.model_id, PT_MODEL));
+    uint32_t p[40];
+    prompt(p, 40, 9000);
+    size_t nc = 9;
+    PT_OK(pkv_prefix_lookup(c, 0, p, 13, &nc));
+    cr_assert_eq(nc, 0);
+    open_fill(c, 1, p, 13);
+    /* commit_append: the decode step */
+    pkv_slot sl;
+    uint64_t h = pt_hprefix(0, p, 13);
+    PT_OK(pkv_seq_commit_append(c, 1, 0, &p[13], 1, &sl));
+    pt_write_token(c, &inf, sl.block, sl.offset, pt_hstep(h, p[13]));
+    PT_OK(pkv_seq_commit_append(c, 1, 1, &p[14], 1, &sl));
+    pt_write_token(c, &inf, sl.block, sl.offset, pt_hstep(pt_hprefix(0, p, 14), p[14]));
+    PT_OK(pkv_seq_commit(c, 1, 1));
+    PT_VERIFY(c, 1, 0, p, 15, 15);
+    /* fork, then a step batch over both */
+    PT_OK(pkv_seq_fork(c, 1, 2));
+    PT_ERR(pkv_seq_fork(c, 1, 2), PKV_EEXIST);
+    uint32_t q[40];
+    memcpy(q, p, sizeof q);
+    q[15] = 77777;
+    pkv_step steps[2] = {{.id = 1, .token = p[15]}, {.id = 2, .token = q[15]}};
+    size_t done = 0;
+    PT_OK(pkv_seq_step_batch(c, steps, 2, &done));
+    cr_assert_eq(done, 2);
+    pt_write_token(c, &inf, steps[0].slot.block, steps[0].slot.offset,
+                   pt_hprefix(0, p, 16));
+    pt_write_token(c, &inf, steps[1].slot.block, steps[1].slot.offset,
+                   pt_hprefix(0, q, 16));
+    pkv_step again[2] = {{.id = 1, .n_commit = 1, .token = p[16]}, {.id = 99, .token = 1}};
+    PT_ERR(pkv_seq_step_batch(c, again, 2, &done), PKV_ENOSEQ);
+    cr_assert_eq(done, 1, "the batch stops at the unknown sequence");
+    pt_write_token(c, &inf, again[0].slot.block, again[0].slot.offset, pt_hprefix(0, p, 17));
+    PT_OK(pkv_seq_commit(c, 1, 1));
+    PT_OK(pkv_seq_commit(c, 2, 1));
+    PT_VERIFY(c, 1, 0, p, 17, 17);
+    PT_VERIFY(c, 2, 0, q, 16, 16);
+    /* truncate, tokens with a short buffer, info */
+    PT_OK(pkv_seq_truncate(c, 1, 10));
+    PT_VERIFY(c, 1, 0, p, 10, 10);
+    PT_ERR(pkv_seq_truncate(c, 1, 11), PKV_ERANGE);
+    uint32_t out[4];
+    size_t n = 0;
+    PT_ERR(pkv_seq_tokens(c, 2, out, 4, &n), PKV_ERANGE);
+    cr_assert(n == 16 && out[0] == q[0] && out[3] == q[3]);
+    pkv_seq_info si = PT_SEQ_INFO(c, 2);
+    cr_assert(si.len == 16 && si.committed == 16 && si.n_blocks == 4);
+    /* errors as documented, messages included */
+    PT_ERR(pkv_seq_open(c, 1, 0, p, 3, NULL), PKV_EEXIST);
+    PT_ERR(pkv_seq_commit(c, 1, 5), PKV_ESTATE);
+    PT_ERR(pkv_seq_close(c, 42), PKV_ENOSEQ);
+    cr_assert(strstr(pkv_last_error(), "42"), "message '%s'", pkv_last_error());
+    PT_ERR(pkv_seq_append(c, 1, p, 0, &sl), PKV_EINVAL);
+    PT_ERR(pkv_check(c, NULL, 0), PKV_ENOTSUP);
+    PT_ERR(pkv_checkpoint(c), PKV_ENOTSUP);
+    PT_OK(pkv_sync(c));
+    PT_OK(pkv_seq_close(c, 2));
+    pkv_stats s = pt_stats(c);
+    cr_assert(s.sequences == 1 && s.capacity == CAP);
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- Client death ---------------------------------------------------------------------- */
+
+/* A client that opens sequences over a shared prefix, appends (pending), commits
+ * part, forks, forever, until killed. It writes one byte to `ready` once its first
+ * sequence is open. */
+static void busy_client(uint32_t seed, int ready)
+{
+    pkv_cache *c = NULL;
+    if (pkv_connect(sock_path, &c)) _exit(3);
+    pt_rng r = {.s = seed};
+    uint32_t p[32];
+    pkv_slot slots[32];
+    for (uint64_t id = 1;; id++) {
+        size_t n = 5 + pt_below(&r, 20), nc = 0;
+        for (size_t i = 0; i < n; i++) p[i] = i < 8 ? 1000 + (uint32_t)i : pt_below(&r, 3);
+        if (pkv_seq_open(c, id, 0, p, n, &nc)) continue;
+        if (ready >= 0) {
+            ssize_t w = write(ready, "r", 1);
+            (void)w;
+            close(ready);
+            ready = -1;
+        }
+        if (nc < n && pkv_seq_append(c, id, p + nc, n - nc, slots) == 0 && pt_below(&r, 2)) {
+            pkv_cache_info inf;
+            pkv_info(c, &inf);
+            uint64_t h = pt_hprefix(0, p, nc);
+            for (size_t i = 0; i < n - nc; i++) {
+                h = pt_hstep(h, p[nc + i]);
+                pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+            }
+            pkv_seq_commit(c, id, n - nc);
+            if (pt_below(&r, 2)) pkv_seq_fork(c, id, id + 1000000);
+        }
+        if (pt_below(&r, 3) == 0) pkv_seq_close(c, id);
+    }
+}
+
+Test(pkvd, a_killed_client_releases_everything)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *obs = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 4242);
+    open_fill(obs, 1, p, 13); /* the other client's sequence must be unaffected */
+    pkv_stats s0 = pt_stats(obs);
+    pt_rng r = {.s = 0xdeadu};
+    int kills = (int)pt_env_u64("PKV_PKVD_KILLS", 300), holding = 0;
+    for (int k = 0; k < kills; k++) {
+        int rp[2];
+        cr_assert_eq(pipe(rp), 0);
+        pid_t b = fork();
+        cr_assert(b >= 0);
+        if (b == 0) {
+            close(rp[0]);
+            busy_client((uint32_t)k + 1, rp[1]);
+        }
+        close(rp[1]);
+        /* Killed while it works: after its first open, 0-5 ms into its calls. */
+        struct pollfd pf = {.fd = rp[0], .events = POLLIN};
+        cr_assert_eq(poll(&pf, 1, 10000), 1, "kill %d: the client never got going", k);
+        close(rp[0]);
+        struct timespec ts = {0, (long)pt_below(&r, 5000) * 1000L};
+        nanosleep(&ts, NULL);
+        holding += pt_stats(obs).sequences > s0.sequences;
+        cr_assert_eq(kill(b, SIGKILL), 0);
+        int st;
+        cr_assert_eq(waitpid(b, &st, 0), b);
+        /* The daemon notices the end of the stream and closes the client's
+         * sequences: wait for it (a second at most). */
+        pkv_stats s;
+        for (int t = 0; t < 1000; t++) {
+            s = pt_stats(obs);
+            if (s.sequences == s0.sequences && s.blocks_used == s0.blocks_used) break;
+            struct timespec w = {0, 1000000L};
+            nanosleep(&w, NULL);
+        }
+        cr_assert(s.sequences == s0.sequences && s.blocks_used == s0.blocks_used,
+                  "kill %d: %llu sequences, %llu blocks used; %llu and %llu before", k,
+                  (unsigned long long)s.sequences, (unsigned long long)s.blocks_used,
+                  (unsigned long long)s0.sequences, (unsigned long long)s0.blocks_used);
+        cr_assert_eq(s.capacity, s.blocks_free + s.blocks_cached + s.blocks_used);
+    }
+    cr_log_info("%d kills, %d found the client holding sequences", kills, holding);
+    cr_assert(holding >= kills / 2, "only %d of %d kills found the client holding sequences",
+              holding, kills);
+    PT_VERIFY(obs, 1, 0, p, 13, 13);
+    pkv_close(obs);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- Daemon death ---------------------------------------------------------------------- */
+
+Test(pkvd, a_killed_daemon_disconnects_and_a_restart_recovers)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    uint32_t p[25];
+    prompt(p, 25, 31337);
+    pkv_cache *c = connect_ok();
+    open_fill(c, 1, p, 25);
+    PT_OK(pkv_sync(c)); /* acknowledged and durable */
+    daemon_stop(d, SIGKILL);
+    size_t nc = 0;
+    PT_ERR(pkv_prefix_lookup(c, 0, p, 25, &nc), PKV_EDISCONNECTED);
+    PT_ERR(pkv_seq_commit(c, 1, 1), PKV_EDISCONNECTED);
+    pkv_stats s;
+    PT_ERR(pkv_get_stats(c, &s), PKV_EDISCONNECTED);
+    pkv_close(c);
+    pkv_cache *x = NULL;
+    PT_ERR(pkv_connect(sock_path, &x), PKV_EDISCONNECTED);
+    cr_assert_null(x);
+    d = daemon_start(); /* recovers; the old connection's sequence is closed */
+    c = connect_ok();
+    s = pt_stats(c);
+    cr_assert_eq(s.sequences, 0);
+    PT_OK(pkv_prefix_lookup(c, 0, p, 25, &nc));
+    cr_assert_eq(nc, 24, "the committed prefix survives the daemon's death");
+    cr_assert_eq(SOPEN(c, 7, p, 25), 24);
+    PT_VERIFY(c, 7, 0, p, 24, 24);
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- Malformed frames -------------------------------------------------------------------- */
+
+static int raw_connect(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void hdr(uint8_t *h, uint32_t magic, uint16_t ver, uint16_t op, uint32_t len)
+{
+    put32(h, magic);
+    h[4] = (uint8_t)ver, h[5] = (uint8_t)(ver >> 8);
+    h[6] = (uint8_t)op, h[7] = (uint8_t)(op >> 8);
+    put32(h + 8, len);
+    put32(h + 12, 1);
+}
+
+/* Read one reply: its rc (or 1 at end of stream); drains the payload. */
+static int read_reply(int fd)
+{
+    uint8_t h[16];
+    size_t got = 0;
+    while (got < 16) {
+        ssize_t k = recv(fd, h + got, 16 - got, 0);
+        if (k <= 0) return 1;
+        got += (size_t)k;
+    }
+    uint32_t len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+    cr_assert(len >= 4 && len < 4096, "reply length %u", len);
+    uint8_t b[4096];
+    for (got = 0; got < len;) {
+        ssize_t k = recv(fd, b + got, len - got, 0);
+        cr_assert(k > 0);
+        got += (size_t)k;
+    }
+    return (int)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24);
+}
+
+/* Send `n` bytes of frame; expect an error reply `rc` and then the end. */
+static void refused(const uint8_t *frame, size_t n, bool hello_first, int rc, const char *what)
+{
+    int fd = raw_connect();
+    if (hello_first) {
+        uint8_t hello[24];
+        hdr(hello, 0x44564B50u, 1, 1, 8);
+        memset(hello + 16, 0, 8);
+        hello[16] = 1, hello[18] = 1;
+        cr_assert_eq(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+        cr_assert_eq(read_reply(fd), 0, "%s: HELLO refused", what);
+    }
+    cr_assert_eq(send(fd, frame, n, MSG_NOSIGNAL), (ssize_t)n);
+    int got = read_reply(fd);
+    cr_assert_eq(got, rc, "%s: reply %d, expected %d", what, got, rc);
+    cr_assert_eq(read_reply(fd), 1, "%s: the connection should end", what);
+    close(fd);
+}
+
+Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *c = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 77);
+    open_fill(c, 1, p, 13);
+    uint8_t f[64];
+    memset(f, 0, sizeof f);
+    hdr(f, 0x12345678u, 1, 2, 0);
+    refused(f, 16, false, PKV_EINVAL, "bad magic");
+    hdr(f, 0x44564B50u, 2, 1, 8);
+    refused(f, 24, false, PKV_EINVAL, "bad version");
+    hdr(f, 0x44564B50u, 1, 14, 0);
+    refused(f, 16, false, PKV_EINVAL, "no HELLO first");
+    hdr(f, 0x44564B50u, 1, 1, 8);
+    f[16] = 1, f[18] = 1;
+    refused(f, 24, true, PKV_EINVAL, "HELLO twice");
+    hdr(f, 0x44564B50u, 1, 99, 0);
+    refused(f, 16, true, PKV_EINVAL, "unknown op");
+    hdr(f, 0x44564B50u, 1, 0x8002, 0);
+    refused(f, 16, true, PKV_EINVAL, "a reply op");
+    hdr(f, 0x44564B50u, 1, 2, 0xFFFFFFF0u);
+    refused(f, 16, true, PKV_EINVAL, "a huge length");
+    /* LOOKUP: salt, n = 3, but 2 tokens */
+    hdr(f, 0x44564B50u, 1, 2, 8 + 4 + 8);
+    memset(f + 16, 0, 20);
+    put32(f + 24, 3);
+    refused(f, 36, true, PKV_EINVAL, "a count the length does not hold");
+    /* LOOKUP: salt, n = 1, but 2 tokens */
+    put32(f + 24, 1);
+    refused(f, 36, true, PKV_EINVAL, "bytes beyond the count");
+    /* LOOKUP: n above the limit, length consistent with nothing */
+    put32(f + 24, 0xFFFFFFFFu);
+    refused(f, 36, true, PKV_EINVAL, "a count over the limit");
+    /* CLOSE with 4 bytes instead of 8 */
+    hdr(f, 0x44564B50u, 1, 10, 4);
+    refused(f, 20, true, PKV_EINVAL, "a short fixed part");
+    /* a truncated frame, then the client goes away */
+    int fd = raw_connect();
+    hdr(f, 0x44564B50u, 1, 1, 8);
+    cr_assert_eq(send(fd, f, 20, MSG_NOSIGNAL), 20);
+    close(fd);
+    /* Well-formed but hostile: another connection's ids, one id twice in a batch. */
+    pkv_cache *e = connect_ok();
+    PT_ERR(pkv_seq_close(e, 1), PKV_ENOSEQ);
+    PT_ERR(pkv_seq_blocks(e, 1, NULL, 0, NULL), PKV_ENOSEQ);
+    size_t nc = 0;
+    cr_assert_eq(SOPEN(e, 1, p, 13), 12); /* its own id 1 */
+    pkv_step twice[2] = {{.id = 1, .token = 5}, {.id = 1, .token = 6}};
+    size_t done = 9;
+    PT_ERR(pkv_seq_step_batch(e, twice, 2, &done), PKV_EINVAL);
+    cr_assert_eq(done, 1);
+    pkv_close(e);
+    /* The daemon still serves, and the first client's sequence is intact. */
+    PT_OK(pkv_prefix_lookup(c, 0, p, 13, &nc));
+    cr_assert_eq(nc, 12);
+    PT_VERIFY(c, 1, 0, p, 13, 13);
+    cr_assert_eq(kill(d, 0), 0, "pkvd is alive");
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- pkv_connect's own errors --------------------------------------------------------- */
+
+Test(pkvd, connect_checks_its_arguments)
+{
+    daemon_paths();
+    pkv_cache *c = (pkv_cache *)&c;
+    PT_ERR(pkv_connect(NULL, &c), PKV_EINVAL);
+    cr_assert_null(c, "*out is NULL on failure");
+    PT_ERR(pkv_connect(sock_path, NULL), PKV_EINVAL);
+    PT_ERR(pkv_connect("", &c), PKV_EINVAL);
+    char longp[200];
+    memset(longp, 'x', sizeof longp - 1);
+    longp[sizeof longp - 1] = '\0';
+    PT_ERR(pkv_connect(longp, &c), PKV_EINVAL);
+    c = (pkv_cache *)&c;
+    PT_ERR(pkv_connect(sock_path, &c), PKV_EDISCONNECTED); /* nothing listens */
+    cr_assert_null(c);
+    cr_assert(pkv_last_error()[0], "a message");
+}
+
+/* ---- Permissions ----------------------------------------------------------------------- */
+
+/* pkv_connect's result in a child running as uid `uid` (needs root to switch). */
+static int connect_as(uid_t uid)
+{
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        if (setgid(uid) || setuid(uid)) _exit(100);
+        pkv_cache *c = NULL;
+        int r = pkv_connect(sock_path, &c);
+        pkv_close(c);
+        _exit(r == 0 ? 0 : r == PKV_EDISCONNECTED ? 1 : 2);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 100, "the child could not switch uid");
+    return WEXITSTATUS(st);
+}
+
+Test(pkvd, only_allowed_uids_connect)
+{
+    if (geteuid() != 0) cr_skip_test("needs root to run a client as another uid");
+    daemon_paths();
+    pid_t d = daemon_start();
+    struct stat st;
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600, "the socket is 0%o", st.st_mode & 0777);
+    cr_assert_eq(connect_as(65534), 1, "another uid is refused (socket mode)");
+    daemon_stop(d, SIGTERM);
+    /* A world-writable socket that other uids can reach (the test directory is
+     * 0700): now SO_PEERCRED alone refuses, until the uid is allowed. */
+    cr_assert_eq(chmod(pt_dir, 0711), 0);
+    d = daemon_start_with("--socket-mode", "666", NULL, NULL);
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0666);
+    cr_assert_eq(connect_as(65534), 1, "another uid is refused (peer credentials)");
+    pkv_cache *c = connect_ok(); /* the daemon's own uid still connects */
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    d = daemon_start_with("--socket-mode", "666", "--allow-uid", "65534");
+    cr_assert_eq(connect_as(65534), 0, "an allowed uid connects");
+    daemon_stop(d, SIGTERM);
+}
+
+/* ---- Daemon death under load ----------------------------------------------------------- */
+
+/* A client that, until its daemon is gone, opens sequences over a few shared
+ * stems, checks that every attached token holds the K/V of its exact prefix,
+ * appends and writes the rest, commits, syncs now and then, closes. Exit 0 when
+ * the daemon went away (PKV_EDISCONNECTED), 1 on wrong K/V, 2 on an
+ * undocumented error. */
+static void checking_client(uint32_t seed)
+{
+    pkv_cache *c = NULL;
+    if (pkv_connect(sock_path, &c)) _exit(0); /* the daemon died first */
+    pkv_cache_info inf;
+    pkv_info(c, &inf);
+    pt_rng r = {.s = seed};
+    uint32_t p[40];
+    pkv_slot slots[40];
+    char err[256];
+    for (uint64_t id = 1;; id++) {
+        size_t n = 2 + pt_below(&r, 37), nc = 0;
+        uint32_t stem = pt_below(&r, 4);
+        for (size_t i = 0; i < n; i++) p[i] = i < 12 ? 100 * stem + (uint32_t)i : pt_below(&r, 3);
+        int rc = pkv_seq_open(c, id, 0, p, n, &nc);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        if (rc) _exit(2);
+        uint32_t tab[16];
+        size_t nb = 0;
+        rc = pkv_seq_blocks(c, id, tab, 16, &nb);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        uint64_t h = pt_h0(0);
+        for (size_t t = 0; !rc && t < nc; t++) {
+            h = pt_hstep(h, p[t]);
+            if (!pt_token_ok(c, &inf, tab[t / BS], (uint32_t)(t % BS), h, err, sizeof err)) {
+                fprintf(stderr, "client %u: wrong K/V at %zu of %zu: %s\n", seed, t, nc, err);
+                _exit(1);
+            }
+        }
+        rc = pkv_seq_append(c, id, p + nc, n - nc, slots);
+        if (rc == 0) {
+            for (size_t i = 0; i < n - nc; i++) {
+                h = pt_hstep(h, p[nc + i]);
+                pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+            }
+            rc = pkv_seq_commit(c, id, n - nc);
+        }
+        if (rc == 0 && pt_below(&r, 8) == 0) rc = pkv_sync(c);
+        if (rc == 0) rc = pkv_seq_close(c, id);
+        if (rc == PKV_EDISCONNECTED) _exit(0);
+        if (rc && rc != PKV_EFULL) _exit(2);
+    }
+}
+
+Test(pkvd, killing_the_daemon_under_load_never_serves_wrong_kv)
+{
+    daemon_paths();
+    pt_rng r = {.s = 0x5eedu};
+    int rounds = (int)pt_env_u64("PKV_PKVD_DAEMON_KILLS", 20);
+    for (int k = 0; k < rounds; k++) {
+        pid_t d = daemon_start();
+        pid_t cl[2];
+        for (int i = 0; i < 2; i++) {
+            cl[i] = fork();
+            cr_assert(cl[i] >= 0);
+            if (cl[i] == 0) checking_client((uint32_t)(k * 2 + i + 1));
+        }
+        struct timespec ts = {0, (long)(2 + pt_below(&r, 40)) * 1000000L};
+        nanosleep(&ts, NULL);
+        daemon_stop(d, SIGKILL);
+        for (int i = 0; i < 2; i++) {
+            int st = 0;
+            cr_assert_eq(waitpid(cl[i], &st, 0), cl[i]);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "round %d, client %d: status 0x%x (1: wrong K/V, 2: an undocumented "
+                      "error)", k, i, st);
+        }
+    }
+    offline_check(); /* the directory the last kill left recovers clean */
+}
+
+/* ---- Salts: the tenant boundary ----------------------------------------------------------- */
+
+static size_t sopen_salt(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *p, size_t n)
+{
+    size_t nc = 0;
+    PT_OK(pkv_seq_open(c, id, salt, p, n, &nc));
+    return nc;
+}
+
+Test(pkvd, a_client_uses_only_its_allowed_salts)
+{
+    daemon_paths();
+    char rule[64];
+    snprintf(rule, sizeof rule, "%u=1,2", (unsigned)getuid());
+    pid_t d = daemon_start_with("--salts", rule, NULL, NULL);
+    pkv_cache *c = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 600);
+    size_t nc = 5;
+    PT_ERR(pkv_prefix_lookup(c, 0, p, 13, &nc), PKV_EINVAL);
+    cr_assert(strstr(pkv_last_error(), "salt 0"), "message '%s'", pkv_last_error());
+    cr_assert_eq(nc, 0);
+    PT_ERR(pkv_seq_open(c, 1, 3, p, 13, &nc), PKV_EINVAL);
+    cr_assert_eq(sopen_salt(c, 1, 2, p, 13), 0);
+    add_commit(c, 1, 2, p, 0, 13);
+    PT_OK(pkv_seq_fork(c, 1, 2)); /* inherits salt 2 */
+    PT_OK(pkv_prefix_lookup(c, 2, p, 13, &nc));
+    cr_assert_eq(nc, 12);
+    PT_OK(pkv_prefix_lookup(c, 1, p, 13, &nc));
+    cr_assert_eq(nc, 0, "salt 1 is another domain");
+    pkv_stats s = pt_stats(c);
+    cr_assert_eq(s.sequences, 2, "the refused open created nothing");
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    /* Malformed rules stop the daemon before it listens (status 2). */
+    const char *bad[] = {"x", "=1", "0=", "0=1,", "0=a", "99999999999=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        pid_t b = fork();
+        cr_assert(b >= 0);
+        if (b == 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            dup2(devnull, 2);
+            execl(getenv("PKVD"), "pkvd", "--salts", bad[i], "--dir", dir_path, "--socket",
+                  sock_path, (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        cr_assert_eq(waitpid(b, &st, 0), b);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--salts %s: status 0x%x", bad[i], st);
+    }
+}
+
+/* ---- The example client ------------------------------------------------------------------ */
+
+/* Run $PKVD_EXAMPLE for `user`; its one line of output into out. */
+static int run_example(const char *user, char *out, size_t cap)
+{
+    const char *bin = getenv("PKVD_EXAMPLE");
+    cr_assert(bin && bin[0], "$PKVD_EXAMPLE is not set");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' %s", bin, sock_path, user);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    out[0] = '\0';
+    if (!fgets(out, (int)cap, f)) out[0] = '\0';
+    return pclose(f);
+}
+
+Test(pkvd, the_example_client_shares_the_system_prompt)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    char line[512];
+    cr_assert_eq(run_example("1", line, sizeof line), 0, "first run: %s", line);
+    cr_assert(strstr(line, "0 of 208 prompt tokens cached"), "first run: %s", line);
+    cr_assert_eq(run_example("2", line, sizeof line), 0, "second run: %s", line);
+    cr_assert(strstr(line, "200 of 208 prompt tokens cached (lookup said 200)"),
+              "second run: %s", line);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* ---- pkvd --status ------------------------------------------------------------------------ */
+
+Test(pkvd, status_lists_the_connections_and_their_sequences)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *a = connect_ok(), *b = connect_ok();
+    uint32_t p[13];
+    prompt(p, 13, 900);
+    open_fill(a, 1, p, 13);
+    open_fill(b, 1, p, 13);
+    PT_OK(pkv_seq_fork(b, 1, 2));
+    char cmd[1024], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --status --socket '%s'", getenv("PKVD"), sock_path);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    cr_assert_eq(pclose(f), 0, "pkvd --status failed: %s", out);
+    char want1[64], want2[64];
+    snprintf(want1, sizeof want1, "uid %u pid %d sequences 1\n", (unsigned)getuid(), (int)getpid());
+    snprintf(want2, sizeof want2, "uid %u pid %d sequences 2\n", (unsigned)getuid(), (int)getpid());
+    cr_assert(strstr(out, "3 connections (this one included)\n") && strstr(out, want1) &&
+                  strstr(out, want2),
+              "pkvd --status printed:\n%s", out);
+    pkv_close(a);
+    pkv_close(b);
+    daemon_stop(d, SIGTERM);
+}

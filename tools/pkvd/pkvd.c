@@ -1,0 +1,825 @@
+/*
+ * pkvd — the pagedkv cache daemon (docs/pkvd.md): owns one cache directory
+ * (pkv_open, the single writer) and serves clients (pkv_connect) over a
+ * Unix-domain stream socket.
+ *
+ * Owns: the cache handle, the listening socket, and one connection record and
+ * thread per client. A connection's thread reads a frame, decodes it with the
+ * shared decoder (src/wire.c), calls the library, writes the reply; the
+ * library's own lock serializes the cache (no other lock guards cache state).
+ * Invariants:
+ *  - a client names only its own sequences: each connection maps the ids its
+ *    client chose to daemon ids it allocates (unique for the daemon's life), so
+ *    an id not in the map is PKV_ENOSEQ whatever other clients use;
+ *  - when a connection ends (close, EOF, error, malformed frame) every sequence
+ *    in its map is closed, so a dead client holds nothing;
+ *  - recovered sequences have no connection: they are closed at startup,
+ *    before the socket listens (their sealed blocks stay cached);
+ *  - a malformed frame (header or payload form) gets an error reply and ends
+ *    the connection; a well-formed one with bad values gets the library's
+ *    error and the connection goes on;
+ *  - the connection list (shutdown) is under conns_mu, a plain mutex; a
+ *    connection's descriptor is closed only after its thread is joined.
+ */
+#include "internal.h" /* pkv_err: the daemon's messages travel as the library's */
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static pkv_cache *cache;
+static pkv_cache_info info;
+static int arena_fd = -1;
+static atomic_uint_fast64_t next_id = 1;
+#define MAX_UIDS 64
+static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
+static size_t n_uids;
+
+/* --salts UID=S1,S2,...: the salts (trust domains) a uid's connections may
+ * name in a lookup or an open; a uid without a rule may name any. */
+typedef struct salt_rule {
+    uid_t uid;
+    size_t n;
+    uint64_t *salts;
+} salt_rule;
+static salt_rule rules[MAX_UIDS];
+static size_t n_rules;
+
+static const salt_rule *rule_of(uid_t u) {
+    for (size_t i = 0; i < n_rules; i++)
+        if (rules[i].uid == u) return &rules[i];
+    return NULL;
+}
+
+static bool uid_allowed(uid_t u) {
+    for (size_t i = 0; i < n_uids; i++)
+        if (allow_uids[i] == u) return true;
+    return false;
+}
+
+static void logf_(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "pkvd: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* ---- A connection's id map: client id -> daemon id (open addressing) -------- */
+
+typedef struct idmap {
+    uint64_t *key, *val;  /* val 0: empty; UINT64_MAX: deleted */
+    uint64_t *mark;       /* STEP_BATCH: the batch that last named the entry */
+    size_t cap, used, live;
+} idmap;
+
+static size_t im_home(const idmap *m, uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k & (m->cap - 1);
+}
+
+/* The slot of k, or SIZE_MAX. */
+static size_t im_find(const idmap *m, uint64_t k) {
+    if (!m->cap) return SIZE_MAX;
+    for (size_t i = im_home(m, k);; i = (i + 1) & (m->cap - 1)) {
+        if (m->val[i] == 0) return SIZE_MAX;
+        if (m->val[i] != UINT64_MAX && m->key[i] == k) return i;
+    }
+}
+
+static int im_grow(idmap *m) {
+    size_t cap = m->cap ? m->cap * 2 : 16;
+    if (m->live * 4 < m->cap) cap = m->cap; /* mostly deleted: rehash in place */
+    idmap n = {calloc(cap, 8), calloc(cap, 8), calloc(cap, 8), cap, 0, 0};
+    if (!n.key || !n.val || !n.mark) {
+        free(n.key), free(n.val), free(n.mark);
+        return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->val[i] == 0 || m->val[i] == UINT64_MAX) continue;
+        size_t j = im_home(&n, m->key[i]);
+        while (n.val[j]) j = (j + 1) & (cap - 1);
+        n.key[j] = m->key[i], n.val[j] = m->val[i];
+        n.used++, n.live++;
+    }
+    free(m->key), free(m->val), free(m->mark);
+    *m = n;
+    return 0;
+}
+
+/* Room for one insertion, so that the insertion after a library call cannot fail. */
+static int im_reserve(idmap *m) {
+    return (m->used + 1) * 2 > m->cap ? im_grow(m) : 0;
+}
+
+static void im_put(idmap *m, uint64_t k, uint64_t v) {
+    pkv_assert(m->cap > m->used); /* im_reserve came first */
+    size_t i = im_home(m, k);
+    while (m->val[i] != 0 && m->val[i] != UINT64_MAX) i = (i + 1) & (m->cap - 1);
+    if (m->val[i] == 0) m->used++;
+    m->key[i] = k, m->val[i] = v, m->mark[i] = 0;
+    m->live++;
+}
+
+static void im_del(idmap *m, size_t i) {
+    m->val[i] = UINT64_MAX;
+    m->live--;
+}
+
+/* ---- Connections ------------------------------------------------------------ */
+
+typedef struct conn {
+    int fd;
+    pthread_t th;
+    idmap ids;
+    uint64_t batch; /* STEP_BATCH counter (marks in ids) */
+    const salt_rule *salts; /* NULL: every salt */
+    uid_t uid;
+    pid_t pid;
+    atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
+    bool hello;
+    atomic_bool finished;
+    struct conn *next;
+} conn;
+
+static pthread_mutex_t conns_mu = PTHREAD_MUTEX_INITIALIZER;
+static conn *conns;
+
+static bool read_all(int fd, uint8_t *p, size_t n) {
+    while (n) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        p += k, n -= (size_t)k;
+    }
+    return true;
+}
+
+static bool write_all(int fd, const uint8_t *p, size_t n, int pass_fd) {
+    while (n) {
+        struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
+        union {
+            struct cmsghdr h;
+            char b[CMSG_SPACE(sizeof(int))];
+        } cm;
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (pass_fd >= 0) {
+            memset(&cm, 0, sizeof cm);
+            m.msg_control = cm.b;
+            m.msg_controllen = sizeof cm.b;
+            struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+            h->cmsg_level = SOL_SOCKET;
+            h->cmsg_type = SCM_RIGHTS;
+            h->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(h), &pass_fd, sizeof pass_fd);
+        }
+        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        pass_fd = -1; /* the descriptor went with the first byte */
+        p += k, n -= (size_t)k;
+    }
+    return true;
+}
+
+/* Send a reply: rc, then (rc != 0) the error message, then `res`. */
+static bool reply(conn *k, uint16_t op, uint32_t req, int rc, const pkvd_wr *res,
+                  int pass_fd) {
+    pkvd_wr w = {0};
+    pkvd_put_u32(&w, (uint32_t)rc);
+    if (rc) {
+        const char *msg = pkv_last_error();
+        size_t ml = strlen(msg);
+        if (ml > PKVD_MAX_MSG) ml = PKVD_MAX_MSG;
+        pkvd_put_u16(&w, (uint16_t)ml);
+        pkvd_put_bytes(&w, msg, ml);
+    }
+    if (res && res->len) pkvd_put_bytes(&w, res->p, res->len);
+    bool ok = !w.oom && w.len <= PKVD_MAX_PAYLOAD;
+    if (ok) { /* one buffer, so the reply is one send and one wake-up */
+        uint8_t *f = malloc(PKVD_HDR + w.len);
+        if ((ok = f != NULL)) {
+            pkvd_hdr_put(f, (uint16_t)(op | PKVD_REPLY), (uint32_t)w.len, req);
+            memcpy(f + PKVD_HDR, w.p, w.len);
+            ok = write_all(k->fd, f, PKVD_HDR + w.len, pass_fd);
+            free(f);
+        }
+    }
+    pkvd_wr_free(&w);
+    return ok;
+}
+
+static uint32_t *tokens_of(const pkvd_req *r) {
+    uint32_t *t = malloc((r->n ? r->n : 1) * sizeof *t);
+    if (t)
+        for (uint32_t i = 0; i < r->n; i++) t[i] = pkvd_le32(r->tokens + 4 * (size_t)i);
+    return t;
+}
+
+/* The library's wording for an unknown id, so a client cannot tell another
+ * client's ids from unused ones. */
+static int no_seq(uint64_t id) {
+    return pkv_err(PKV_ENOSEQ, "no sequence %llu", (unsigned long long)id);
+}
+
+static int exists(uint64_t id) {
+    return pkv_err(PKV_EEXIST, "sequence %llu already exists", (unsigned long long)id);
+}
+
+static int oom(void) { return pkv_err(PKV_ENOMEM, "pkvd: out of memory"); }
+
+/* Salts are the tenant boundary: a connection may look up and open only under
+ * the salts its uid is allowed (forks inherit their parent's). */
+static int salt_check(const conn *k, uint64_t salt) {
+    if (!k->salts) return 0;
+    for (size_t i = 0; i < k->salts->n; i++)
+        if (k->salts->salts[i] == salt) return 0;
+    return pkv_err(PKV_EINVAL, "salt %llu is not allowed for this client (pkvd --salts)",
+                   (unsigned long long)salt);
+}
+
+/* Carry out one decoded request; results go to res. Returns the rc to send. */
+static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
+    int rc = 0;
+    size_t i;
+    switch (r->op) {
+    case PKVD_LOOKUP: {
+        if ((rc = salt_check(k, r->salt))) return rc;
+        uint32_t *t = tokens_of(r);
+        size_t nc = 0;
+        rc = t ? pkv_prefix_lookup(cache, r->salt, t, r->n, &nc) : oom();
+        free(t);
+        if (!rc) pkvd_put_u64(res, nc);
+        return rc;
+    }
+    case PKVD_SEQ_OPEN: {
+        if (im_find(&k->ids, r->id) != SIZE_MAX) return exists(r->id);
+        if ((rc = salt_check(k, r->salt))) return rc;
+        if (im_reserve(&k->ids)) return oom();
+        uint32_t *t = tokens_of(r);
+        if (!t) return oom();
+        uint64_t did = atomic_fetch_add(&next_id, 1);
+        size_t nc = 0;
+        rc = pkv_seq_open(cache, did, r->salt, t, r->n, &nc);
+        free(t);
+        if (rc) return rc;
+        im_put(&k->ids, r->id, did);
+        atomic_fetch_add(&k->nseq, 1);
+        pkvd_put_u64(res, nc);
+        return 0;
+    }
+    case PKVD_APPEND:
+    case PKVD_COMMIT:
+    case PKVD_COMMIT_APPEND: {
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        uint64_t did = k->ids.val[i];
+        if (r->op == PKVD_COMMIT) return pkv_seq_commit(cache, did, (size_t)r->count);
+        uint32_t *t = tokens_of(r);
+        pkv_slot *s = malloc((r->n ? r->n : 1) * sizeof *s);
+        if (!t || !s) rc = oom();
+        else if (r->op == PKVD_APPEND) rc = pkv_seq_append(cache, did, t, r->n, s);
+        else rc = pkv_seq_commit_append(cache, did, (size_t)r->count, t, r->n, s);
+        for (uint32_t j = 0; !rc && j < r->n; j++) {
+            pkvd_put_u32(res, s[j].block);
+            pkvd_put_u32(res, s[j].offset);
+        }
+        free(t);
+        free(s);
+        return rc;
+    }
+    case PKVD_STEP_BATCH: {
+        /* Translate the ids up to the first unknown or repeated one; the library
+         * runs the steps before it; that one fails as its step would. */
+        pkv_step *st = malloc((r->n ? r->n : 1) * sizeof *st);
+        if (!st) {
+            pkvd_put_u32(res, 0);
+            return oom();
+        }
+        uint64_t mark = ++k->batch;
+        uint32_t ok = 0;
+        int stop = 0;
+        for (; ok < r->n; ok++) {
+            const uint8_t *p = r->steps + (size_t)ok * PKVD_STEP_BYTES;
+            uint64_t cid = pkvd_le64(p);
+            size_t j = im_find(&k->ids, cid);
+            if (j == SIZE_MAX) {
+                stop = no_seq(cid);
+                break;
+            }
+            if (k->ids.mark[j] == mark) {
+                /* the library requires distinct sequences in a batch */
+                stop = pkv_err(PKV_EINVAL, "sequence %llu named twice in one batch",
+                               (unsigned long long)cid);
+                break;
+            }
+            k->ids.mark[j] = mark;
+            st[ok] = (pkv_step){.id = k->ids.val[j], .n_commit = pkvd_le32(p + 8),
+                                .token = pkvd_le32(p + 12)};
+        }
+        size_t done = 0;
+        if (ok) rc = pkv_seq_step_batch(cache, st, ok, &done);
+        if (!rc && stop) rc = stop;
+        pkvd_put_u32(res, (uint32_t)done);
+        for (size_t j = 0; j < done; j++) {
+            pkvd_put_u32(res, st[j].slot.block);
+            pkvd_put_u32(res, st[j].slot.offset);
+        }
+        free(st);
+        return rc;
+    }
+    case PKVD_FORK: {
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        if (im_find(&k->ids, r->id2) != SIZE_MAX) return exists(r->id2);
+        if (im_reserve(&k->ids)) return oom();
+        i = im_find(&k->ids, r->id); /* the reserve may have rehashed */
+        uint64_t did = atomic_fetch_add(&next_id, 1);
+        rc = pkv_seq_fork(cache, k->ids.val[i], did);
+        if (!rc) {
+            im_put(&k->ids, r->id2, did);
+            atomic_fetch_add(&k->nseq, 1);
+        }
+        return rc;
+    }
+    case PKVD_TRUNCATE:
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        return pkv_seq_truncate(cache, k->ids.val[i], (size_t)r->count);
+    case PKVD_CLOSE:
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        rc = pkv_seq_close(cache, k->ids.val[i]);
+        if (!rc) {
+            im_del(&k->ids, i);
+            atomic_fetch_sub(&k->nseq, 1);
+        }
+        return rc;
+    case PKVD_INFO: {
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        pkv_seq_info si;
+        rc = pkv_seq_get_info(cache, k->ids.val[i], &si);
+        if (!rc) {
+            pkvd_put_u64(res, si.len);
+            pkvd_put_u64(res, si.committed);
+            pkvd_put_u64(res, si.n_blocks);
+            pkvd_put_u64(res, si.salt);
+        }
+        return rc;
+    }
+    case PKVD_BLOCKS:
+    case PKVD_TOKENS: {
+        if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
+        uint32_t *out = malloc((r->n ? r->n : 1) * sizeof *out);
+        if (!out) return oom();
+        size_t n = 0;
+        rc = r->op == PKVD_BLOCKS ? pkv_seq_blocks(cache, k->ids.val[i], out, r->n, &n)
+                                  : pkv_seq_tokens(cache, k->ids.val[i], out, r->n, &n);
+        if (rc == 0 || rc == PKV_ERANGE) {
+            pkvd_put_u64(res, n);
+            for (size_t j = 0; j < n && j < r->n; j++) pkvd_put_u32(res, out[j]);
+        }
+        free(out);
+        return rc;
+    }
+    case PKVD_STATS: {
+        pkv_stats st;
+        rc = pkv_get_stats(cache, &st);
+        if (!rc) {
+#define PUT(f) pkvd_put_u64(res, (uint64_t)(int64_t)st.f);
+            PKVD_STATS_FIELDS(PUT)
+#undef PUT
+        }
+        return rc;
+    }
+    case PKVD_SYNC:
+        return pkv_sync(cache);
+    case PKVD_CLIENTS: { /* u32 count, then (u32 uid, u32 pid, u64 sequences) each */
+        pthread_mutex_lock(&conns_mu);
+        uint32_t n = 0;
+        for (const conn *q = conns; q; q = q->next) n += !atomic_load(&q->finished);
+        pkvd_put_u32(res, n);
+        for (const conn *q = conns; q; q = q->next) {
+            if (atomic_load(&q->finished)) continue;
+            pkvd_put_u32(res, (uint32_t)q->uid);
+            pkvd_put_u32(res, (uint32_t)q->pid);
+            pkvd_put_u64(res, atomic_load(&q->nseq));
+        }
+        pthread_mutex_unlock(&conns_mu);
+        return res->oom ? oom() : 0;
+    }
+    default: /* HELLO is handled by the caller */
+        return pkv_err(PKV_EINVAL, "op %u out of place", r->op);
+    }
+}
+
+static void hello_results(pkvd_wr *w) {
+    pkvd_put_u16(w, PKVD_VERSION);
+    pkvd_put_u32(w, info.num_layers);
+    pkvd_put_u32(w, info.num_kv_heads);
+    pkvd_put_u32(w, info.head_dim);
+    pkvd_put_u32(w, info.block_size);
+    pkvd_put_u32(w, (uint32_t)info.dtype);
+    pkvd_put_u32(w, info.elem_size);
+    pkvd_put_u64(w, info.capacity);
+    pkvd_put_u64(w, info.block_bytes);
+    pkvd_put_u64(w, info.slot_bytes);
+    pkvd_put_u64(w, info.run_bytes);
+    size_t ml = strlen(info.model_id);
+    pkvd_put_u16(w, (uint16_t)ml);
+    pkvd_put_bytes(w, info.model_id, ml);
+    pkvd_put_u64(w, 4096); /* the arena's header page (docs/format.md) */
+}
+
+static void *conn_main(void *arg) {
+    conn *k = arg;
+    uint8_t h[PKVD_HDR];
+    uint8_t *payload = NULL;
+    while (read_all(k->fd, h, sizeof h)) {
+        pkvd_hdr hd;
+        pkvd_req r;
+        int rc = pkvd_hdr_get(h, &hd, false, 0);
+        if (!rc && !(payload = malloc(hd.len ? hd.len : 1))) break;
+        if (!rc && !read_all(k->fd, payload, hd.len)) break;
+        if (!rc) rc = pkvd_req_decode(hd.op, payload, hd.len, &r);
+        if (!rc && (hd.op == PKVD_HELLO) == k->hello)
+            rc = pkv_err(PKV_EINVAL, k->hello ? "HELLO twice" : "the first frame must be HELLO");
+        if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION))
+            rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u)", r.vmin,
+                         r.vmax);
+        if (rc) { /* malformed: answer, then end the connection */
+            reply(k, hd.op, hd.req, rc, NULL, -1);
+            break;
+        }
+        pkvd_wr res = {0};
+        bool ok;
+        if (hd.op == PKVD_HELLO) {
+            k->hello = true;
+            hello_results(&res);
+            ok = reply(k, hd.op, hd.req, 0, &res, arena_fd);
+        } else {
+            rc = serve(k, &r, &res);
+            ok = reply(k, hd.op, hd.req, rc, rc && hd.op != PKVD_STEP_BATCH &&
+                                                 rc != PKV_ERANGE ? NULL : &res, -1);
+        }
+        pkvd_wr_free(&res);
+        free(payload);
+        payload = NULL;
+        if (!ok) break;
+    }
+    free(payload);
+    /* The connection is over: its sequences go (pending tokens dropped, sealed
+     * blocks stay cached), as a process crash would in embedded mode. */
+    for (size_t i = 0; i < k->ids.cap; i++) {
+        uint64_t v = k->ids.val[i];
+        if (v && v != UINT64_MAX && pkv_seq_close(cache, v))
+            logf_("closing sequence %llu of a closed connection: %s", (unsigned long long)v,
+                  pkv_last_error());
+    }
+    free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+    /* The peer sees the end now; the descriptor is closed by reap() after the
+     * join, so its number cannot be reused while reap() may still shut it down. */
+    shutdown(k->fd, SHUT_RDWR);
+    atomic_store(&k->finished, true);
+    return NULL;
+}
+
+/* ---- Main: options, startup, the accept loop, shutdown ------------------------ */
+
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig) {
+    (void)sig;
+    int e = errno;
+    ssize_t k = write(sig_pipe[1], "x", 1);
+    (void)k;
+    errno = e;
+}
+
+/* One request on a raw connection (pkvd --status): 0 and the reply's results
+ * in *buf and *rd, or -1. */
+static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkvd_rd *rd) {
+    uint8_t h[PKVD_HDR];
+    pkvd_hdr_put(h, op, (uint32_t)w->len, op);
+    if (!write_all(fd, h, sizeof h, -1) || (w->len && !write_all(fd, w->p, w->len, -1))) return -1;
+    /* HELLO's reply carries the arena descriptor: received and closed */
+    union {
+        struct cmsghdr c;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cm;
+    struct iovec iov = {.iov_base = h, .iov_len = sizeof h};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                       .msg_controllen = sizeof cm.b};
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); k > 0 && c; c = CMSG_NXTHDR(&m, c)) {
+        int got;
+        memcpy(&got, CMSG_DATA(c), sizeof got);
+        close(got);
+    }
+    pkvd_hdr hd;
+    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.len < 4) return -1;
+    if (!(*buf = malloc(hd.len)) || !read_all(fd, *buf, hd.len)) return -1;
+    *rd = (pkvd_rd){.p = *buf, .left = hd.len};
+    return pkvd_get_u32(rd) == 0 ? 0 : -1;
+}
+
+/* pkvd --status --socket PATH: the daemon's connections, one line each. */
+static int status_main(const struct sockaddr_un *sa) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof *sa)) {
+        logf_("connect to %s: %s", sa->sun_path, strerror(errno));
+        return 1;
+    }
+    pkvd_wr w = {0};
+    pkvd_put_u16(&w, PKVD_VERSION);
+    pkvd_put_u16(&w, PKVD_VERSION);
+    pkvd_put_u32(&w, 0);
+    uint8_t *b1 = NULL, *b2 = NULL;
+    pkvd_rd rd;
+    int rc = status_call(fd, PKVD_HELLO, &w, &b1, &rd);
+    pkvd_wr none = {0};
+    if (!rc) rc = status_call(fd, PKVD_CLIENTS, &none, &b2, &rd);
+    pkvd_wr_free(&w);
+    if (!rc) {
+        uint32_t n = pkvd_get_u32(&rd);
+        printf("%u connections (this one included)\n", n);
+        for (uint32_t i = 0; i < n && !rd.bad; i++) {
+            uint32_t uid = pkvd_get_u32(&rd), pid = pkvd_get_u32(&rd);
+            uint64_t ns = pkvd_get_u64(&rd);
+            if (!rd.bad) printf("uid %u pid %u sequences %llu\n", uid, pid, (unsigned long long)ns);
+        }
+        if (rd.bad) rc = -1;
+    }
+    if (rc) logf_("--status: the daemon's reply was refused or malformed");
+    free(b1);
+    free(b2);
+    close(fd);
+    return rc ? 1 : 0;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: pkvd --dir DIR --socket PATH [--ready-fd N]\n"
+            "            --layers N --kv-heads N --head-dim N --model-id ID --capacity N\n"
+            "            [--block-size N] [--dtype f32|f16|bf16]\n"
+            "            [--durability group|none|always]\n"
+            "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
+            "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
+            "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
+            "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
+            "connect). docs/pkvd.md.\n");
+}
+
+static bool num(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') return false;
+    *out = v;
+    return true;
+}
+
+/* UID=S1,S2,... (decimal) into a new rule. */
+static bool parse_salts(const char *val) {
+    uint64_t uid;
+    const char *eq = strchr(val, '=');
+    char head[32];
+    if (!eq || eq == val || (size_t)(eq - val) >= sizeof head || n_rules == MAX_UIDS) return false;
+    memcpy(head, val, (size_t)(eq - val));
+    head[eq - val] = '\0';
+    if (!num(head, &uid) || uid >= UINT32_MAX || rule_of((uid_t)uid)) return false;
+    salt_rule *sr = &rules[n_rules];
+    size_t cap = 1;
+    for (const char *q = eq + 1; *q; q++) cap += *q == ',';
+    if (!(sr->salts = calloc(cap, sizeof *sr->salts))) return false;
+    char *copy = strdup(eq + 1), *save = NULL;
+    size_t len = strlen(eq + 1);
+    bool ok = copy != NULL && len && eq[1] != ',' && eq[len] != ',' && !strstr(eq, ",,");
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; ok && tok;
+         tok = strtok_r(NULL, ",", &save))
+        ok = num(tok, &sr->salts[sr->n++]);
+    free(copy);
+    if (!ok) {
+        free(sr->salts);
+        memset(sr, 0, sizeof *sr);
+        return false;
+    }
+    sr->uid = (uid_t)uid;
+    n_rules++;
+    return true;
+}
+
+/* Close the sequences recovery brought back: their connections are gone. */
+static int close_recovered(void) {
+    size_t n = 0;
+    int rc = pkv_seq_list(cache, NULL, 0, &n);
+    if (rc && rc != PKV_ERANGE) return rc;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) return PKV_ENOMEM;
+    if ((rc = pkv_seq_list(cache, ids, n, &n)) == 0)
+        for (size_t i = 0; i < n && !rc; i++) rc = pkv_seq_close(cache, ids[i]);
+    if (!rc && n) logf_("closed %zu recovered sequences (owned by connections of an "
+                        "earlier run)", n);
+    free(ids);
+    return rc;
+}
+
+/* A socket file left by a daemon that died: nobody accepts on it. */
+static void remove_stale(const struct sockaddr_un *sa) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) && errno == ECONNREFUSED)
+        unlink(sa->sun_path);
+    close(fd);
+}
+
+static void reap(bool all) {
+    pthread_mutex_lock(&conns_mu);
+    for (conn **pp = &conns; *pp;) {
+        conn *k = *pp;
+        if (all && !atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
+        if (all || atomic_load(&k->finished)) {
+            pthread_join(k->th, NULL);
+            close(k->fd);
+            *pp = k->next;
+            free(k);
+        } else {
+            pp = &k->next;
+        }
+    }
+    pthread_mutex_unlock(&conns_mu);
+}
+
+int main(int argc, char **argv) {
+    const char *dir = NULL, *sock = NULL;
+    bool status = false;
+    uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600;
+    allow_uids[n_uids++] = getuid();
+    pkv_options o;
+    pkv_options_init(&o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return 0;
+        }
+        if (!strcmp(a, "--status")) {
+            status = true;
+            continue;
+        }
+        if (!val) {
+            logf_("%s needs a value", a);
+            usage();
+            return 2;
+        }
+        i++;
+        bool ok = true;
+        if (!strcmp(a, "--dir")) dir = val;
+        else if (!strcmp(a, "--socket")) sock = val;
+        else if (!strcmp(a, "--model-id")) o.model_id = val;
+        else if (!strcmp(a, "--ready-fd")) ok = num(val, &ready_fd) && ready_fd <= INT32_MAX;
+        else if (!strcmp(a, "--layers")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_layers = (uint32_t)v, 1);
+        else if (!strcmp(a, "--kv-heads")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_kv_heads = (uint32_t)v, 1);
+        else if (!strcmp(a, "--head-dim")) ok = num(val, &v) && v <= UINT32_MAX && (o.head_dim = (uint32_t)v, 1);
+        else if (!strcmp(a, "--block-size")) ok = num(val, &v) && v <= UINT32_MAX && (o.block_size = (uint32_t)v, 1);
+        else if (!strcmp(a, "--capacity")) ok = num(val, &o.capacity);
+        else if (!strcmp(a, "--allow-uid"))
+            ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
+                 (allow_uids[n_uids++] = (uid_t)v, 1);
+        else if (!strcmp(a, "--salts")) ok = parse_salts(val);
+        else if (!strcmp(a, "--socket-mode")) {
+            char *end;
+            errno = 0;
+            sock_mode = strtoull(val, &end, 8);
+            ok = !errno && end != val && !*end && sock_mode <= 0777;
+        }
+        else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(val, "f32")) o.dtype = PKV_F32;
+            else if (!strcmp(val, "f16")) o.dtype = PKV_F16;
+            else if (!strcmp(val, "bf16")) o.dtype = PKV_BF16;
+            else ok = false;
+        } else if (!strcmp(a, "--durability")) {
+            if (!strcmp(val, "group")) o.durability = PKV_DURABLE_GROUP;
+            else if (!strcmp(val, "none")) o.durability = PKV_DURABLE_NONE;
+            else if (!strcmp(val, "always")) o.durability = PKV_DURABLE_ALWAYS;
+            else ok = false;
+        } else {
+            logf_("unknown option %s", a);
+            usage();
+            return 2;
+        }
+        if (!ok) {
+            logf_("bad value for %s: '%s'", a, val);
+            return 2;
+        }
+    }
+    if (!sock || (!dir && !status)) {
+        usage();
+        return 2;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(sock) >= sizeof sa.sun_path) {
+        logf_("socket path longer than %zu bytes", sizeof sa.sun_path - 1);
+        return 2;
+    }
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    if (status) {
+        for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
+        return status_main(&sa);
+    }
+    int rc = pkv_open(dir, &o, &cache);
+    if (rc) {
+        logf_("pkv_open %s: %s (%s)", dir, pkv_strerror(rc), pkv_last_error());
+        return 1;
+    }
+    char apath[4200];
+    snprintf(apath, sizeof apath, "%s/arena", dir);
+    if ((rc = pkv_info(cache, &info)) || (rc = close_recovered())) {
+        logf_("startup: %s (%s)", pkv_strerror(rc), pkv_last_error());
+        pkv_close(cache);
+        return 1;
+    }
+    arena_fd = open(apath, O_RDWR | O_CLOEXEC);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (arena_fd < 0 || lfd < 0 || pipe2(sig_pipe, O_CLOEXEC)) {
+        logf_("startup: %s", strerror(errno));
+        pkv_close(cache);
+        return 1;
+    }
+    remove_stale(&sa);
+    mode_t old = umask(0177); /* the socket file is created 0600 */
+    int brc = bind(lfd, (struct sockaddr *)&sa, sizeof sa);
+    umask(old);
+    if (!brc && sock_mode != 0600) brc = chmod(sock, (mode_t)sock_mode);
+    if (brc || listen(lfd, 64)) {
+        logf_("listen on %s: %s", sock, strerror(errno));
+        pkv_close(cache);
+        return 1;
+    }
+    struct sigaction act = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &act, NULL);
+    sigaction(SIGINT, &act, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    logf_("serving %s on %s (capacity %llu blocks)", dir, sock,
+          (unsigned long long)info.capacity);
+    if (ready_fd != UINT64_MAX) {
+        ssize_t k = write((int)ready_fd, "READY\n", 6);
+        close((int)ready_fd);
+        if (k != 6) logf_("--ready-fd %llu: %s", (unsigned long long)ready_fd, strerror(errno));
+    }
+    for (;;) {
+        struct pollfd p[2] = {{.fd = lfd, .events = POLLIN}, {.fd = sig_pipe[0], .events = POLLIN}};
+        if (poll(p, 2, 1000) < 0 && errno != EINTR) break;
+        if (p[1].revents) break;
+        reap(false);
+        if (!(p[0].revents & POLLIN)) continue;
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || !uid_allowed(cr.uid)) {
+            logf_("refused a connection from uid %d (not in --allow-uid)", (int)cr.uid);
+            close(fd);
+            continue;
+        }
+        conn *k = calloc(1, sizeof *k);
+        if (!k) {
+            close(fd);
+            continue;
+        }
+        k->fd = fd;
+        k->salts = rule_of(cr.uid);
+        k->uid = cr.uid;
+        k->pid = cr.pid;
+        pthread_mutex_lock(&conns_mu);
+        if (pthread_create(&k->th, NULL, conn_main, k)) {
+            pthread_mutex_unlock(&conns_mu);
+            close(fd);
+            free(k);
+            continue;
+        }
+        k->next = conns;
+        conns = k;
+        pthread_mutex_unlock(&conns_mu);
+    }
+    logf_("shutting down");
+    close(lfd);
+    unlink(sock);
+    reap(true); /* every connection ends, its sequences closed */
+    if ((rc = pkv_checkpoint(cache))) logf_("checkpoint: %s", pkv_last_error());
+    pkv_close(cache);
+    close(arena_fd);
+    for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
+    return 0;
+}
