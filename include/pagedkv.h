@@ -586,7 +586,8 @@ int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
  * few hundred bytes between calls), so a caller sizing a buffer from *needed
  * should add slack.
  * Errors: PKV_EINVAL (cache NULL; buf NULL with cap > 0), PKV_ERANGE (cap <
- * *needed: buf holds an empty string when cap > 0). Blocks: lock (a short copy). */
+ * *needed: buf holds an empty string when cap > 0), PKV_ENOTSUP (a pkv_connect
+ * handle: pkvd --metrics serves the cache's). Blocks: lock (a short copy). */
 int pkv_metrics_text(pkv_cache *cache, char *buf, size_t cap, size_t *needed);
 
 typedef struct pkv_metrics_server pkv_metrics_server;
@@ -598,8 +599,8 @@ struct pkv_cuda; /* pkv_cuda, the CUDA layer's handle (below) */
  * thread of libmicrohttpd. Other paths: 404; other methods: 405. The server
  * must be stopped before the cache is closed.
  * Errors: PKV_EINVAL (cache, addr or out NULL; addr not IPV4:PORT), PKV_ENOTSUP
- * (built without libmicrohttpd: meson option `metrics_http`), PKV_EIO (the
- * address cannot be bound), PKV_ENOMEM. On failure *out is NULL (when out is
+ * (built without libmicrohttpd: meson option `metrics_http`; a pkv_connect
+ * handle), PKV_EIO (the address cannot be bound), PKV_ENOMEM. On failure *out is NULL (when out is
  * not NULL). Blocks: never (starts a thread; the socket is bound on return). */
 int pkv_metrics_serve(pkv_cache *cache, const char *addr, pkv_metrics_server **out);
 /* The TCP port the server listens on; PKV_EINVAL when srv is NULL. Never blocks. */

@@ -199,6 +199,8 @@ static const char *durability_name(pkv_durability d) {
 int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     if (!c) return pkv_err(PKV_EINVAL, "cache is NULL");
     if (!buf && cap) return pkv_err(PKV_EINVAL, "buf is NULL with cap %zu", cap);
+    /* A connected handle holds no log or counters: pkvd serves its metrics. */
+    PKV_LOCAL_ONLY(c, "pkv_metrics_text");
     snap s;
     pkv_lock(c);
     pkv_stats_locked(c, &s.st);

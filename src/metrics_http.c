@@ -134,6 +134,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 int pkv_metrics_serve(pkv_cache *c, const char *addr, pkv_metrics_server **out) {
     if (out) *out = NULL;
     if (!c || !addr || !out) return pkv_err(PKV_EINVAL, "cache, addr or out is NULL");
+    PKV_LOCAL_ONLY(c, "pkv_metrics_serve");
     struct sockaddr_in sa;
     int rc = parse_addr(addr, &sa);
     if (rc) return rc;

@@ -172,6 +172,9 @@ static pkv_cache *build_three(const char *sub, pkv_eviction ev, uint32_t p[3][13
     pkv_options o;
     pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F32, 12);
     o.eviction = ev;
+    /* The closed tails wait in limbo; with the limbo wait the 3 free blocks are
+     * theirs, so the victims below do not depend on flush timing. */
+    o.flags = PKV_OPEN_LIMBO_WAIT;
     pkv_cache *c = pt_open_sub(sub, &o);
     for (uint64_t i = 0; i < 3; i++) {
         fill(c, 1 + i, 0, p[i], 13);

@@ -20,13 +20,18 @@
  *    connection; well-formed hostile requests (another client's ids, a
  *    sequence twice in a batch) get the documented errors.
  * K/V follows pkv_test.h's convention: a pure function of (salt, prefix). */
+#include "http_get.h"
 #include "pkv_test.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -807,5 +812,65 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
               "pkvd --status printed:\n%s", out);
     pkv_close(a);
     pkv_close(b);
+    daemon_stop(d, SIGTERM);
+}
+
+/* ---- Metrics (docs/metrics.md) ----------------------------------------------------- */
+
+/* A loopback TCP port free a moment ago (the daemon binds it right after). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* The value of the unlabelled sample `name` in a text exposition, or -1. */
+static double sample_of(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') return strtod(l + n + 1, NULL);
+    return -1;
+}
+
+/* pkvd --metrics serves the cache's metrics, which count what the clients did
+ * (a client's prefix hits appear in the daemon's pagedkv_prefix_cache_hits_total);
+ * a connected handle has no counters of its own and refuses to render them. */
+Test(pkvd, the_daemon_serves_the_metrics_of_its_clients)
+{
+    if (!PKV_WITH_MICROHTTPD) cr_skip_test("built without libmicrohttpd (meson option metrics_http)");
+    daemon_paths();
+    char addr[64];
+    const int port = free_port();
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    pid_t d = daemon_start_with("--metrics", addr, NULL, NULL);
+    uint32_t p[25];
+    prompt(p, 25, 700);
+    pkv_cache *a = connect_ok();
+    cr_assert_eq(open_fill(a, 1, p, 25), 0);
+    PT_OK(pkv_seq_close(a, 1));
+    cr_assert_eq(SOPEN(a, 2, p, 25), 24);
+    pkv_stats st;
+    PT_OK(pkv_get_stats(a, &st));
+    cr_assert_eq(st.hit_tokens, 24);
+    char txt[64], *body = malloc(1 << 20);
+    size_t need = 0;
+    cr_assert_not_null(body);
+    cr_assert_eq(pkv_metrics_text(a, txt, sizeof txt, &need), PKV_ENOTSUP);
+    const int code = ht_request(port, "GET", "/metrics", body, 1 << 20, NULL, 10000);
+    cr_assert_eq(code, 200, "GET /metrics from pkvd -> %d", code);
+    cr_assert_eq(sample_of(body, "pagedkv_prefix_cache_hits_total"), (double)st.hit_tokens,
+                 "pkvd's hits %g, the client's pkv_get_stats %llu",
+                 sample_of(body, "pagedkv_prefix_cache_hits_total"),
+                 (unsigned long long)st.hit_tokens);
+    cr_assert_eq(sample_of(body, "pagedkv_sequences"), 1.0);
+    free(body);
+    pkv_close(a);
     daemon_stop(d, SIGTERM);
 }

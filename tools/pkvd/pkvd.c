@@ -575,6 +575,7 @@ static void usage(void) {
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
+            "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
             "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
             "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
@@ -662,7 +663,7 @@ static void reap(bool all) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = NULL, *sock = NULL;
+    const char *dir = NULL, *sock = NULL, *metrics_addr = NULL;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600;
     allow_uids[n_uids++] = getuid();
@@ -688,6 +689,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--dir")) dir = val;
         else if (!strcmp(a, "--socket")) sock = val;
         else if (!strcmp(a, "--model-id")) o.model_id = val;
+        else if (!strcmp(a, "--metrics")) metrics_addr = val;
         else if (!strcmp(a, "--ready-fd")) ok = num(val, &ready_fd) && ready_fd <= INT32_MAX;
         else if (!strcmp(a, "--layers")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_layers = (uint32_t)v, 1);
         else if (!strcmp(a, "--kv-heads")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_kv_heads = (uint32_t)v, 1);
@@ -750,10 +752,22 @@ int main(int argc, char **argv) {
         pkv_close(cache);
         return 1;
     }
+    /* The cache's metrics (pkv_metrics_serve, docs/metrics.md): the daemon's
+     * handle is the only one with counters, so its endpoint is the service's. */
+    pkv_metrics_server *msrv = NULL;
+    if (metrics_addr) {
+        if ((rc = pkv_metrics_serve(cache, metrics_addr, &msrv))) {
+            logf_("--metrics %s: %s (%s)", metrics_addr, pkv_strerror(rc), pkv_last_error());
+            pkv_close(cache);
+            return 1;
+        }
+        logf_("metrics on http://%s/metrics (port %d)", metrics_addr, pkv_metrics_port(msrv));
+    }
     arena_fd = open(apath, O_RDWR | O_CLOEXEC);
     int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (arena_fd < 0 || lfd < 0 || pipe2(sig_pipe, O_CLOEXEC)) {
         logf_("startup: %s", strerror(errno));
+        pkv_metrics_stop(msrv);
         pkv_close(cache);
         return 1;
     }
@@ -764,6 +778,7 @@ int main(int argc, char **argv) {
     if (!brc && sock_mode != 0600) brc = chmod(sock, (mode_t)sock_mode);
     if (brc || listen(lfd, 64)) {
         logf_("listen on %s: %s", sock, strerror(errno));
+        pkv_metrics_stop(msrv);
         pkv_close(cache);
         return 1;
     }
@@ -818,6 +833,7 @@ int main(int argc, char **argv) {
     unlink(sock);
     reap(true); /* every connection ends, its sequences closed */
     if ((rc = pkv_checkpoint(cache))) logf_("checkpoint: %s", pkv_last_error());
+    pkv_metrics_stop(msrv);
     pkv_close(cache);
     close(arena_fd);
     for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
