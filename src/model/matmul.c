@@ -423,6 +423,8 @@ static MAVX void q8_avx(const pkvm_wmat *w, const unsigned char *xq, size_t n, s
     }
 }
 
+#define RM (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 /* As quantize_block_portable, 8 lanes at a time (the same values: IEEE products
  * and round-half-even). */
 static MAVX void act_quantize_avx(const float *x, size_t n, size_t cols, unsigned char *xq) {
@@ -443,11 +445,10 @@ static MAVX void act_quantize_avx(const float *x, size_t n, size_t cols, unsigne
             const float amax = _mm_cvtss_f32(m4);
             const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
             const __m256 idv = _mm256_set1_ps(id);
-            const int rm = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-            const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, idv), rm)),
-                          i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, idv), rm)),
-                          i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, idv), rm)),
-                          i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, idv), rm));
+            const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, idv), RM)),
+                          i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, idv), RM)),
+                          i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, idv), RM)),
+                          i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, idv), RM));
             /* Sum of the 32 values (exact in int32). */
             __m256i t = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
             __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
