@@ -203,8 +203,9 @@ static void empty_dir(const char *dir) {
 static void model_id(const pkvm_model *m, char *id, size_t cap) {
     int rc = pkv_tok_model_id(g_gguf, g_tok, id, cap);
     if (rc) die("pkv_tok_model_id: %s (%s)", pkv_strerror(rc), pkv_tok_last_error());
-    /* K/V computed with 8-bit activations differ from the exact path's: another
-     * identity, so that a cache never mixes the two. */
+    /* K/V computed with 8-bit activations differ from the exact kernel's, and
+     * sealing relies on K/V being a function of (model, token prefix)
+     * (docs/design.md, sealing, step 3): another identity, never mixed. */
     size_t len = strlen(id);
     snprintf(id + len, cap - len, ";kernel=%s", pkvm_kernel_name(pkvm_kernel_of(m)));
 }

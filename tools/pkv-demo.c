@@ -796,8 +796,10 @@ static void run_pass(int which, const workload *w, pass_result *r) {
         PKVM(pkvm_set_kernel(m, opt.kernel));
         const int rc = pkv_tok_model_id(g_gguf, g_tok, model_id, sizeof model_id);
         if (rc) die("pkv_tok_model_id: %s (%s)", pkv_strerror(rc), pkv_tok_last_error());
-        /* The kernel's rounding is part of what the K/V is: a cache built with
-         * the other kernel is refused (PKV_EMODEL), never mixed in. */
+        /* The kernel's rounding is part of what the K/V is, and sealing relies
+         * on K/V being a function of (model, token prefix) (docs/design.md,
+         * sealing, step 3): a cache built with the other kernel is refused
+         * (PKV_EMODEL), never mixed in. */
         const size_t len = strlen(model_id);
         if (snprintf(model_id + len, sizeof model_id - len, ";kernel=%s",
                      pkvm_kernel_name(opt.kernel)) >= (int)(sizeof model_id - len))

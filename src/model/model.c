@@ -291,8 +291,8 @@ static int model_alloc(const pkvm_config *cfg, const wplan *plan, pkvm_model **o
         pkvm_free(m);
         return merr(PKV_ENOMEM, "model");
     }
-    /* Offsets first (matrices in the order of the f32 layout of old: embedding,
-     * output norm, output, then per layer), then one allocation. */
+    /* Offsets first (embedding, output norm, output, then per layer: attention
+     * norm, QKV, output projection, FFN norm, gate+up, down), then one allocation. */
     size_t off = 0, fn_off, an_off = 0, fnn_off = 0;
     plan_mat(&m->emb, plan ? plan->emb : PKVM_W_F32, V, D, &off);
     fn_off = off;
