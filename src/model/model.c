@@ -4,13 +4,15 @@
  * Determinism is the design constraint: the paged and the from-scratch paths must
  * produce the same bits. Every value a row (token) computes is a function of that
  * row and of the K/V of earlier positions only:
- *  - matrix products compute each output element with one fixed sequence of
- *    operations (8-lane FMA accumulation over the input in order, then a fixed
- *    horizontal sum), whatever tile of the batch it falls in and whichever thread
- *    computes it;
+ *  - matrix products (src/model/matmul.c, either kernel) compute each output
+ *    element with one fixed sequence of operations, whatever tile of the batch it
+ *    falls in and whichever thread computes it; the q8 kernel quantizes each
+ *    activation row on its own;
  *  - norms, RoPE and SwiGLU are per row;
  *  - attention (pkv_attn_decode) is independent of block layout, batch and threads.
  * The CPU feature dispatch (AVX2+FMA or portable) is decided once per process.
+ * The kernel (pkvm_set_kernel) changes the bits, so it is part of the identity a
+ * cache is built under (the callers append it to the model id).
  */
 #include "model.h"
 
