@@ -363,6 +363,40 @@ Test(demo, a_seeded_cache_is_refused_by_the_real_model_with_PKV_EMODEL)
                    (const char *const[]){"--run", "warm", "--cache-dir", dir, NULL});
 }
 
+/* The kernel is part of the model identity: K/V computed with f32 activations
+ * is not served to a process computing with 8-bit ones (nor the other way). */
+Test(demo, a_cache_of_the_other_kernel_is_refused_with_PKV_EMODEL)
+{
+    const char *model = real_model();
+    char dir[512], sys[512], q[512];
+    pt_path(dir, sizeof dir, "exactcache");
+    pt_path(sys, sizeof sys, "system.txt");
+    pt_path(q, sizeof q, "questions.txt");
+    FILE *f = fopen(sys, "w");
+    cr_assert_not_null(f);
+    fputs("You are the support assistant of pagedkv. Answer in one short sentence.", f);
+    cr_assert_eq(fclose(f), 0);
+    f = fopen(q, "w");
+    cr_assert_not_null(f);
+    fputs("What does pagedkv keep on disk?\n", f);
+    cr_assert_eq(fclose(f), 0);
+    const char *const base[] = {"--model", model, "--prompt-file", sys, "--questions-file", q,
+                                "--users", "1", "--turns", "1", "--samples", "1",
+                                "--answer-tokens", "2", "--quiet", NULL};
+    demo_run d;
+    demo_start_with(&d, "exact", NULL, base,
+                    (const char *const[]){"--kernel", "exact", "--run", "cold", "--cache-dir",
+                                          dir, NULL});
+    char *out, *err;
+    int code = demo_wait(&d, &out, &err);
+    cr_assert_eq(code, 0, "exit %d\nstderr:\n%s", code, err);
+    free(out);
+    free(err);
+    expect_refused(dir, base,
+                   (const char *const[]){"--kernel", "q8", "--run", "warm", "--cache-dir", dir,
+                                         NULL});
+}
+
 /* "  prompt tokens       N computed" of the section starting at `title`. */
 static long computed_in(const char *out, const char *title)
 {

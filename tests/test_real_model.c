@@ -7,7 +7,9 @@
  * - f16 and bf16 K/V: the top-20 logits within the dtype's bound (docs/model.md
  *   gives the measurements behind it), and the continuations identical or
  *   diverging only at a near-tie: where the reference token beats ours by no
- *   more than the bound in our own f32-K/V logits on the same prefix.
+ *   more than the bound in our own f32-K/V logits on the same prefix;
+ * - the q8 kernel (8-bit activations), with f32 and f16 K/V: the same checks
+ *   with its own bound (the divergence check's stand-in runs the exact kernel).
  * The prompts of up to 64 tokens run by default; the 2,238-token one too when
  * PKV_TEST_LONG=1 (minutes on two cores). Skipped when the model file is absent.
  */
@@ -31,11 +33,18 @@ typedef struct tolerance {
     const char *name;
     double bound;
     int may_diverge;
+    pkvm_kernel kernel;
 } tolerance;
 
-static const tolerance TOL_F32 = {PKV_F32, "f32", 1e-3, 0};
-static const tolerance TOL_F16 = {PKV_F16, "f16", 0.03, 1};
-static const tolerance TOL_BF16 = {PKV_BF16, "bf16", 0.25, 1};
+static const tolerance TOL_F32 = {PKV_F32, "f32", 1e-3, 0, PKVM_KERNEL_EXACT};
+static const tolerance TOL_F16 = {PKV_F16, "f16", 0.03, 1, PKVM_KERNEL_EXACT};
+static const tolerance TOL_BF16 = {PKV_BF16, "bf16", 0.25, 1, PKVM_KERNEL_EXACT};
+/* 8-bit activations (the q8 kernel, docs/model.md "The q8 kernel"), with f32 K/V
+ * and with the f16 K/V the demo stores: the largest measured |delta| is 1.11
+ * (llama.cpp, with the same rounding, shows 0.54 on that prompt); the bound is
+ * about 2.7 times that. Divergences are allowed only at near-ties below it. */
+static const tolerance TOL_Q8_F32 = {PKV_F32, "f32 (q8 kernel)", 3.0, 1, PKVM_KERNEL_Q8};
+static const tolerance TOL_Q8_F16 = {PKV_F16, "f16 (q8 kernel)", 3.0, 1, PKVM_KERNEL_Q8};
 
 /* A contiguous K/V buffer of dtype dt for max_ctx tokens, seen as one block. */
 typedef struct kvbuf {
@@ -92,7 +101,9 @@ static void check_divergence(pkvm_model *m, const uint32_t *toks, size_t upto, u
     float *ref = malloc(c->vocab * sizeof *ref);
     kvbuf k;
     kv_init(&k, c, upto, PKV_F32);
+    cr_assert_eq(pkvm_set_kernel(m, PKVM_KERNEL_EXACT), 0);
     run(m, &k, toks, 0, upto, ref);
+    cr_assert_eq(pkvm_set_kernel(m, t->kernel), 0);
     uint32_t top = pkvm_argmax(ref, c->vocab);
     double gap = (double)ref[want] - ref[got],
            margin = (double)ref[top] - ref[best_other(ref, c->vocab, top)];
@@ -118,6 +129,7 @@ static void check_prompts(const tolerance *t, size_t max_tokens) {
     cr_assert_eq(pkvm_create_gguf(g, &m), 0, "%s", pkvm_last_error());
     pkv_gguf_close(g);
     pkvm_set_threads(m, 2);
+    cr_assert_eq(pkvm_set_kernel(m, t->kernel), 0);
     const pkvm_config *c = pkvm_config_of(m);
     cr_assert(c->n_layers == 30 && c->dim == 576 && c->n_heads == 9 && c->n_kv_heads == 3 &&
               c->head_dim == 64 && c->ffn_dim == 1536 && c->vocab == 49152);
@@ -181,3 +193,11 @@ Test(real_model, f16_kv_stays_within_its_bound_on_short_prompts) { check_prompts
 Test(real_model, bf16_kv_stays_within_its_bound_on_short_prompts) { check_prompts(&TOL_BF16, 64); }
 Test(real_model, f16_kv_stays_within_its_bound_on_the_long_prompt) { check_long(&TOL_F16); }
 Test(real_model, bf16_kv_stays_within_its_bound_on_the_long_prompt) { check_long(&TOL_BF16); }
+Test(real_model, q8_kernel_stays_within_its_bound_on_short_prompts) {
+    check_prompts(&TOL_Q8_F32, 64);
+    check_prompts(&TOL_Q8_F16, 64);
+}
+Test(real_model, q8_kernel_stays_within_its_bound_on_the_long_prompt) {
+    check_long(&TOL_Q8_F32);
+    check_long(&TOL_Q8_F16);
+}

@@ -75,6 +75,7 @@ static struct opts {
     uint32_t metrics_linger;  /* --metrics-linger: seconds to keep serving after it */
     pkv_durability durability;
     pkv_dtype kv;
+    pkvm_kernel kernel;
     bool json, quiet;
     bool own_dir; /* cache_dir was created by this run (no --cache-dir) */
     int run;
@@ -89,6 +90,7 @@ static struct opts {
     .seed = 1,
     .durability = PKV_DURABLE_GROUP,
     .kv = PKV_F16,
+    .kernel = PKVM_KERNEL_Q8,
     .run = RUN_BOTH,
     .result_fd = -1,
 };
@@ -154,6 +156,9 @@ static void usage(FILE *f) {
             "  --message-tokens A-B  --preset: user message length range (256-768)\n"
             "  --durability MODE     group, none or always (default group)\n"
             "  --kv-dtype TYPE       f16, bf16 or f32 K/V storage (default f16)\n"
+            "  --kernel exact|q8     --model: products with the quantized weights on 8-bit\n"
+            "                        activations, as llama.cpp (q8, the default), or on f32\n"
+            "                        activations (exact; slower)\n"
             "  --block-size N        tokens per cache block (default 16)\n"
             "  --capacity N          cache blocks (default: sized for the workload)\n"
             "  --threads N           compute threads per process (default: 2 with --model\n"
@@ -234,7 +239,7 @@ static void parse_args(int argc, char **argv) {
         {"capacity", 1, 0, 'C'},       {"threads", 1, 0, 'T'},       {"seed", 1, 0, 'e'},
         {"run", 1, 0, 'r'},            {"json", 0, 0, 'j'},          {"quiet", 0, 0, 'q'},
         {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {"arena-dir", 1, 0, 'A'},
-        {"model", 1, 0, 'M'},          {"questions-file", 1, 0, 'Q'},
+        {"model", 1, 0, 'M'},          {"questions-file", 1, 0, 'Q'},   {"kernel", 1, 0, 'K'},
         {"metrics", 1, 0, 'X'},        {"metrics-linger", 1, 0, 'L'},
         {0, 0, 0, 0}};
     opterr = 0;
@@ -290,6 +295,11 @@ static void parse_args(int argc, char **argv) {
             else if (!strcmp(optarg, "bf16")) opt.kv = PKV_BF16;
             else if (!strcmp(optarg, "f32")) opt.kv = PKV_F32;
             else bad_usage("bad --kv-dtype '%s' (f16, bf16 or f32)", optarg);
+            break;
+        case 'K':
+            if (!strcmp(optarg, "q8")) opt.kernel = PKVM_KERNEL_Q8;
+            else if (!strcmp(optarg, "exact")) opt.kernel = PKVM_KERNEL_EXACT;
+            else bad_usage("bad --kernel '%s' (q8 or exact)", optarg);
             break;
         case 'b': opt.block_size = (uint32_t)parse_num(optarg, "--block-size", 1, PKV_BLOCK_SIZE_MAX); break;
         case 'C': opt.capacity = parse_num(optarg, "--capacity", 1, 1u << 31); break;
@@ -795,8 +805,17 @@ static void run_pass(int which, const workload *w, pass_result *r) {
         pkvm_model_id(m, opt.kv, model_id, sizeof model_id);
     } else {
         PKVM(pkvm_create_gguf(g_gguf, &m));
+        PKVM(pkvm_set_kernel(m, opt.kernel));
         const int rc = pkv_tok_model_id(g_gguf, g_tok, model_id, sizeof model_id);
         if (rc) die("pkv_tok_model_id: %s (%s)", pkv_strerror(rc), pkv_tok_last_error());
+        /* The kernel's rounding is part of what the K/V is, and sealing relies
+         * on K/V being a function of (model, token prefix) (docs/design.md,
+         * sealing, step 3): a cache built with the other kernel is refused
+         * (PKV_EMODEL), never mixed in. */
+        const size_t len = strlen(model_id);
+        if (snprintf(model_id + len, sizeof model_id - len, ";kernel=%s",
+                     pkvm_kernel_name(opt.kernel)) >= (int)(sizeof model_id - len))
+            die("the model id is too long");
     }
     const pkvm_config cfg = *pkvm_config_of(m);
     pkvm_set_threads(m, opt.threads);
@@ -1306,11 +1325,11 @@ static int report(const workload *w, const pass_result *cold, const pass_result 
         fprintf(f, "{\n  \"config\": {\"preset\": \"%s\", \"users\": %u, \"turns\": %u, "
                    "\"samples\": %u, \"answer_tokens\": %u, \"system_prompt_tokens\": %zu, "
                    "\"message_tokens\": [%u, %u], \"block_size\": %u, \"kv_dtype\": \"%s\", "
-                   "\"durability\": \"%s\", \"threads\": %u, \"seed\": %" PRIu64
-                   ", \"model\": ",
+                   "\"durability\": \"%s\", \"threads\": %u, \"kernel\": \"%s\", "
+                   "\"seed\": %" PRIu64 ", \"model\": ",
                 model_name(), opt.users, opt.turns, opt.samples, opt.answer, g_sys_tokens,
                 opt.msg_min, opt.msg_max, opt.block_size, kv_name(), dur_name(), opt.threads,
-                opt.seed);
+                opt.preset ? "f32" : pkvm_kernel_name(opt.kernel), opt.seed);
         if (opt.preset) fprintf(f, "null");
         else json_str(f, opt.model_path);
         fprintf(f, ", \"cache_dir\": ");
@@ -1464,7 +1483,10 @@ int main(int argc, char **argv) {
                 "pkv-demo: %s model (%u layers, width %u, %u query / %u K/V heads, %s "
                 "parameters%s), K/V %s in blocks of %u tokens, durability %s, %u thread%s\n",
                 model_name(), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
-                fmt_int(a, params), opt.preset ? "" : ", weights converted to f32 at load",
+                fmt_int(a, params), opt.preset ? ""
+                : opt.kernel == PKVM_KERNEL_Q8
+                    ? ", quantized weights, 8-bit activations"
+                    : ", quantized weights, f32 activations",
                 kv_name(), opt.block_size, dur_name(), opt.threads, opt.threads > 1 ? "s" : "");
         if (opt.preset)
             fprintf(info,

@@ -599,7 +599,7 @@ static int int_value(const pkv_gguf *g, const kv_rec *r, int64_t *v) {
 }
 
 int pkv_gguf_get_u32(const pkv_gguf *g, const char *key, uint32_t *out) {
-    const kv_rec *r;
+    const kv_rec *r = NULL;
     int rc = lookup(g, key, &r);
     if (rc) return rc;
     int64_t v;
@@ -611,7 +611,7 @@ int pkv_gguf_get_u32(const pkv_gguf *g, const char *key, uint32_t *out) {
 }
 
 int pkv_gguf_get_f32(const pkv_gguf *g, const char *key, float *out) {
-    const kv_rec *r;
+    const kv_rec *r = NULL;
     int rc = lookup(g, key, &r);
     if (rc) return rc;
     if (r->type == PKV_GGUF_F32) {
@@ -627,7 +627,7 @@ int pkv_gguf_get_f32(const pkv_gguf *g, const char *key, float *out) {
 }
 
 int pkv_gguf_get_bool(const pkv_gguf *g, const char *key, int *out) {
-    const kv_rec *r;
+    const kv_rec *r = NULL;
     int rc = lookup(g, key, &r);
     if (rc) return rc;
     if (r->type != PKV_GGUF_BOOL) return wrong_type(r, "bool");
@@ -642,7 +642,7 @@ static pkv_gguf_str str_at(const pkv_gguf *g, size_t off) {
 }
 
 int pkv_gguf_get_str(const pkv_gguf *g, const char *key, pkv_gguf_str *out) {
-    const kv_rec *r;
+    const kv_rec *r = NULL;
     int rc = lookup(g, key, &r);
     if (rc) return rc;
     if (r->type != PKV_GGUF_STRING) return wrong_type(r, "string");
@@ -652,7 +652,7 @@ int pkv_gguf_get_str(const pkv_gguf *g, const char *key, pkv_gguf_str *out) {
 
 int pkv_gguf_get_arr(const pkv_gguf *g, const char *key, pkv_gguf_vtype elem,
                      pkv_gguf_arr *out) {
-    const kv_rec *r;
+    const kv_rec *r = NULL;
     int rc = lookup(g, key, &r);
     if (rc) return rc;
     if (r->type != PKV_GGUF_ARRAY) return wrong_type(r, "array");

@@ -4,17 +4,20 @@
  * Determinism is the design constraint: the paged and the from-scratch paths must
  * produce the same bits. Every value a row (token) computes is a function of that
  * row and of the K/V of earlier positions only:
- *  - matrix products compute each output element with one fixed sequence of
- *    operations (8-lane FMA accumulation over the input in order, then a fixed
- *    horizontal sum), whatever tile of the batch it falls in and whichever thread
- *    computes it;
+ *  - matrix products (src/model/matmul.c, either kernel) compute each output
+ *    element with one fixed sequence of operations, whatever tile of the batch it
+ *    falls in and whichever thread computes it; the q8 kernel quantizes each
+ *    activation row on its own;
  *  - norms, RoPE and SwiGLU are per row;
  *  - attention (pkv_attn_decode) is independent of block layout, batch and threads.
  * The CPU feature dispatch (AVX2+FMA or portable) is decided once per process.
+ * The kernel (pkvm_set_kernel) changes the bits, so it is part of the identity a
+ * cache is built under (the callers append it to the model id).
  */
 #include "model.h"
 
 #include "gguf.h"
+#include "matmul.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -26,13 +29,6 @@
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
-#endif
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MODEL_X86 1
-#include <immintrin.h>
-#else
-#define MODEL_X86 0
 #endif
 
 /* ---- Errors ------------------------------------------------------------------ */
@@ -178,25 +174,36 @@ static void pool_run(pool *p, pool_fn fn, void *arg) {
 
 typedef struct layer_w {
     float *attn_norm; /* [dim] */
-    float *wqkv;      /* [(nh + 2 nkv) hd][dim] */
-    float *wo;        /* [dim][nh hd] */
+    pkvm_wmat wqkv;   /* [(nh + 2 nkv) hd][dim] */
+    pkvm_wmat wo;     /* [dim][nh hd] */
     float *ffn_norm;  /* [dim] */
-    float *w13;       /* [2 ffn][dim]: gate rows, then up rows */
-    float *w2;        /* [dim][ffn] */
+    pkvm_wmat w13;    /* [2 ffn][dim]: gate rows, then up rows */
+    pkvm_wmat w2;     /* [dim][ffn] */
 } layer_w;
+
+/* The storage type of every matrix, decided before the one allocation. */
+typedef struct wplan {
+    pkvm_wtype emb, wout;
+    bool tied; /* wout is emb (same storage) */
+    pkvm_wtype *qkv, *wo, *w13, *w2; /* [n_layers] each, or NULL: all f32 */
+} wplan;
 
 struct pkvm_model {
     pkvm_config cfg;
-    float *mem; /* every weight, one allocation */
+    unsigned char *mem; /* every weight, one allocation */
     uint64_t n_params;
-    float *emb;        /* [vocab][dim] */
+    pkvm_wmat emb;     /* [vocab][dim] */
     float *final_norm; /* [dim] */
-    float *wout;       /* [vocab][dim] */
+    pkvm_wmat wout;    /* [vocab][dim] */
     layer_w *layers;
     double *inv_freq; /* [hd / 2] */
     unsigned threads;
     uint32_t attn_flags;
+    pkvm_kernel kernel;
     int avx;
+    float *scratch;          /* per pool thread: scratch_floats (exact kernel's panel) */
+    size_t scratch_floats;
+    size_t max_cols;         /* widest matrix input */
     pool pool;
 };
 
@@ -220,13 +227,6 @@ static void fill_norm(float *w, size_t n, uint64_t *s) {
     for (size_t i = 0; i < n; i++) w[i] += 1.0f;
 }
 
-#if MODEL_X86
-static int model_cpu_avx(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#endif
-
 static int config_check(const pkvm_config *c) {
     if (!c->n_layers || c->n_layers > 4096) return merr(PKV_EINVAL, "n_layers %u", c->n_layers);
     if (!c->dim || c->dim > 65536) return merr(PKV_EINVAL, "dim %u", c->dim);
@@ -243,8 +243,38 @@ static int config_check(const pkvm_config *c) {
     return 0;
 }
 
-/* The model with its weight memory allocated and laid out, values unset. */
-static int model_alloc(const pkvm_config *cfg, pkvm_model **out) {
+/* Per-thread scratch for m->threads threads. */
+static int scratch_alloc(pkvm_model *m) {
+    free(m->scratch);
+    m->scratch = NULL;
+    if (!m->scratch_floats) return 0;
+    m->scratch = aligned_alloc(64, m->threads * m->scratch_floats * sizeof(float));
+    return m->scratch ? 0 : merr(PKV_ENOMEM, "matmul scratch");
+}
+
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* Lay out matrix w (rows x cols of type t) at *off of the allocation. */
+static void plan_mat(pkvm_wmat *w, pkvm_wtype t, size_t rows, size_t cols, size_t *off) {
+    w->type = t;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = pkvm_wmat_row_bytes(t, cols);
+    w->data = (unsigned char *)(uintptr_t)*off; /* made a pointer once allocated */
+    *off += align64(rows * w->row_bytes);
+}
+
+static void place_mat(pkvm_wmat *w, unsigned char *base) { w->data = base + (uintptr_t)w->data; }
+
+static float *place_floats(unsigned char *base, size_t *off, size_t n) {
+    float *p = (float *)(void *)(base + *off);
+    *off += align64(n * sizeof(float));
+    return p;
+}
+
+/* The model with its weight memory allocated and laid out (matrix storage types
+ * from `plan`, NULL: all f32), values unset. */
+static int model_alloc(const pkvm_config *cfg, const wplan *plan, pkvm_model **out) {
     int rc = config_check(cfg);
     if (rc) return rc;
     pkvm_model *m = calloc(1, sizeof *m);
@@ -256,59 +286,106 @@ static int model_alloc(const pkvm_config *cfg, pkvm_model **out) {
     const size_t D = c->dim, L = c->n_layers, hd = c->head_dim, nh = c->n_heads,
                  nkv = c->n_kv_heads, F = c->ffn_dim, V = c->vocab;
     const size_t per_layer = D + (nh + 2 * nkv) * hd * D + D * nh * hd + D + 2 * F * D + D * F;
-    const size_t total = V * D + D + V * D + L * per_layer;
-    m->n_params = total;
-    m->mem = aligned_alloc(64, (total * sizeof(float) + 63) / 64 * 64);
+    m->n_params = V * D + D + V * D + L * per_layer;
     m->layers = calloc(L, sizeof *m->layers);
     m->inv_freq = malloc(hd / 2 * sizeof(double));
-    if (!m->mem || !m->layers || !m->inv_freq) {
+    if (!m->layers || !m->inv_freq) {
         pkvm_free(m);
-        return merr(PKV_ENOMEM, "model weights (%zu floats)", total);
+        return merr(PKV_ENOMEM, "model");
     }
-    float *p = m->mem;
-    m->emb = p, p += V * D;
-    m->final_norm = p, p += D;
-    m->wout = p, p += V * D;
+    /* Offsets first (embedding, output norm, output, then per layer: attention
+     * norm, QKV, output projection, FFN norm, gate+up, down), then one allocation. */
+    size_t off = 0, fn_off, an_off = 0, fnn_off = 0;
+    plan_mat(&m->emb, plan ? plan->emb : PKVM_W_F32, V, D, &off);
+    fn_off = off;
+    off += align64(D * sizeof(float));
+    if (plan && plan->tied) m->wout = m->emb;
+    else plan_mat(&m->wout, plan ? plan->wout : PKVM_W_F32, V, D, &off);
+    size_t *norm_off = malloc(2 * L * sizeof *norm_off);
+    if (!norm_off) {
+        pkvm_free(m);
+        return merr(PKV_ENOMEM, "model");
+    }
     for (size_t l = 0; l < L; l++) {
         layer_w *w = &m->layers[l];
-        w->attn_norm = p, p += D;
-        w->wqkv = p, p += (nh + 2 * nkv) * hd * D;
-        w->wo = p, p += D * nh * hd;
-        w->ffn_norm = p, p += D;
-        w->w13 = p, p += 2 * F * D;
-        w->w2 = p, p += D * F;
+        norm_off[2 * l] = off;
+        off += align64(D * sizeof(float));
+        plan_mat(&w->wqkv, plan ? plan->qkv[l] : PKVM_W_F32, (nh + 2 * nkv) * hd, D, &off);
+        plan_mat(&w->wo, plan ? plan->wo[l] : PKVM_W_F32, D, nh * hd, &off);
+        norm_off[2 * l + 1] = off;
+        off += align64(D * sizeof(float));
+        plan_mat(&w->w13, plan ? plan->w13[l] : PKVM_W_F32, 2 * F, D, &off);
+        plan_mat(&w->w2, plan ? plan->w2[l] : PKVM_W_F32, D, F, &off);
     }
+    m->mem = aligned_alloc(64, off);
+    if (!m->mem) {
+        free(norm_off);
+        pkvm_free(m);
+        return merr(PKV_ENOMEM, "model weights (%zu bytes)", off);
+    }
+    place_mat(&m->emb, m->mem);
+    if (plan && plan->tied) m->wout = m->emb;
+    else place_mat(&m->wout, m->mem);
+    m->final_norm = place_floats(m->mem, &fn_off, D);
+    for (size_t l = 0; l < L; l++) {
+        layer_w *w = &m->layers[l];
+        an_off = norm_off[2 * l];
+        fnn_off = norm_off[2 * l + 1];
+        w->attn_norm = place_floats(m->mem, &an_off, D);
+        w->ffn_norm = place_floats(m->mem, &fnn_off, D);
+        place_mat(&w->wqkv, m->mem);
+        place_mat(&w->wo, m->mem);
+        place_mat(&w->w13, m->mem);
+        place_mat(&w->w2, m->mem);
+        const pkvm_wmat *mats[4] = {&w->wqkv, &w->wo, &w->w13, &w->w2};
+        for (int k = 0; k < 4; k++) {
+            const size_t sf = pkvm_mm_scratch_floats(mats[k]);
+            if (sf > m->scratch_floats) m->scratch_floats = sf;
+        }
+    }
+    free(norm_off);
+    {
+        const size_t sf = pkvm_mm_scratch_floats(&m->wout);
+        if (sf > m->scratch_floats) m->scratch_floats = sf;
+    }
+    m->max_cols = D > nh * hd ? D : nh * hd;
+    if (F > m->max_cols) m->max_cols = F;
     for (size_t i = 0; i < hd / 2; i++)
         m->inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
-#if MODEL_X86
-    m->avx = model_cpu_avx();
-#endif
+    m->avx = pkvm_mm_cpu_avx();
+    if ((rc = scratch_alloc(m))) {
+        pkvm_free(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }
+
+/* The floats of an f32 matrix. */
+#define F32(w) ((float *)(void *)(w).data)
 
 int pkvm_create(const pkvm_config *cfg, pkvm_model **out) {
     if (!cfg || !out) return merr(PKV_EINVAL, "cfg or out is NULL");
     *out = NULL;
     pkvm_model *m;
-    int rc = model_alloc(cfg, &m);
+    int rc = model_alloc(cfg, NULL, &m);
     if (rc) return rc;
     const pkvm_config *c = &m->cfg;
     const size_t D = c->dim, L = c->n_layers, hd = c->head_dim, nh = c->n_heads,
                  nkv = c->n_kv_heads, F = c->ffn_dim, V = c->vocab;
     uint64_t s = c->seed ^ 0x706b762d6d6f64ull; /* "pkv-mod" */
-    fill_uniform(m->emb, V * D, 1.0f, &s);
+    fill_uniform(F32(m->emb), V * D, 1.0f, &s);
     fill_norm(m->final_norm, D, &s);
     /* Logits with a standard deviation of about 3: decisive greedy choices. */
-    fill_uniform(m->wout, V * D, 3.0f * sqrtf(3.0f / (float)D), &s);
+    fill_uniform(F32(m->wout), V * D, 3.0f * sqrtf(3.0f / (float)D), &s);
     for (size_t l = 0; l < L; l++) {
         layer_w *w = &m->layers[l];
         fill_norm(w->attn_norm, D, &s);
-        fill_uniform(w->wqkv, (nh + 2 * nkv) * hd * D, sqrtf(3.0f / (float)D), &s);
-        fill_uniform(w->wo, D * nh * hd, sqrtf(3.0f / (float)(nh * hd)), &s);
+        fill_uniform(F32(w->wqkv), (nh + 2 * nkv) * hd * D, sqrtf(3.0f / (float)D), &s);
+        fill_uniform(F32(w->wo), D * nh * hd, sqrtf(3.0f / (float)(nh * hd)), &s);
         fill_norm(w->ffn_norm, D, &s);
-        fill_uniform(w->w13, 2 * F * D, sqrtf(3.0f / (float)D), &s);
-        fill_uniform(w->w2, D * F, sqrtf(3.0f / (float)F), &s);
+        fill_uniform(F32(w->w13), 2 * F * D, sqrtf(3.0f / (float)D), &s);
+        fill_uniform(F32(w->w2), D * F, sqrtf(3.0f / (float)F), &s);
     }
     *out = m;
     return 0;
@@ -359,61 +436,117 @@ int pkvm_config_from_gguf(const pkv_gguf *g, pkvm_config *out) {
     return config_check(&c);
 }
 
-/* Tensor `name` as rows x cols floats (GGUF: ne[0] = cols, the input width). */
-/* dst NULL: only check that the tensor is there with the right shape. */
-static int load_rows(const pkv_gguf *g, const char *name, size_t rows, size_t cols, float *dst) {
+/* Tensor `name`, checked to be rows x cols (GGUF: ne[0] = cols, the input width). */
+static int find_tensor(const pkv_gguf *g, const char *name, size_t rows, size_t cols,
+                       const pkv_gguf_tensor **out) {
     const pkv_gguf_tensor *t = pkv_gguf_tensor_find(g, name);
     if (!t) return merr(PKV_EINVAL, "tensor %s is missing", name);
     if (t->ne[0] != cols || t->n_rows != rows)
         return merr(PKV_EINVAL, "tensor %s is [%llu x %llu], expected [%zu x %zu]", name,
                     (unsigned long long)t->n_rows, (unsigned long long)t->ne[0], rows, cols);
-    if (!dst) return 0;
-    int rc = pkv_gguf_tensor_f32(t, dst);
-    return rc ? merr(rc, "%s", pkv_gguf_last_error()) : 0;
+    if (!pkv_gguf_type_supported(t->type))
+        return merr(PKV_ENOTSUP, "tensor %s: unsupported tensor type %s", name,
+                    pkv_gguf_type_name(t->type));
+    *out = t;
+    return 0;
+}
+
+/* The storage a tensor keeps: its own blocks for Q8_0 and Q4_1 (with a width of
+ * whole blocks), f32 for anything else. */
+static pkvm_wtype tensor_wtype(const pkv_gguf_tensor *t) {
+    if (t->ne[0] % 32 == 0 && t->type == PKV_GGUF_T_Q8_0) return PKVM_W_Q8_0;
+    if (t->ne[0] % 32 == 0 && t->type == PKV_GGUF_T_Q4_1) return PKVM_W_Q4_1;
+    return PKVM_W_F32;
+}
+
+/* Tensor `name` into rows [row0, row0 + rows) of w (whose type was planned from
+ * the tensor's: the blocks repacked, or rows converted to f32). */
+static int load_mat(const pkv_gguf *g, const char *name, size_t rows, size_t row0,
+                    pkvm_wmat *w) {
+    const pkv_gguf_tensor *t = NULL;
+    int rc = find_tensor(g, name, rows, w->cols, &t);
+    if (rc) return rc;
+    for (size_t r = 0; r < rows; r++) {
+        if (w->type != PKVM_W_F32) {
+            pkvm_wmat_pack_row(w, row0 + r, (const unsigned char *)t->data + r * t->row_bytes);
+        } else if ((rc = pkv_gguf_row_f32(t, r, F32(*w) + (row0 + r) * w->cols))) {
+            return merr(rc, "%s", pkv_gguf_last_error());
+        }
+    }
+    return 0;
+}
+
+static int load_floats(const pkv_gguf *g, const char *name, size_t n, float *dst) {
+    const pkv_gguf_tensor *t = NULL;
+    int rc = find_tensor(g, name, 1, n, &t);
+    if (!rc && (rc = pkv_gguf_row_f32(t, 0, dst))) rc = merr(rc, "%s", pkv_gguf_last_error());
+    return rc;
 }
 
 /* llama.cpp's converter interleaves each Q/K head's two rotary halves (row 2i + j
  * of a head holds the half-split row j * hd/2 + i); undo it for the half-split
- * RoPE of pkvm_forward. */
-static int unpermute_heads(float *w, size_t heads, size_t hd, size_t cols) {
-    float *tmp = malloc(hd * cols * sizeof *tmp);
+ * RoPE of pkvm_forward. Rows are moved whole, whatever their storage. */
+static int unpermute_heads(pkvm_wmat *w, size_t row0, size_t heads, size_t hd) {
+    const size_t rb = w->row_bytes;
+    unsigned char *tmp = malloc(hd * rb);
     if (!tmp) return merr(PKV_ENOMEM, "unpermute");
     for (size_t h = 0; h < heads; h++) {
-        float *head = w + h * hd * cols;
+        unsigned char *head = w->data + (row0 + h * hd) * rb;
         for (size_t i = 0; i < hd / 2; i++)
             for (size_t j = 0; j < 2; j++)
-                memcpy(tmp + (j * hd / 2 + i) * cols, head + (2 * i + j) * cols,
-                       cols * sizeof *tmp);
-        memcpy(head, tmp, hd * cols * sizeof *tmp);
+                memcpy(tmp + (j * hd / 2 + i) * rb, head + (2 * i + j) * rb, rb);
+        memcpy(head, tmp, hd * rb);
     }
     free(tmp);
     return 0;
 }
 
-/* w NULL: only check the layer's tensors (names and shapes). */
+/* The common storage of tensors that are fused into one matrix: their type when
+ * they all share it, else f32. */
+static int plan_fused(const pkv_gguf *g, size_t l, const char *const *suffix,
+                      const size_t *rows, size_t n, size_t cols, pkvm_wtype *out) {
+    char name[64];
+    for (size_t k = 0; k < n; k++) {
+        snprintf(name, sizeof name, "blk.%zu.%s.weight", l, suffix[k]);
+        const pkv_gguf_tensor *t = NULL;
+        int rc = find_tensor(g, name, rows[k], cols, &t);
+        if (rc) return rc;
+        const pkvm_wtype wt = tensor_wtype(t);
+        if (k == 0) *out = wt;
+        else if (wt != *out) *out = PKVM_W_F32;
+    }
+    return 0;
+}
+
 static int load_layer(const pkv_gguf *g, const pkvm_config *c, size_t l, layer_w *w) {
     const size_t D = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads,
                  F = c->ffn_dim;
     char name[64];
-#define LOAD(suffix, rows, cols, dst)                                                  \
+#define LOAD(suffix, rows, row0, mat)                                                  \
     do {                                                                                \
         snprintf(name, sizeof name, "blk.%zu." suffix ".weight", l);                   \
-        int rc_ = load_rows(g, name, rows, cols, w ? (dst) : NULL);                     \
+        int rc_ = load_mat(g, name, rows, row0, mat);                                   \
         if (rc_) return rc_;                                                            \
     } while (0)
-    LOAD("attn_norm", 1, D, w->attn_norm);
-    LOAD("attn_q", nh * hd, D, w->wqkv);
-    LOAD("attn_k", nkv * hd, D, w->wqkv + nh * hd * D);
-    LOAD("attn_v", nkv * hd, D, w->wqkv + (nh + nkv) * hd * D);
-    LOAD("attn_output", D, nh * hd, w->wo);
-    LOAD("ffn_norm", 1, D, w->ffn_norm);
-    LOAD("ffn_gate", F, D, w->w13);
-    LOAD("ffn_up", F, D, w->w13 + F * D);
-    LOAD("ffn_down", D, F, w->w2);
+#define NORM(suffix, dst)                                                              \
+    do {                                                                                \
+        snprintf(name, sizeof name, "blk.%zu." suffix ".weight", l);                   \
+        int rc_ = load_floats(g, name, D, dst);                                         \
+        if (rc_) return rc_;                                                            \
+    } while (0)
+    NORM("attn_norm", w->attn_norm);
+    LOAD("attn_q", nh * hd, 0, &w->wqkv);
+    LOAD("attn_k", nkv * hd, nh * hd, &w->wqkv);
+    LOAD("attn_v", nkv * hd, (nh + nkv) * hd, &w->wqkv);
+    LOAD("attn_output", D, 0, &w->wo);
+    NORM("ffn_norm", w->ffn_norm);
+    LOAD("ffn_gate", F, 0, &w->w13);
+    LOAD("ffn_up", F, F, &w->w13);
+    LOAD("ffn_down", D, 0, &w->w2);
 #undef LOAD
-    if (!w) return 0;
-    int rc = unpermute_heads(w->wqkv, nh, hd, D);
-    return rc ? rc : unpermute_heads(w->wqkv + nh * hd * D, nkv, hd, D);
+#undef NORM
+    int rc = unpermute_heads(&w->wqkv, 0, nh, hd);
+    return rc ? rc : unpermute_heads(&w->wqkv, nh * hd, nkv, hd);
 }
 
 int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out) {
@@ -421,20 +554,50 @@ int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out) {
     *out = NULL;
     pkvm_config cfg;
     int rc = pkvm_config_from_gguf(g, &cfg);
-    /* Every tensor is checked before the weights are allocated: their sizes come
-     * from the file's header, and only tensors present in the file bound them. */
-    if (!rc) rc = load_rows(g, "token_embd.weight", cfg.vocab, cfg.dim, NULL);
-    for (size_t l = 0; l < cfg.n_layers && !rc; l++) rc = load_layer(g, &cfg, l, NULL);
+    if (rc) return rc;
+    /* Every tensor is checked (name, shape, type) and its storage planned before
+     * the weights are allocated: their sizes come from the file's header, and only
+     * tensors present in the file bound them. */
+    const size_t D = cfg.dim, hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads,
+                 F = cfg.ffn_dim, L = cfg.n_layers;
+    wplan plan = {0};
+    pkvm_wtype *types = calloc(4 * L, sizeof *types);
+    if (!types) return merr(PKV_ENOMEM, "model plan");
+    plan.qkv = types, plan.wo = types + L, plan.w13 = types + 2 * L, plan.w2 = types + 3 * L;
+    const pkv_gguf_tensor *t = NULL;
+    rc = find_tensor(g, "token_embd.weight", cfg.vocab, D, &t);
+    if (!rc) plan.emb = tensor_wtype(t);
+    if (!rc && (rc = find_tensor(g, "output_norm.weight", 1, D, &t)) == 0) {
+        const pkv_gguf_tensor *o = pkv_gguf_tensor_find(g, "output.weight");
+        plan.tied = o == NULL; /* tied embeddings when there is no output matrix */
+        if (o && (rc = find_tensor(g, "output.weight", cfg.vocab, D, &t)) == 0)
+            plan.wout = tensor_wtype(t);
+    }
+    static const char *const qkv[3] = {"attn_q", "attn_k", "attn_v"}, *const wo[1] = {"attn_output"},
+                             *const w13[2] = {"ffn_gate", "ffn_up"}, *const w2[1] = {"ffn_down"};
+    const size_t qkv_rows[3] = {nh * hd, nkv * hd, nkv * hd}, wo_rows[1] = {D},
+                 w13_rows[2] = {F, F}, w2_rows[1] = {D};
+    for (size_t l = 0; l < L && !rc; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%zu.attn_norm.weight", l);
+        rc = find_tensor(g, name, 1, D, &t);
+        if (!rc) {
+            snprintf(name, sizeof name, "blk.%zu.ffn_norm.weight", l);
+            rc = find_tensor(g, name, 1, D, &t);
+        }
+        if (!rc) rc = plan_fused(g, l, qkv, qkv_rows, 3, D, &plan.qkv[l]);
+        if (!rc) rc = plan_fused(g, l, wo, wo_rows, 1, nh * hd, &plan.wo[l]);
+        if (!rc) rc = plan_fused(g, l, w13, w13_rows, 2, D, &plan.w13[l]);
+        if (!rc) rc = plan_fused(g, l, w2, w2_rows, 1, F, &plan.w2[l]);
+    }
     pkvm_model *m = NULL;
-    if (!rc) rc = model_alloc(&cfg, &m);
+    if (!rc) rc = model_alloc(&cfg, &plan, &m);
+    free(types);
     if (rc) return rc;
     const pkvm_config *c = &m->cfg;
-    rc = load_rows(g, "token_embd.weight", c->vocab, c->dim, m->emb);
-    if (!rc) rc = load_rows(g, "output_norm.weight", 1, c->dim, m->final_norm);
-    if (!rc) /* tied embeddings when there is no output matrix */
-        rc = load_rows(g, pkv_gguf_tensor_find(g, "output.weight") ? "output.weight"
-                                                                     : "token_embd.weight",
-                       c->vocab, c->dim, m->wout);
+    rc = load_mat(g, "token_embd.weight", c->vocab, 0, &m->emb);
+    if (!rc) rc = load_floats(g, "output_norm.weight", c->dim, m->final_norm);
+    if (!rc && !plan.tied) rc = load_mat(g, "output.weight", c->vocab, 0, &m->wout);
     for (size_t l = 0; l < c->n_layers && !rc; l++) rc = load_layer(g, c, l, &m->layers[l]);
     if (rc) {
         pkvm_free(m);
@@ -447,6 +610,7 @@ int pkvm_create_gguf(const pkv_gguf *g, pkvm_model **out) {
 void pkvm_free(pkvm_model *m) {
     if (!m) return;
     pool_stop(&m->pool);
+    free(m->scratch);
     free(m->mem);
     free(m->layers);
     free(m->inv_freq);
@@ -460,9 +624,30 @@ void pkvm_set_threads(pkvm_model *m, unsigned n) {
     if (!m) return;
     if (n < 1) n = 1;
     if (n > 64) n = 64;
+    /* Scratch for n threads first: without it the thread count stays as it is. */
+    if (m->scratch_floats && n > m->threads) {
+        float *s = aligned_alloc(64, n * m->scratch_floats * sizeof(float));
+        if (!s) return;
+        free(m->scratch);
+        m->scratch = s;
+    }
     pool_stop(&m->pool);
     pool_start(&m->pool, n - 1);
     m->threads = m->pool.n + 1;
+}
+
+int pkvm_set_kernel(pkvm_model *m, pkvm_kernel k) {
+    if (!m) return merr(PKV_EINVAL, "model is NULL");
+    if (k != PKVM_KERNEL_EXACT && k != PKVM_KERNEL_Q8)
+        return merr(PKV_EINVAL, "unknown kernel %d", (int)k);
+    m->kernel = k;
+    return 0;
+}
+
+pkvm_kernel pkvm_kernel_of(const pkvm_model *m) { return m ? m->kernel : PKVM_KERNEL_EXACT; }
+
+const char *pkvm_kernel_name(pkvm_kernel k) {
+    return k == PKVM_KERNEL_EXACT ? "exact" : k == PKVM_KERNEL_Q8 ? "q8" : "?";
 }
 
 void pkvm_set_attn_flags(pkvm_model *m, uint32_t flags) {
@@ -492,128 +677,37 @@ void pkvm_cache_geometry(const pkvm_model *m, pkv_options *o) {
 
 /* ---- Matrix products ------------------------------------------------------------ */
 
-/* y[i * ldy + j] = sum_k W[j * in + k] * x[i * in + k], i < n, j in [j0, j1). */
-static void mm_portable(const float *x, size_t n, const float *W, size_t in, size_t j0,
-                        size_t j1, float *y, size_t ldy) {
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = j0; j < j1; j++) {
-            const float *w = W + j * in, *xi = x + i * in;
-            float s = 0.0f;
-            for (size_t k = 0; k < in; k++) s += w[k] * xi[k];
-            y[i * ldy + j] = s;
-        }
-}
-
-#if MODEL_X86
-#define MAVX    __attribute__((target("avx2,fma")))
-#define MAVX_IN static inline __attribute__((always_inline, target("avx2,fma")))
-
-MAVX_IN float mhsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* in % 8 == 0. Each element: acc = 0; acc = fma(w[k..k+8], x[k..k+8], acc) for k in
- * order; y = mhsum8(acc). Tiles: 4 rows x 3 outputs, 1 x 3, then 1 x 1. */
-static MAVX void mm_avx(const float *x, size_t n, const float *W, size_t in, size_t j0,
-                        size_t j1, float *y, size_t ldy) {
-    for (size_t i0 = 0; i0 < n; i0 += 64) {
-        const size_t i1 = n - i0 < 64 ? n : i0 + 64;
-        size_t j = j0;
-        for (; j + 3 <= j1; j += 3) {
-            const float *w0 = W + j * in, *w1 = w0 + in, *w2 = w1 + in;
-            size_t i = i0;
-            for (; i + 4 <= i1; i += 4) {
-                const float *x0 = x + i * in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
-                __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,
-                       c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00,
-                       c32 = c00;
-                for (size_t k = 0; k < in; k += 8) {
-                    const __m256 a0 = _mm256_loadu_ps(w0 + k), a1 = _mm256_loadu_ps(w1 + k),
-                                 a2 = _mm256_loadu_ps(w2 + k);
-                    __m256 b = _mm256_loadu_ps(x0 + k);
-                    c00 = _mm256_fmadd_ps(a0, b, c00);
-                    c01 = _mm256_fmadd_ps(a1, b, c01);
-                    c02 = _mm256_fmadd_ps(a2, b, c02);
-                    b = _mm256_loadu_ps(x1 + k);
-                    c10 = _mm256_fmadd_ps(a0, b, c10);
-                    c11 = _mm256_fmadd_ps(a1, b, c11);
-                    c12 = _mm256_fmadd_ps(a2, b, c12);
-                    b = _mm256_loadu_ps(x2 + k);
-                    c20 = _mm256_fmadd_ps(a0, b, c20);
-                    c21 = _mm256_fmadd_ps(a1, b, c21);
-                    c22 = _mm256_fmadd_ps(a2, b, c22);
-                    b = _mm256_loadu_ps(x3 + k);
-                    c30 = _mm256_fmadd_ps(a0, b, c30);
-                    c31 = _mm256_fmadd_ps(a1, b, c31);
-                    c32 = _mm256_fmadd_ps(a2, b, c32);
-                }
-                float *y0 = y + i * ldy + j;
-                y0[0] = mhsum8(c00), y0[1] = mhsum8(c01), y0[2] = mhsum8(c02);
-                y0 += ldy;
-                y0[0] = mhsum8(c10), y0[1] = mhsum8(c11), y0[2] = mhsum8(c12);
-                y0 += ldy;
-                y0[0] = mhsum8(c20), y0[1] = mhsum8(c21), y0[2] = mhsum8(c22);
-                y0 += ldy;
-                y0[0] = mhsum8(c30), y0[1] = mhsum8(c31), y0[2] = mhsum8(c32);
-            }
-            for (; i < i1; i++) {
-                const float *x0 = x + i * in;
-                __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0;
-                for (size_t k = 0; k < in; k += 8) {
-                    const __m256 b = _mm256_loadu_ps(x0 + k);
-                    c0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), b, c0);
-                    c1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), b, c1);
-                    c2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), b, c2);
-                }
-                float *y0 = y + i * ldy + j;
-                y0[0] = mhsum8(c0), y0[1] = mhsum8(c1), y0[2] = mhsum8(c2);
-            }
-        }
-        for (; j < j1; j++) {
-            const float *w0 = W + j * in;
-            for (size_t i = i0; i < i1; i++) {
-                const float *x0 = x + i * in;
-                __m256 c0 = _mm256_setzero_ps();
-                for (size_t k = 0; k < in; k += 8)
-                    c0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(x0 + k), c0);
-                y[i * ldy + j] = mhsum8(c0);
-            }
-        }
-    }
-}
-#endif
-
 typedef struct mm_job {
     const pkvm_model *m;
-    const float *x, *W;
+    const pkvm_wmat *W;
+    const float *x;
+    const void *xq;
     float *y;
-    size_t n, in, out;
+    size_t n;
 } mm_job;
 
 static void mm_part(void *arg, unsigned idx, unsigned nt) {
     const mm_job *j = arg;
-    /* Split the outputs in multiples of 3 (the tile width). */
-    const size_t tiles = (j->out + 2) / 3;
+    const size_t out = j->W->rows;
+    /* Split the outputs in multiples of 3 (the f32 tile width). */
+    const size_t tiles = (out + 2) / 3;
     size_t j0 = tiles * idx / nt * 3, j1 = tiles * (idx + 1) / nt * 3;
-    if (j1 > j->out) j1 = j->out;
-    if (j0 >= j1) return;
-#if MODEL_X86
-    if (j->m->avx && j->in % 8 == 0) {
-        mm_avx(j->x, j->n, j->W, j->in, j0, j1, j->y, j->out);
-        return;
-    }
-#endif
-    mm_portable(j->x, j->n, j->W, j->in, j0, j1, j->y, j->out);
+    if (j1 > out) j1 = out;
+    pkvm_mm_range(j->W, j->x, j->xq, j->n, j0, j1, j->y, out,
+                  j->m->scratch ? j->m->scratch + idx * j->m->scratch_floats : NULL, j->m->avx);
 }
 
-/* y[n][out] = x[n][in] . W[out][in]^T */
-static void matmul(pkvm_model *m, const float *x, size_t n, const float *W, size_t in,
-                   size_t out, float *y) {
-    mm_job j = {m, x, W, y, n, in, out};
-    if (n * in * out < (size_t)1 << 16) mm_part(&j, 0, 1);
+/* y[n][W.rows] = x[n][W.cols] . W^T; xq_buf holds n rows of the widest input
+ * quantized (pkvm_act_q8_bytes), used by the q8 kernel. */
+static void matmul(pkvm_model *m, const float *x, size_t n, const pkvm_wmat *W, float *y,
+                   void *xq_buf) {
+    const void *xq = NULL;
+    if (m->kernel == PKVM_KERNEL_Q8 && W->type != PKVM_W_F32) {
+        pkvm_act_quantize(x, n, W->cols, xq_buf, m->avx);
+        xq = xq_buf;
+    }
+    mm_job j = {m, W, x, xq, y, n};
+    if (n * W->cols * W->rows < (size_t)1 << 16) mm_part(&j, 0, 1);
     else pool_run(&m->pool, mm_part, &j);
 }
 
@@ -639,6 +733,8 @@ static void rope(float *v, const float *cs, const float *sn, size_t hd) {
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- The forward pass ----------------------------------------------------------------- */
+
+#define ATTN_THREADS_MIN 32768u /* attended positions per call worth a thread */
 
 int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size_t n) {
     if (!m || !v || (n && !rows)) return merr(PKV_EINVAL, "model, view or rows is NULL");
@@ -672,9 +768,11 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
     const size_t floats = n * (2 * D + qkv_w + 2 * nh * hd + 2 * F + F + 2 * half);
     float *mem = malloc(floats * sizeof(float));
     pkv_attn_seq *seqs = malloc(n * sizeof *seqs);
-    if (!mem || !seqs) {
+    void *xq = malloc(pkvm_act_q8_bytes(n, m->max_cols) + 1);
+    if (!mem || !seqs || !xq) {
         free(mem);
         free(seqs);
+        free(xq);
         return merr(PKV_ENOMEM, "forward scratch for %zu rows", n);
     }
     float *x = mem, *xn = x + n * D, *qkv = xn + n * D, *q = qkv + n * qkv_w,
@@ -683,7 +781,7 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
     int rc = 0;
 
     for (size_t i = 0; i < n; i++) {
-        memcpy(x + i * D, m->emb + (size_t)rows[i].token * D, D * sizeof(float));
+        pkvm_wmat_row_f32(&m->emb, rows[i].token, x + i * D);
         for (size_t k = 0; k < half; k++) {
             const double a = (double)rows[i].pos * m->inv_freq[k];
             cs[i * half + k] = (float)cos(a);
@@ -691,17 +789,22 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
         }
         seqs[i] = (pkv_attn_seq){rows[i].table, rows[i].n_table, (size_t)rows[i].pos + 1};
     }
+    /* pkv_attn_decode starts its threads per call (per layer): below about 32k
+     * attended positions that costs more than it saves (a decode step at a few
+     * thousand tokens of context). Its result does not depend on the count. */
+    size_t attended = 0;
+    for (size_t i = 0; i < n; i++) attended += (size_t)rows[i].pos + 1;
     pkv_attn_params ap = {.layer = 0,
                           .num_q_heads = (uint32_t)nh,
                           .scale = 1.0f / sqrtf((float)hd),
-                          .num_threads = m->threads,
+                          .num_threads = attended < ATTN_THREADS_MIN ? 1 : m->threads,
                           .flags = m->attn_flags};
 
     for (size_t l = 0; l < L && !rc; l++) {
         const layer_w *w = &m->layers[l];
         for (size_t i = 0; i < n; i++)
             rmsnorm(xn + i * D, x + i * D, w->attn_norm, D, c->norm_eps);
-        matmul(m, xn, n, w->wqkv, D, qkv_w, qkv);
+        matmul(m, xn, n, &w->wqkv, qkv, xq);
         for (size_t i = 0; i < n; i++) {
             float *r = qkv + i * qkv_w;
             for (size_t h = 0; h < nh + nkv; h++) /* q heads, then k heads */
@@ -722,15 +825,15 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
             rc = merr(rc, "pkv_attn_decode: %s", pkv_last_error());
             break;
         }
-        matmul(m, att, n, w->wo, nh * hd, D, xn);
+        matmul(m, att, n, &w->wo, xn, xq);
         for (size_t i = 0; i < n * D; i++) x[i] += xn[i];
         for (size_t i = 0; i < n; i++)
             rmsnorm(xn + i * D, x + i * D, w->ffn_norm, D, c->norm_eps);
-        matmul(m, xn, n, w->w13, D, 2 * F, gu);
+        matmul(m, xn, n, &w->w13, gu, xq);
         for (size_t i = 0; i < n; i++)
             for (size_t k = 0; k < F; k++)
                 hb[i * F + k] = silu(gu[i * 2 * F + k]) * gu[i * 2 * F + F + k];
-        matmul(m, hb, n, w->w2, F, D, xn);
+        matmul(m, hb, n, &w->w2, xn, xq);
         for (size_t i = 0; i < n * D; i++) x[i] += xn[i];
     }
 
@@ -744,7 +847,7 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
             if (!lg) {
                 rc = merr(PKV_ENOMEM, "logits");
             } else {
-                matmul(m, xn, k, m->wout, D, V, lg);
+                matmul(m, xn, k, &m->wout, lg, xq);
                 k = 0;
                 for (size_t i = 0; i < n; i++)
                     if (rows[i].logits)
@@ -755,6 +858,7 @@ int pkvm_forward(pkvm_model *m, const pkv_kv_view *v, const pkvm_row *rows, size
     }
     free(mem);
     free(seqs);
+    free(xq);
     return rc;
 }
 

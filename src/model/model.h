@@ -66,9 +66,10 @@ typedef struct pkvm_model pkvm_model;
 int pkvm_create(const pkvm_config *cfg, pkvm_model **out);
 
 /* A model from a GGUF file of architecture "llama" (src/model/gguf.h): its
- * hyper-parameters, and its weights converted to f32 (Q/K rows put back in the
- * half-split rotary order; the output is the embedding when the file has no
- * output.weight). The handle does not keep the file. PKV_ENOTSUP (another
+ * hyper-parameters, and its weights: Q8_0 and Q4_1 matrices keep their blocks
+ * (repacked, src/model/matmul.h), other types are converted to f32 (Q/K rows
+ * put back in the half-split rotary order; the output is the embedding when the
+ * file has no output.weight). The handle does not keep the file. PKV_ENOTSUP (another
  * architecture, partial rotary, a tensor type without a converter), PKV_EINVAL
  * (a key or tensor missing or of the wrong shape), PKV_ENOMEM. Blocks: converts
  * every weight (seconds for 135M parameters). */
@@ -79,8 +80,24 @@ void pkvm_free(pkvm_model *m);
 const pkvm_config *pkvm_config_of(const pkvm_model *m);
 /* Parameter count. */
 uint64_t pkvm_params(const pkvm_model *m);
-/* Threads for matrix products and attention (1 = the caller only; default 1). */
+/* Threads for matrix products and attention (1 = the caller only; default 1).
+ * Not while a pkvm_forward of the model runs. */
 void pkvm_set_threads(pkvm_model *m, unsigned n);
+/* How products with quantized weights (Q8_0, Q4_1) are computed:
+ *  - PKVM_KERNEL_EXACT (the default): f32 activations against the weights
+ *    dequantized to f32, bit for bit what a model with f32 weights computes;
+ *  - PKVM_KERNEL_Q8: activations quantized to 8 bits per block of 32 (as
+ *    llama.cpp does) and integer dot products: several times faster, logits
+ *    within the bound docs/model.md states (tests/test_real_model.c).
+ * Products with f32 matrices (the seeded presets) are the same either way. K/V
+ * computed with one kernel differ slightly from the other's: a cache's model
+ * identity must name the kernel (pkvm_kernel_name). Not while a forward runs.
+ * PKV_EINVAL for an unknown kernel. */
+typedef enum pkvm_kernel { PKVM_KERNEL_EXACT = 0, PKVM_KERNEL_Q8 = 1 } pkvm_kernel;
+int pkvm_set_kernel(pkvm_model *m, pkvm_kernel k);
+pkvm_kernel pkvm_kernel_of(const pkvm_model *m);
+/* "exact", "q8" */
+const char *pkvm_kernel_name(pkvm_kernel k);
 /* PKV_ATTN_* flags passed to pkv_attn_decode (default 0). */
 void pkvm_set_attn_flags(pkvm_model *m, uint32_t flags);
 

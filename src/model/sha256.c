@@ -1,11 +1,22 @@
 /*
  * sha256.c — SHA-256 (see sha256.h): the FIPS 180-4 compression function over
- * 64-byte blocks, the message padded with 0x80, zeros and its bit length.
+ * 64-byte blocks, the message padded with 0x80, zeros and its bit length. The
+ * compression runs on the x86 SHA extensions when the CPU has them (about 6
+ * times faster: hashing the model file is most of a warm restart's start-up),
+ * else in plain C; both compute the same function (tests/test_sha256.c).
  */
 #include "sha256.h"
 
 #include <stdio.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SHA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define SHA_X86 0
+#endif
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
@@ -40,12 +51,68 @@ static void block(uint32_t h[8], const uint8_t *p) {
     h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
 }
 
-void pkv_sha256(const void *buf, size_t len, uint8_t out[32]) {
+static void blocks_c(uint32_t h[8], const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) block(h, p + 64 * i);
+}
+
+#if SHA_X86
+int pkv_sha256_cpu_shani(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSSE3) || !(c & bit_SSE4_1)) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b & (1u << 29)) != 0; /* CPUID.7.0:EBX.SHA */
+}
+
+/* n blocks with the SHA extensions. The state is kept as the instructions want
+ * it (ABEF, CDGH); each group of 4 message words is
+ * msg2(msg1(W[t-16..], W[t-12..]) + W[t-7..t-4], W[t-4..t-1]). */
+__attribute__((target("sha,sse4.1,ssse3"))) static void blocks_shani(uint32_t h[8],
+                                                                     const uint8_t *p, size_t n) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    __m128i t = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)(const void *)h), 0xB1);
+    __m128i s1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)(const void *)(h + 4)), 0x1B);
+    __m128i s0 = _mm_alignr_epi8(t, s1, 8); /* ABEF */
+    s1 = _mm_blend_epi16(s1, t, 0xF0);      /* CDGH */
+    for (size_t i = 0; i < n; i++, p += 64) {
+        const __m128i abef = s0, cdgh = s1;
+        __m128i g[4];
+        for (int k = 0; k < 16; k++) {
+            if (k < 4)
+                g[k] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k)),
+                                        bswap);
+            else
+                g[k % 4] = _mm_sha256msg2_epu32(
+                    _mm_add_epi32(_mm_sha256msg1_epu32(g[k % 4], g[(k + 1) % 4]),
+                                  _mm_alignr_epi8(g[(k + 3) % 4], g[(k + 2) % 4], 4)),
+                    g[(k + 3) % 4]);
+            const __m128i m =
+                _mm_add_epi32(g[k % 4], _mm_loadu_si128((const __m128i *)(const void *)(K + 4 * k)));
+            s1 = _mm_sha256rnds2_epu32(s1, s0, m);
+            s0 = _mm_sha256rnds2_epu32(s0, s1, _mm_shuffle_epi32(m, 0x0E));
+        }
+        s0 = _mm_add_epi32(s0, abef);
+        s1 = _mm_add_epi32(s1, cdgh);
+    }
+    t = _mm_shuffle_epi32(s0, 0x1B);  /* FEBA */
+    s1 = _mm_shuffle_epi32(s1, 0xB1); /* DCHG */
+    _mm_storeu_si128((__m128i *)(void *)h, _mm_blend_epi16(t, s1, 0xF0));   /* DCBA */
+    _mm_storeu_si128((__m128i *)(void *)(h + 4), _mm_alignr_epi8(s1, t, 8)); /* HGFE */
+}
+#else
+int pkv_sha256_cpu_shani(void) { return 0; }
+#endif
+
+void pkv_sha256_with(const void *buf, size_t len, uint8_t out[32], int shani) {
     uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    void (*blocks)(uint32_t *, const uint8_t *, size_t) = blocks_c;
+#if SHA_X86
+    if (shani) blocks = blocks_shani;
+#endif
+    (void)shani;
     const uint8_t *p = buf;
     size_t full = len / 64;
-    for (size_t i = 0; i < full; i++) block(h, p + 64 * i);
+    blocks(h, p, full);
     uint8_t tail[128] = {0};
     size_t rest = len % 64;
     if (rest) memcpy(tail, p + 64 * full, rest);
@@ -53,9 +120,19 @@ void pkv_sha256(const void *buf, size_t len, uint8_t out[32]) {
     size_t tl = rest < 56 ? 64 : 128;
     uint64_t bits = (uint64_t)len * 8;
     for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
-    for (size_t o = 0; o < tl; o += 64) block(h, tail + o);
+    blocks(h, tail, tl / 64);
     for (int i = 0; i < 8; i++)
         for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(h[i] >> (24 - 8 * j));
+}
+
+void pkv_sha256(const void *buf, size_t len, uint8_t out[32]) {
+    static int shani = -1; /* every thread computes the same value */
+    int s = __atomic_load_n(&shani, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = pkv_sha256_cpu_shani();
+        __atomic_store_n(&shani, s, __ATOMIC_RELAXED);
+    }
+    pkv_sha256_with(buf, len, out, s);
 }
 
 void pkv_sha256_hex(const void *buf, size_t len, char out[65]) {
