@@ -16,6 +16,7 @@
 #include "prom_text.h"
 
 #include <errno.h>
+#include <iconv.h>
 #include <math.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -354,6 +355,52 @@ Test(metrics, strict_reader_refuses_invalid_text) {
 }
 
 /* promtool (Debian's prometheus package) checks the text too; required in CI. */
+/* Whether s is well-formed UTF-8, by iconv (glibc's decoder, not ours). */
+static bool valid_utf8(const char *s) {
+    iconv_t cd = iconv_open("UTF-8", "UTF-8");
+    cr_assert(cd != (iconv_t)-1);
+    char out[1 << 16];
+    char *in = (char *)s, *o = out;
+    size_t nin = strlen(s), nout = sizeof out;
+    size_t r = iconv(cd, &in, &nin, &o, &nout);
+    iconv_close(cd);
+    return r != (size_t)-1 && nin == 0;
+}
+
+/* The exposition format requires UTF-8 label values (Prometheus and promtool
+ * refuse the whole text otherwise) and has no escape for other bytes, while a
+ * model_id is any bytes: each byte that is not part of a well-formed sequence is
+ * rendered as U+FFFD, well-formed multi-byte characters as they are. */
+Test(metrics, label_values_are_valid_utf8) {
+    static const struct {
+        const char *id, *want;
+    } cases[] = {
+        {"caf\xC3\xA9-\xF0\x9F\x98\x80", "caf\xC3\xA9-\xF0\x9F\x98\x80"},
+        {"bad\xFF\xFEid", "bad\xEF\xBF\xBD\xEF\xBF\xBDid"},
+        {"over\xC0\xAFlong", "over\xEF\xBF\xBD\xEF\xBF\xBDlong"},
+        {"sur\xED\xA0\x80", "sur\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"big\xF4\x90\x80\x80", "big\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"cut\xE2\x82", "cut\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"q\"\xE2\x82\\", "q\\\"\xEF\xBF\xBD\xEF\xBF\xBD\\\\"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        pkv_options o;
+        pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, 4, PKV_F32, 8);
+        o.model_id = cases[i].id;
+        char sub[32];
+        snprintf(sub, sizeof sub, "utf8-%zu", i);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        pm_doc d;
+        render(c, &d);
+        pm_free(&d);
+        cr_assert(valid_utf8(text), "case %zu: the text is not UTF-8", i);
+        char want[128];
+        snprintf(want, sizeof want, "model_id=\"%s\",", cases[i].want);
+        cr_assert_not_null(strstr(text, want), "case %zu: no %s in\n%s", i, want, text);
+        pt_close(c);
+    }
+}
+
 Test(metrics, promtool_accepts_the_text) {
     bool ci = getenv("CI") && strcmp(getenv("CI"), "true") == 0;
     if (system("promtool --version >/dev/null 2>&1") != 0) {
