@@ -19,6 +19,7 @@
 #include <iconv.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -460,6 +461,46 @@ Test(metrics, endpoint_serves_get_metrics_only) {
     pkv_metrics_stop(srv);
     cr_assert_eq(ht_request(port, "GET", "/metrics", body, sizeof body, NULL, 2000), -1,
                  "stopped: nothing listens");
+}
+
+/* libmicrohttpd's default select() loop refuses sockets numbered 1024
+ * (FD_SETSIZE) or above; a server process may well hold that many files. */
+Test(metrics, endpoint_serves_with_more_than_1024_files_open) {
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200) {
+        cr_skip_test("RLIMIT_NOFILE hard limit %llu < 1200", (unsigned long long)rl.rlim_max);
+        return;
+    }
+    struct rlimit old = rl;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1200) {
+        rl.rlim_cur = 1200;
+        cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    pkv_cache *c = pt_open(4, 16);
+    static int fds[1100];
+    int nfd = 0;
+    while (nfd < 1100) {
+        int fd = dup(2);
+        cr_assert(fd >= 0);
+        fds[nfd++] = fd;
+        if (fd >= 1100) break;
+    }
+    pkv_metrics_server *srv = NULL;
+    int rc = pkv_metrics_serve(c, "127.0.0.1:0", &srv);
+    if (rc == PKV_ENOTSUP) {
+        for (int i = 0; i < nfd; i++) close(fds[i]);
+        cr_skip_test("built without libmicrohttpd: %s", pkv_last_error());
+        return;
+    }
+    cr_assert_eq(rc, 0, "%s", pkv_last_error());
+    static char body[1 << 16];
+    cr_assert_eq(ht_request(pkv_metrics_port(srv), "GET", "/metrics", body, sizeof body, NULL,
+                            10000),
+                 200);
+    pkv_metrics_stop(srv);
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
 }
 
 Test(metrics, serve_refuses_bad_addresses) {
