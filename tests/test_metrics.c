@@ -216,6 +216,14 @@ Test(metrics, recovery_gauges_describe_the_last_open) {
     EXPECT(&d, "pagedkv_recovery_blocks_recovered", NULL, r.blocks_sealed);
     EXPECT(&d, "pagedkv_recovery_sequences_recovered", NULL, r.sequences);
     EXPECT(&d, "pagedkv_recovery_repaired", NULL, r.repaired ? 1 : 0);
+    /* the refcount total, rebuilt by recovery: the recovered tables' entries */
+    uint64_t ids[8];
+    size_t nseq = 0, refs = 0;
+    PT_OK(pkv_seq_list(c, ids, 8, &nseq));
+    cr_assert(nseq > 0, "sequences were recovered");
+    for (size_t i = 0; i < nseq; i++) refs += PT_SEQ_INFO(c, ids[i]).n_blocks;
+    cr_assert(refs > 0);
+    EXPECT(&d, "pagedkv_block_refs", NULL, refs);
     const char *ph[4] = {"phase=checkpoint", "phase=replay", "phase=rebuild", "phase=verify"};
     double ms[4] = {r.ms_checkpoint, r.ms_replay, r.ms_rebuild, r.ms_verify};
     for (int i = 0; i < 4; i++) {
