@@ -582,9 +582,9 @@ int pkv_get_recovery(pkv_cache *cache, pkv_recovery *out);
  * consistent with each other and with pkv_get_stats at that instant.
  * Writes the text and a terminating NUL to buf[0..cap); *needed (may be NULL)
  * receives the bytes that took or would take (text length + 1). Allocates
- * nothing; O(sequences). The text's length changes with the values (at most a
- * few hundred bytes between calls), so a caller sizing a buffer from *needed
- * should add slack.
+ * nothing; O(1) in the cache's size and sequences. The text's length changes
+ * with the values (at most a few hundred bytes between calls), so a caller
+ * sizing a buffer from *needed should add slack.
  * Errors: PKV_EINVAL (cache NULL; buf NULL with cap > 0), PKV_ERANGE (cap <
  * *needed: buf holds an empty string when cap > 0), PKV_ENOTSUP (a pkv_connect
  * handle: pkvd --metrics serves the cache's). Blocks: lock (a short copy). */

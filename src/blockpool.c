@@ -155,6 +155,7 @@ uint32_t pkv_block_alloc(pkv_cache *c, bool *evicted) {
     x->ref = 1;
     x->parent = PKV_NONE;
     p->n_used++;
+    p->ref_total++;
     return b;
 }
 
@@ -163,6 +164,7 @@ void pkv_block_acquire(pkv_cache *c, uint32_t b) {
     pkv_assert(x->state != BLK_FREE);
     /* rule S1: only a verified block enters a table (callers verify first) */
     pkv_assert(!(x->flags & (BLKF_BAD | BLKF_UNVERIFIED)));
+    c->pool.ref_total++;
     if (x->ref++ == 0) {
         pkv_assert(x->state == BLK_SEALED);
         pkv_evict_on_referenced(c, b);
@@ -175,6 +177,7 @@ void pkv_block_release(pkv_cache *c, uint32_t b) {
     pkv_block *x = &p->b[b];
     pkv_assert(x->ref > 0 && x->state != BLK_FREE);
     pkv_evict_on_release(c, b);
+    p->ref_total--;
     if (--x->ref > 0) return;
     p->n_used--;
     if (x->state == BLK_SEALED) {
@@ -279,10 +282,13 @@ int pkv_pool_rebuild(pkv_cache *c, uint32_t *d, uint32_t *stack) {
         p->b[b].list = LIST_NONE;
         p->b[b].prev = p->b[b].next = PKV_NONE;
     }
+    p->ref_total = 0;
     for (uint64_t i = 0; i <= c->seqs.mask; i++) {
         pkv_seq *s = c->seqs.slots[i];
-        if (s)
+        if (s) {
             for (uint32_t j = 0; j < s->nblocks; j++) p->b[s->blocks[j]].ref++;
+            p->ref_total += s->nblocks;
+        }
     }
     p->free.head = p->free.tail = PKV_NONE;
     p->free.count = 0;

@@ -276,10 +276,16 @@ static int check_all(checker *k, pkv_cache *c, uint32_t *a, uint32_t *bcnt,
     if (nstale != c->wal.nstale)
         return broken(k, "log: %u sequences listed as lagging, %llu lag", c->wal.nstale,
                       (unsigned long long)nstale);
-    for (uint32_t b = 0; b < p->capacity; b++)
+    uint64_t refs = 0;
+    for (uint32_t b = 0; b < p->capacity; b++) {
         if (a[b] != p->b[b].ref)
             return broken(k, "I2: block %u has ref %u, named by %u table entries", b,
                           p->b[b].ref, a[b]);
+        refs += a[b];
+    }
+    if (refs != p->ref_total)
+        return broken(k, "I2: %llu table entries, refcount total %llu",
+                      (unsigned long long)refs, (unsigned long long)p->ref_total);
     return 0;
 }
 

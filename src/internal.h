@@ -266,6 +266,7 @@ typedef struct pkv_pool {
     pkv_list free;     /* BLK_FREE blocks */
     pkv_policy pol;    /* sealed blocks with ref 0, in the policy's lists */
     uint64_t n_used;   /* blocks with ref > 0 */
+    uint64_t ref_total; /* sum of the refcounts = block-table entries (I2; metrics) */
     uint64_t n_sealed; /* blocks in BLK_SEALED state */
     /* Bit b: block b's checkpointed state (sealed or not; if sealed its parent,
      * salt, hash, payload sum, release LSN, flags, tokens) may differ from what the

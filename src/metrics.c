@@ -13,7 +13,8 @@
  * caller's buffer; *needed is computed even when it does not fit); every family
  * has exactly one # HELP and one # TYPE line, before its samples; a histogram's
  * buckets are cumulative and its le="+Inf" bucket equals its _count; label values
- * are escaped (backslash, double quote, newline) as the format requires.
+ * are escaped (backslash, double quote, newline) as the format requires, and
+ * valid UTF-8 (an invalid byte becomes U+FFFD).
  */
 #include "internal.h"
 
@@ -67,13 +68,45 @@ static void put_secs(mw *w, uint64_t ns) {
     put(w, d, n);
 }
 
-/* A label value, escaped: \ -> \\, " -> \", newline -> \n. */
+/* The length of the well-formed UTF-8 sequence at p (1..4), or 0 if p does not
+ * start one (a stray continuation byte, an overlong form, a surrogate, a code
+ * point above U+10FFFF, a truncated sequence). */
+static size_t utf8_len(const unsigned char *p) {
+    unsigned char b = p[0];
+    if (b < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (b >= 0xC2 && b <= 0xDF) n = 2;
+    else if (b >= 0xE0 && b <= 0xEF) {
+        n = 3;
+        if (b == 0xE0) lo = 0xA0;      /* overlong */
+        else if (b == 0xED) hi = 0x9F; /* surrogates */
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        n = 4;
+        if (b == 0xF0) lo = 0x90;      /* overlong */
+        else if (b == 0xF4) hi = 0x8F; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF) return 0; /* a NUL ends it here too */
+    return n;
+}
+
+/* A label value, escaped: \ -> \\, " -> \", newline -> \n. The format requires
+ * valid UTF-8 (Prometheus refuses the whole scrape otherwise) and has no escape
+ * for other bytes, so each byte that is not part of a well-formed sequence is
+ * written as U+FFFD. A model_id is any bytes (pkv_options). */
 static void put_label(mw *w, const char *s) {
-    for (const char *p = s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t n = utf8_len(p);
         if (*p == '\\') put(w, "\\\\", 2);
         else if (*p == '"') put(w, "\\\"", 2);
         else if (*p == '\n') put(w, "\\n", 2);
-        else put(w, p, 1);
+        else if (n == 0) put(w, "\xEF\xBF\xBD", 3);
+        else put(w, (const char *)p, n);
+        p += n ? n : 1;
     }
 }
 
@@ -205,12 +238,9 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     pkv_lock(c);
     pkv_stats_locked(c, &s.st);
     s.rec = c->rec;
-    /* Each block-table entry is one reference (pkv_check's refcount invariant). */
-    s.refs = 0;
-    const pkv_seqmap *m = &c->seqs;
-    if (m->count)
-        for (uint64_t i = 0; i <= m->mask; i++)
-            if (m->slots[i]) s.refs += m->slots[i]->nblocks;
+    /* Kept by the block pool, checked by pkv_check (I2): a scan of the sequence
+     * map here held the lock for O(its peak size), ~1 ms after a burst. */
+    s.refs = c->pool.ref_total;
     s.tokens_appended = c->ctr.tokens_appended;
     s.open = c->ctr_at_open;
     const pkv_wal *wl = &c->wal;

@@ -142,7 +142,10 @@ int pkv_metrics_serve(pkv_cache *c, const char *addr, pkv_metrics_server **out) 
     if (!srv) return pkv_err(PKV_ENOMEM, "metrics server");
     srv->cache = c;
     pthread_mutex_init(&srv->mu, NULL);
-    srv->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, ntohs(sa.sin_port), NULL, NULL,
+    /* MHD_USE_AUTO: epoll or poll. The default, select(), refuses every socket
+     * numbered FD_SETSIZE (1024) or above, so a process holding many files
+     * (an inference server's connections) could not serve at all. */
+    srv->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, ntohs(sa.sin_port), NULL, NULL,
                               on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!srv->d) {

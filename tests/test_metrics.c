@@ -16,8 +16,10 @@
 #include "prom_text.h"
 
 #include <errno.h>
+#include <iconv.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -214,6 +216,14 @@ Test(metrics, recovery_gauges_describe_the_last_open) {
     EXPECT(&d, "pagedkv_recovery_blocks_recovered", NULL, r.blocks_sealed);
     EXPECT(&d, "pagedkv_recovery_sequences_recovered", NULL, r.sequences);
     EXPECT(&d, "pagedkv_recovery_repaired", NULL, r.repaired ? 1 : 0);
+    /* the refcount total, rebuilt by recovery: the recovered tables' entries */
+    uint64_t ids[8];
+    size_t nseq = 0, refs = 0;
+    PT_OK(pkv_seq_list(c, ids, 8, &nseq));
+    cr_assert(nseq > 0, "sequences were recovered");
+    for (size_t i = 0; i < nseq; i++) refs += PT_SEQ_INFO(c, ids[i]).n_blocks;
+    cr_assert(refs > 0);
+    EXPECT(&d, "pagedkv_block_refs", NULL, refs);
     const char *ph[4] = {"phase=checkpoint", "phase=replay", "phase=rebuild", "phase=verify"};
     double ms[4] = {r.ms_checkpoint, r.ms_replay, r.ms_rebuild, r.ms_verify};
     for (int i = 0; i < 4; i++) {
@@ -354,6 +364,52 @@ Test(metrics, strict_reader_refuses_invalid_text) {
 }
 
 /* promtool (Debian's prometheus package) checks the text too; required in CI. */
+/* Whether s is well-formed UTF-8, by iconv (glibc's decoder, not ours). */
+static bool valid_utf8(const char *s) {
+    iconv_t cd = iconv_open("UTF-8", "UTF-8");
+    cr_assert(cd != (iconv_t)-1);
+    char out[1 << 16];
+    char *in = (char *)s, *o = out;
+    size_t nin = strlen(s), nout = sizeof out;
+    size_t r = iconv(cd, &in, &nin, &o, &nout);
+    iconv_close(cd);
+    return r != (size_t)-1 && nin == 0;
+}
+
+/* The exposition format requires UTF-8 label values (Prometheus and promtool
+ * refuse the whole text otherwise) and has no escape for other bytes, while a
+ * model_id is any bytes: each byte that is not part of a well-formed sequence is
+ * rendered as U+FFFD, well-formed multi-byte characters as they are. */
+Test(metrics, label_values_are_valid_utf8) {
+    static const struct {
+        const char *id, *want;
+    } cases[] = {
+        {"caf\xC3\xA9-\xF0\x9F\x98\x80", "caf\xC3\xA9-\xF0\x9F\x98\x80"},
+        {"bad\xFF\xFEid", "bad\xEF\xBF\xBD\xEF\xBF\xBDid"},
+        {"over\xC0\xAFlong", "over\xEF\xBF\xBD\xEF\xBF\xBDlong"},
+        {"sur\xED\xA0\x80", "sur\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"big\xF4\x90\x80\x80", "big\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"cut\xE2\x82", "cut\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"q\"\xE2\x82\\", "q\\\"\xEF\xBF\xBD\xEF\xBF\xBD\\\\"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        pkv_options o;
+        pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, 4, PKV_F32, 8);
+        o.model_id = cases[i].id;
+        char sub[32];
+        snprintf(sub, sizeof sub, "utf8-%zu", i);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        pm_doc d;
+        render(c, &d);
+        pm_free(&d);
+        cr_assert(valid_utf8(text), "case %zu: the text is not UTF-8", i);
+        char want[128];
+        snprintf(want, sizeof want, "model_id=\"%s\",", cases[i].want);
+        cr_assert_not_null(strstr(text, want), "case %zu: no %s in\n%s", i, want, text);
+        pt_close(c);
+    }
+}
+
 Test(metrics, promtool_accepts_the_text) {
     bool ci = getenv("CI") && strcmp(getenv("CI"), "true") == 0;
     if (system("promtool --version >/dev/null 2>&1") != 0) {
@@ -413,6 +469,46 @@ Test(metrics, endpoint_serves_get_metrics_only) {
     pkv_metrics_stop(srv);
     cr_assert_eq(ht_request(port, "GET", "/metrics", body, sizeof body, NULL, 2000), -1,
                  "stopped: nothing listens");
+}
+
+/* libmicrohttpd's default select() loop refuses sockets numbered 1024
+ * (FD_SETSIZE) or above; a server process may well hold that many files. */
+Test(metrics, endpoint_serves_with_more_than_1024_files_open) {
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200) {
+        cr_skip_test("RLIMIT_NOFILE hard limit %llu < 1200", (unsigned long long)rl.rlim_max);
+        return;
+    }
+    struct rlimit old = rl;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1200) {
+        rl.rlim_cur = 1200;
+        cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    pkv_cache *c = pt_open(4, 16);
+    static int fds[1100];
+    int nfd = 0;
+    while (nfd < 1100) {
+        int fd = dup(2);
+        cr_assert(fd >= 0);
+        fds[nfd++] = fd;
+        if (fd >= 1100) break;
+    }
+    pkv_metrics_server *srv = NULL;
+    int rc = pkv_metrics_serve(c, "127.0.0.1:0", &srv);
+    if (rc == PKV_ENOTSUP) {
+        for (int i = 0; i < nfd; i++) close(fds[i]);
+        cr_skip_test("built without libmicrohttpd: %s", pkv_last_error());
+        return;
+    }
+    cr_assert_eq(rc, 0, "%s", pkv_last_error());
+    static char body[1 << 16];
+    cr_assert_eq(ht_request(pkv_metrics_port(srv), "GET", "/metrics", body, sizeof body, NULL,
+                            10000),
+                 200);
+    pkv_metrics_stop(srv);
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
 }
 
 Test(metrics, serve_refuses_bad_addresses) {
