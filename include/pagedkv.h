@@ -596,8 +596,9 @@ struct pkv_cuda; /* pkv_cuda, the CUDA layer's handle (below) */
 /* Serve GET /metrics (pkv_metrics_text, plus pkv_cuda_metrics_text of a handle
  * given to pkv_metrics_serve_cuda) over HTTP on `addr`, "IPV4:PORT" (e.g.
  * "127.0.0.1:9464"; port 0 picks a free one, see pkv_metrics_port), from a
- * thread of libmicrohttpd. Other paths: 404; other methods: 405. The server
- * must be stopped before the cache is closed.
+ * thread of libmicrohttpd. Other paths: 404; other methods: 405. Stop the
+ * server before closing the cache; one still running after pkv_close answers
+ * 503 and must still be freed with pkv_metrics_stop.
  * Errors: PKV_EINVAL (cache, addr or out NULL; addr not IPV4:PORT), PKV_ENOTSUP
  * (built without libmicrohttpd: meson option `metrics_http`; a pkv_connect
  * handle), PKV_EIO (the address cannot be bound), PKV_ENOMEM. On failure *out is NULL (when out is

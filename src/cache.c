@@ -155,6 +155,7 @@ void pkv_close(pkv_cache *c) {
         pkv_remote_close(c);
         return;
     }
+    pkv_metrics_detach_all(c);
     /* flushes and syncs what is left; a clean end removes the unsynced marker */
     if (pkv_wal_stop(c) == 0) pkv_unsynced_end(c);
     pkv_wal_free(&c->wal);

@@ -598,6 +598,9 @@ struct pkv_cache {
      * arena part above is filled; the calls forward to pkvd (PKV_REMOTE) or
      * refuse (PKV_LOCAL_ONLY). */
     struct pkv_remote *remote;
+    /* The /metrics servers of this cache (metrics_http.c), linked under the
+     * lock; pkv_close detaches them so a late request cannot reach a freed cache. */
+    struct pkv_metrics_server *metrics_servers;
 };
 
 /* ---- Connected handles (remote.c, docs/pkvd.md) --------------------------- */
@@ -620,6 +623,9 @@ typedef struct pkv_remote pkv_remote;
                            "handle", what);                                     \
     } while (0)
 void pkv_remote_close(pkv_cache *c);
+/* pkv_close: detach every /metrics server of c (they answer 503 from then on;
+ * pkv_metrics_stop still frees them). Takes the lock, then each server's mutex. */
+void pkv_metrics_detach_all(pkv_cache *c);
 int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
                       size_t *n_cached);
 int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,

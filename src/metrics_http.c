@@ -9,8 +9,12 @@
  *
  * Invariants: the server mutex `mu` guards buf and cuda; a request renders and
  * copies its response under it, so pkv_metrics_serve_cuda(srv, NULL) returning
- * means no request reads the old handle any more. The cache must outlive the
- * server (pkv_metrics_stop first), which the header documents.
+ * means no request reads the old handle any more. The cache links its servers
+ * (pkv_cache.metrics_servers, under the cache lock); pkv_close detaches them by
+ * clearing srv->cache under `mu`, after which requests get 503, so a server left
+ * running past pkv_close never touches the freed cache. Lock order: `mu`, then
+ * the cache lock (a request renders under both); pkv_close takes the cache lock
+ * only to unlink the list and each `mu` after releasing it.
  *
  * Built without libmicrohttpd (meson option metrics_http; the build defines
  * PKV_WITH_MICROHTTPD to 0 or 1), every call but pkv_metrics_stop returns
@@ -53,7 +57,8 @@ static int parse_addr(const char *addr, struct sockaddr_in *sa) {
 #if PKV_WITH_MICROHTTPD
 
 struct pkv_metrics_server {
-    pkv_cache *cache;
+    pkv_cache *cache; /* mu; NULL once pkv_close detached the server */
+    pkv_metrics_server *next; /* the cache's list (its lock) */
     struct MHD_Daemon *d;
     int port;
     pthread_mutex_t mu;
@@ -116,6 +121,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return reply(conn, MHD_HTTP_NOT_FOUND, m, sizeof m - 1, MHD_RESPMEM_PERSISTENT);
     }
     pthread_mutex_lock(&srv->mu);
+    if (!srv->cache) {
+        static const char m[] = "the cache was closed\n";
+        enum MHD_Result r = reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, m, sizeof m - 1,
+                                  MHD_RESPMEM_PERSISTENT);
+        pthread_mutex_unlock(&srv->mu);
+        return r;
+    }
     long n = render(srv, 0, false), n2 = 0;
     if (n >= 0 && srv->cuda) n2 = render(srv, (size_t)n, true);
     enum MHD_Result ok;
@@ -155,6 +167,10 @@ int pkv_metrics_serve(pkv_cache *c, const char *addr, pkv_metrics_server **out) 
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : ntohs(sa.sin_port);
+    pkv_lock(c);
+    srv->next = c->metrics_servers;
+    c->metrics_servers = srv;
+    pkv_unlock(c);
     *out = srv;
     return 0;
 }
@@ -174,13 +190,42 @@ int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g) {
 
 void pkv_metrics_stop(pkv_metrics_server *srv) {
     if (!srv) return;
-    MHD_stop_daemon(srv->d);
+    MHD_stop_daemon(srv->d); /* joins the thread: no request runs after this */
+    pthread_mutex_lock(&srv->mu);
+    pkv_cache *c = srv->cache; /* NULL if pkv_close detached it */
+    pthread_mutex_unlock(&srv->mu);
+    if (c) {
+        pkv_lock(c);
+        for (pkv_metrics_server **pp = &c->metrics_servers; *pp; pp = &(*pp)->next)
+            if (*pp == srv) {
+                *pp = srv->next;
+                break;
+            }
+        pkv_unlock(c);
+    }
     pthread_mutex_destroy(&srv->mu);
     free(srv->buf);
     free(srv);
 }
 
+void pkv_metrics_detach_all(pkv_cache *c) {
+    pkv_lock(c);
+    pkv_metrics_server *list = c->metrics_servers;
+    c->metrics_servers = NULL;
+    pkv_unlock(c);
+    for (pkv_metrics_server *srv = list; srv; srv = srv->next) {
+        pthread_mutex_lock(&srv->mu);
+        srv->cache = NULL;
+        pthread_mutex_unlock(&srv->mu);
+    }
+}
+
 #else /* built without libmicrohttpd */
+
+void pkv_metrics_detach_all(pkv_cache *c) {
+    (void)c; /* no server was ever started */
+}
+
 
 int pkv_metrics_serve(pkv_cache *c, const char *addr, pkv_metrics_server **out) {
     if (out) *out = NULL;
