@@ -172,9 +172,8 @@ static void put_tokens(pkvd_wr *w, const uint32_t *t, size_t n) {
     for (size_t i = 0; i < n; i++) pkvd_put_u32(w, t[i]);
 }
 
-static int too_many(size_t n, const char *what) {
-    return pkv_err(PKV_ERANGE, "%zu %s exceed pkvd's limit of %u per call", n, what,
-                   PKVD_MAX_TOKENS);
+static int too_many(size_t n, const char *what, uint32_t limit) {
+    return pkv_err(PKV_ERANGE, "%zu %s exceed pkvd's limit of %u per call", n, what, limit);
 }
 
 /* ---- Connecting ----------------------------------------------------------- */
@@ -300,7 +299,7 @@ void pkv_remote_close(pkv_cache *c) {
 
 int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
                       size_t *n_cached) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens", PKVD_MAX_TOKENS);
     pkvd_wr w = {0};
     pkvd_put_u64(&w, salt);
     put_tokens(&w, prompt, n);
@@ -317,7 +316,7 @@ int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_
 
 int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                         size_t n, size_t *n_cached) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens", PKVD_MAX_TOKENS);
     pkvd_wr w = {0};
     pkvd_put_u64(&w, id);
     pkvd_put_u64(&w, salt);
@@ -344,7 +343,7 @@ static int read_slots(pkv_remote *r, uint16_t op, pkvd_rd *rd, pkv_slot *slots, 
 
 int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
                              const uint32_t *tokens, size_t n, pkv_slot *slots) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_SLOTS) return too_many(n, "appended tokens", PKVD_MAX_SLOTS);
     pkvd_wr w = {0};
     uint16_t op = n_commit == 0 ? PKVD_APPEND : n == 0 ? PKVD_COMMIT : PKVD_COMMIT_APPEND;
     pkvd_put_u64(&w, id);
@@ -438,7 +437,7 @@ int pkv_remote_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out) {
 int pkv_remote_list(pkv_cache *c, bool tokens, uint64_t id, uint32_t *out, size_t cap,
                     size_t *n) {
     uint16_t op = tokens ? PKVD_TOKENS : PKVD_BLOCKS;
-    uint32_t wcap = cap > PKVD_MAX_TOKENS ? PKVD_MAX_TOKENS : (uint32_t)cap;
+    uint32_t wcap = cap > PKVD_MAX_LIST ? PKVD_MAX_LIST : (uint32_t)cap;
     pkvd_wr w = {0};
     pkvd_put_u64(&w, id);
     pkvd_put_u32(&w, wcap);

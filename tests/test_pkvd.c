@@ -46,6 +46,8 @@ TestSuite(pkvd, .init = pt_setup, .fini = pt_teardown);
 #define CAP 64u
 
 static char sock_path[300], dir_path[300];
+/* Options that replace the default geometry of the next daemon_start (NULL-ended). */
+static const char *const *geometry;
 
 static void daemon_paths(void)
 {
@@ -71,10 +73,15 @@ static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
         snprintf(fd, sizeof fd, "%d", p[1]);
         snprintf(cap, sizeof cap, "%u", CAP);
         snprintf(bs, sizeof bs, "%u", BS);
-        execl(bin, bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
+        const char *argv[40] = {bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
               "--layers", "2", "--kv-heads", "2", "--head-dim", "4", "--block-size", bs,
-              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL, x1, x2, x3, x4,
-              (char *)NULL);
+              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL};
+        size_t na = 21;
+        for (size_t i = 0; geometry && geometry[i]; i++) argv[na++] = geometry[i]; /* later wins */
+        const char *x[4] = {x1, x2, x3, x4};
+        for (size_t i = 0; i < 4 && x[i]; i++) argv[na++] = x[i];
+        argv[na] = NULL;
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     close(p[1]);
@@ -872,5 +879,41 @@ Test(pkvd, the_daemon_serves_the_metrics_of_its_clients)
     cr_assert_eq(sample_of(body, "pagedkv_sequences"), 1.0);
     free(body);
     pkv_close(a);
+    daemon_stop(d, SIGTERM);
+}
+
+/* ---- Reply sizes ------------------------------------------------------------------------ */
+
+/* The largest append a client may send must have a reply (8 bytes of slot per
+ * token) that fits in a frame: otherwise the daemon carries out the append, cannot
+ * send its reply and drops the connection, and with it every sequence of the
+ * client. 2 Mi + 8 tokens is within the request limit (4 Mi tokens) and its reply
+ * (16 MiB + 68 bytes) is over the frame limit (16 MiB + 64). */
+Test(pkvd, an_append_too_large_for_its_reply_is_refused_and_the_connection_lives)
+{
+    static const char *const small[] = {"--layers", "1", "--kv-heads", "1", "--head-dim", "1",
+                                        "--dtype", "f16", "--block-size", "1024",
+                                        "--capacity", "2056", NULL};
+    daemon_paths();
+    geometry = small;
+    pid_t d = daemon_start();
+    geometry = NULL;
+    pkv_cache *c = connect_ok();
+    const size_t n = (2u << 20) + 8;
+    uint32_t *t = malloc(n * sizeof *t);
+    pkv_slot *s = malloc(n * sizeof *s);
+    cr_assert(t && s);
+    prompt(t, n, 5);
+    PT_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    int rc = pkv_seq_append(c, 1, t, n, s);
+    cr_assert(rc == 0 || rc == PKV_ERANGE, "append of %zu tokens -> %d (%s)", n, rc,
+              pkv_last_error());
+    /* the connection and its sequence are still there */
+    pkv_seq_info si = PT_SEQ_INFO(c, 1);
+    cr_assert(si.len == (rc ? 0 : n), "len %llu", (unsigned long long)si.len);
+    PT_OK(pkv_seq_append(c, 1, t, 1000, s));
+    free(t);
+    free(s);
+    pkv_close(c);
     daemon_stop(d, SIGTERM);
 }
