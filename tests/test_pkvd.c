@@ -917,3 +917,51 @@ Test(pkvd, an_append_too_large_for_its_reply_is_refused_and_the_connection_lives
     pkv_close(c);
     daemon_stop(d, SIGTERM);
 }
+
+/* ---- Shutdown --------------------------------------------------------------------------- */
+
+/* A SIGTERM ends the daemon even while a client keeps asking for the connection
+ * list (pkvd --status): the shutdown, which joins each connection's thread,
+ * must not hold the lock that the list's request waits for. Client B polls
+ * CLIENTS in a loop; client A, newer (so joined first), holds many sequences,
+ * whose release at shutdown gives B's requests time to arrive meanwhile. */
+Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    int b = raw_connect();
+    uint8_t hello[24];
+    hdr(hello, 0x44564B50u, 1, 1, 8);
+    memset(hello + 16, 0, 8);
+    hello[16] = 1, hello[18] = 1;
+    cr_assert_eq(send(b, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    cr_assert_eq(read_reply(b), 0);
+    pid_t poller = fork();
+    cr_assert(poller >= 0);
+    if (poller == 0) { /* CLIENTS, its reply, again, until the daemon is gone */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        uint8_t f[16], r[4096];
+        hdr(f, 0x44564B50u, 1, 16, 0);
+        for (;;) {
+            if (send(b, f, sizeof f, MSG_NOSIGNAL) != (ssize_t)sizeof f) _exit(0);
+            ssize_t k = recv(b, r, sizeof r, 0); /* a small reply: one read holds it */
+            if (k <= 0) _exit(0);
+        }
+    }
+    pkv_cache *a = connect_ok();
+    for (uint64_t id = 1; id <= 20000; id++) PT_OK(pkv_seq_open(a, id, 0, NULL, 0, NULL));
+    cr_assert_eq(kill(d, SIGTERM), 0);
+    int st = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 2000 && (got = waitpid(d, &st, WNOHANG)) == 0; i++) usleep(10000);
+    if (got == 0) {
+        kill(d, SIGKILL);
+        waitpid(d, &st, 0);
+    }
+    kill(poller, SIGKILL);
+    waitpid(poller, NULL, 0);
+    close(b);
+    pkv_close(a);
+    cr_assert(got == d, "pkvd did not end within 20 s of SIGTERM");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pkvd ended with status 0x%x", st);
+}
