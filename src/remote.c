@@ -15,7 +15,8 @@
  *    the echoed request number checks it;
  *  - every reply is length-checked like a request (pkvd_hdr_get, pkvd_rd): a
  *    short, oversized or mismatched reply, or any send/receive failure, marks
- *    the handle dead, and every later call returns PKV_EDISCONNECTED;
+ *    the handle dead, and every later call returns PKV_EDISCONNECTED; so does
+ *    a slot outside the geometry (the caller writes K/V where a slot says);
  *  - the mapping covers exactly data_offset + capacity * slot_bytes bytes of a
  *    file at least that long, with a geometry recomputed here from the
  *    daemon's figures and required to match them.
@@ -332,11 +333,18 @@ int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t
     return done(c->remote, buf, rc);
 }
 
-static int read_slots(pkv_remote *r, uint16_t op, pkvd_rd *rd, pkv_slot *slots, size_t n) {
-    if (rd->left != n * 8) return bad_reply(r, op);
+/* The slots of a reply. The caller writes K/V at pkv_kv(block) + offset, so a
+ * slot outside the geometry (block >= capacity, offset >= block size) is a
+ * malformed reply: a broken or hostile daemon cannot make this process write
+ * outside its mapping of the arena, or into a neighbouring block's runs. */
+static int read_slots(const pkv_cache *c, uint16_t op, pkvd_rd *rd, pkv_slot *slots, size_t n) {
+    if (rd->left != n * 8) return bad_reply(c->remote, op);
+    const pkv_geometry *g = &c->arena.geo;
     for (size_t i = 0; i < n; i++) {
         slots[i].block = pkvd_get_u32(rd);
         slots[i].offset = pkvd_get_u32(rd);
+        if (slots[i].block >= g->capacity || slots[i].offset >= g->block_size)
+            return bad_reply(c->remote, op);
     }
     return 0;
 }
@@ -352,7 +360,7 @@ int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
     uint8_t *buf;
     pkvd_rd rd;
     int rc = call(c->remote, op, &w, &buf, &rd);
-    if (!rc) rc = read_slots(c->remote, op, &rd, slots, n);
+    if (!rc) rc = read_slots(c, op, &rd, slots, n);
     return done(c->remote, buf, rc);
 }
 
@@ -379,7 +387,7 @@ int pkv_remote_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done_
             rc = bad_reply(r, PKVD_STEP_BATCH);
         } else {
             pkv_slot *tmp = malloc((k ? k : 1) * sizeof *tmp);
-            int e = tmp ? read_slots(r, PKVD_STEP_BATCH, &rd, tmp, k)
+            int e = tmp ? read_slots(c, PKVD_STEP_BATCH, &rd, tmp, k)
                         : pkv_err(PKV_ENOMEM, "slots");
             if (e) {
                 rc = e;

@@ -965,3 +965,111 @@ Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
     cr_assert(got == d, "pkvd did not end within 20 s of SIGTERM");
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pkvd ended with status 0x%x", st);
 }
+
+/* ---- A hostile daemon ------------------------------------------------------------------- */
+
+static size_t put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+    return (size_t)n;
+}
+
+/* A fake pkvd on sock_path for `conns` connections: HELLO is answered with a
+ * consistent geometry (1 layer, 1 head, head_dim 4, BS tokens, f32, 2 blocks)
+ * and a file of the right size; every later request is answered rc 0 with one
+ * slot (block, offset) per connection, taken from bad[]. */
+static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
+{
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 4)) _exit(2);
+    char path[320];
+    snprintf(path, sizeof path, "%s.arena", sock_path);
+    int afd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (afd < 0 || ftruncate(afd, 4096 + 2 * 4096)) _exit(3);
+    if (write(ready, "r", 1) != 1) _exit(4);
+    for (int c = 0; c < conns; c++) {
+        int fd = accept(l, NULL, NULL);
+        if (fd < 0) _exit(5);
+        for (int first = 1;; first = 0) {
+            uint8_t h[16], in[4096], out[256];
+            if (recv(fd, h, 16, MSG_WAITALL) != 16) break;
+            uint32_t len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+            if (len > sizeof in || (len && recv(fd, in, len, MSG_WAITALL) != (ssize_t)len)) break;
+            size_t n = 16;
+            n += put_le(out + n, 0, 4);
+            if (first) {
+                n += put_le(out + n, 1, 2);
+                n += put_le(out + n, 1, 4), n += put_le(out + n, 1, 4);
+                n += put_le(out + n, 4, 4), n += put_le(out + n, BS, 4);
+                n += put_le(out + n, (uint32_t)PKV_F32, 4), n += put_le(out + n, 4, 4);
+                n += put_le(out + n, 2, 8), n += put_le(out + n, 2 * BS * 16, 8);
+                n += put_le(out + n, 4096, 8), n += put_le(out + n, BS * 16, 8);
+                n += put_le(out + n, 1, 2);
+                out[n++] = 'm';
+                n += put_le(out + n, 4096, 8);
+            } else {
+                n += put_le(out + n, bad[c][0], 4), n += put_le(out + n, bad[c][1], 4);
+            }
+            memcpy(out, h, 16);
+            out[7] |= 0x80; /* the reply to the op, the request number echoed */
+            put_le(out + 8, n - 16, 4);
+            struct iovec iov = {.iov_base = out, .iov_len = n};
+            union {
+                struct cmsghdr hd;
+                char b[CMSG_SPACE(sizeof(int))];
+            } cm;
+            memset(&cm, 0, sizeof cm);
+            struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+            if (first) {
+                m.msg_control = cm.b;
+                m.msg_controllen = sizeof cm.b;
+                struct cmsghdr *ch = CMSG_FIRSTHDR(&m);
+                ch->cmsg_level = SOL_SOCKET, ch->cmsg_type = SCM_RIGHTS;
+                ch->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(ch), &afd, sizeof afd);
+            }
+            if (sendmsg(fd, &m, MSG_NOSIGNAL) != (ssize_t)n) break;
+        }
+        close(fd);
+    }
+    _exit(0);
+}
+
+/* A slot the daemon hands out is where the client writes K/V (pkv_kv of its
+ * block plus its offset): one outside the arena's geometry is a malformed
+ * reply, so a hostile or broken daemon cannot make the client write outside
+ * its mapping or across blocks. */
+Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
+{
+    daemon_paths();
+    static const uint32_t bad[2][2] = {{0, BS}, {2, 0}}; /* offset = block size; block = capacity */
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t f = fork();
+    cr_assert(f >= 0);
+    if (f == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        fake_daemon(2, bad, p[1]);
+    }
+    close(p[1]);
+    char r;
+    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
+    close(p[0]);
+    for (int i = 0; i < 2; i++) {
+        pkv_cache *c = connect_ok();
+        pkv_cache_info inf = pt_info(c);
+        cr_assert(inf.capacity == 2 && inf.block_size == BS);
+        uint32_t t = 7;
+        pkv_slot s = {0, 0};
+        int rc = pkv_seq_append(c, 1, &t, 1, &s);
+        cr_assert_eq(rc, PKV_EDISCONNECTED, "slot (%u, %u) -> %d, slot (%u, %u)", bad[i][0],
+                     bad[i][1], rc, s.block, s.offset);
+        pkv_close(c);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(f, &st, 0), f);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+}
