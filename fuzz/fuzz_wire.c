@@ -54,7 +54,7 @@ static void encode(const pkvd_req *r, pkvd_wr *w) {
         return;
     case PKVD_BLOCKS:
     case PKVD_TOKENS:
-        FZ_ASSERT(r->n <= PKVD_MAX_TOKENS, "cap %u", r->n);
+        FZ_ASSERT(r->n <= PKVD_MAX_LIST, "cap %u", r->n);
         pkvd_put_u64(w, r->id);
         pkvd_put_u32(w, r->n);
         return;
@@ -66,7 +66,9 @@ static void encode(const pkvd_req *r, pkvd_wr *w) {
         fz_fail("accepted unknown op %u", r->op);
     }
     /* the ops with tokens */
-    FZ_ASSERT(r->n <= PKVD_MAX_TOKENS, "%u tokens", r->n);
+    FZ_ASSERT(r->n <= (r->op == PKVD_APPEND || r->op == PKVD_COMMIT_APPEND ? PKVD_MAX_SLOTS
+                                                                          : PKVD_MAX_TOKENS),
+              "%u tokens", r->n);
     pkvd_put_u32(w, r->n);
     pkvd_put_bytes(w, r->tokens, (size_t)r->n * 4);
 }

@@ -256,7 +256,8 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * pkv_checkpoint, pkv_get_recovery, pkv_seq_list, the inspection API and
  * pkv_cuda_open return PKV_ENOTSUP on it. Once the daemon is gone every call
  * returns PKV_EDISCONNECTED (pkv_close the handle, connect again); pointers from
- * pkv_kv must not be read after that. At most 4 Mi tokens per call (PKV_ERANGE).
+ * pkv_kv must not be read after that. At most 4 Mi tokens per call, 2 Mi appended
+ * tokens per append (PKV_ERANGE).
  * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
  * daemon, or it closed the connection), PKV_EGEOMETRY (a geometry this library
  * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,

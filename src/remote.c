@@ -15,7 +15,8 @@
  *    the echoed request number checks it;
  *  - every reply is length-checked like a request (pkvd_hdr_get, pkvd_rd): a
  *    short, oversized or mismatched reply, or any send/receive failure, marks
- *    the handle dead, and every later call returns PKV_EDISCONNECTED;
+ *    the handle dead, and every later call returns PKV_EDISCONNECTED; so does
+ *    a slot outside the geometry (the caller writes K/V where a slot says);
  *  - the mapping covers exactly data_offset + capacity * slot_bytes bytes of a
  *    file at least that long, with a geometry recomputed here from the
  *    daemon's figures and required to match them.
@@ -172,9 +173,8 @@ static void put_tokens(pkvd_wr *w, const uint32_t *t, size_t n) {
     for (size_t i = 0; i < n; i++) pkvd_put_u32(w, t[i]);
 }
 
-static int too_many(size_t n, const char *what) {
-    return pkv_err(PKV_ERANGE, "%zu %s exceed pkvd's limit of %u per call", n, what,
-                   PKVD_MAX_TOKENS);
+static int too_many(size_t n, const char *what, uint32_t limit) {
+    return pkv_err(PKV_ERANGE, "%zu %s exceed pkvd's limit of %u per call", n, what, limit);
 }
 
 /* ---- Connecting ----------------------------------------------------------- */
@@ -300,7 +300,7 @@ void pkv_remote_close(pkv_cache *c) {
 
 int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
                       size_t *n_cached) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens", PKVD_MAX_TOKENS);
     pkvd_wr w = {0};
     pkvd_put_u64(&w, salt);
     put_tokens(&w, prompt, n);
@@ -317,7 +317,7 @@ int pkv_remote_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_
 
 int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                         size_t n, size_t *n_cached) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens", PKVD_MAX_TOKENS);
     pkvd_wr w = {0};
     pkvd_put_u64(&w, id);
     pkvd_put_u64(&w, salt);
@@ -333,18 +333,25 @@ int pkv_remote_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t
     return done(c->remote, buf, rc);
 }
 
-static int read_slots(pkv_remote *r, uint16_t op, pkvd_rd *rd, pkv_slot *slots, size_t n) {
-    if (rd->left != n * 8) return bad_reply(r, op);
+/* The slots of a reply. The caller writes K/V at pkv_kv(block) + offset, so a
+ * slot outside the geometry (block >= capacity, offset >= block size) is a
+ * malformed reply: a broken or hostile daemon cannot make this process write
+ * outside its mapping of the arena, or into a neighbouring block's runs. */
+static int read_slots(const pkv_cache *c, uint16_t op, pkvd_rd *rd, pkv_slot *slots, size_t n) {
+    if (rd->left != n * 8) return bad_reply(c->remote, op);
+    const pkv_geometry *g = &c->arena.geo;
     for (size_t i = 0; i < n; i++) {
         slots[i].block = pkvd_get_u32(rd);
         slots[i].offset = pkvd_get_u32(rd);
+        if (slots[i].block >= g->capacity || slots[i].offset >= g->block_size)
+            return bad_reply(c->remote, op);
     }
     return 0;
 }
 
 int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
                              const uint32_t *tokens, size_t n, pkv_slot *slots) {
-    if (n > PKVD_MAX_TOKENS) return too_many(n, "tokens");
+    if (n > PKVD_MAX_SLOTS) return too_many(n, "appended tokens", PKVD_MAX_SLOTS);
     pkvd_wr w = {0};
     uint16_t op = n_commit == 0 ? PKVD_APPEND : n == 0 ? PKVD_COMMIT : PKVD_COMMIT_APPEND;
     pkvd_put_u64(&w, id);
@@ -353,7 +360,7 @@ int pkv_remote_commit_append(pkv_cache *c, uint64_t id, size_t n_commit,
     uint8_t *buf;
     pkvd_rd rd;
     int rc = call(c->remote, op, &w, &buf, &rd);
-    if (!rc) rc = read_slots(c->remote, op, &rd, slots, n);
+    if (!rc) rc = read_slots(c, op, &rd, slots, n);
     return done(c->remote, buf, rc);
 }
 
@@ -380,7 +387,7 @@ int pkv_remote_step_batch(pkv_cache *c, pkv_step *steps, size_t n, size_t *done_
             rc = bad_reply(r, PKVD_STEP_BATCH);
         } else {
             pkv_slot *tmp = malloc((k ? k : 1) * sizeof *tmp);
-            int e = tmp ? read_slots(r, PKVD_STEP_BATCH, &rd, tmp, k)
+            int e = tmp ? read_slots(c, PKVD_STEP_BATCH, &rd, tmp, k)
                         : pkv_err(PKV_ENOMEM, "slots");
             if (e) {
                 rc = e;
@@ -438,7 +445,7 @@ int pkv_remote_get_info(pkv_cache *c, uint64_t id, pkv_seq_info *out) {
 int pkv_remote_list(pkv_cache *c, bool tokens, uint64_t id, uint32_t *out, size_t cap,
                     size_t *n) {
     uint16_t op = tokens ? PKVD_TOKENS : PKVD_BLOCKS;
-    uint32_t wcap = cap > PKVD_MAX_TOKENS ? PKVD_MAX_TOKENS : (uint32_t)cap;
+    uint32_t wcap = cap > PKVD_MAX_LIST ? PKVD_MAX_LIST : (uint32_t)cap;
     pkvd_wr w = {0};
     pkvd_put_u64(&w, id);
     pkvd_put_u32(&w, wcap);

@@ -138,11 +138,11 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
         return counted(&rd, r, PKVD_MAX_TOKENS, 4, &r->tokens, "tokens");
     case PKVD_APPEND:
         r->id = pkvd_get_u64(&rd);
-        return counted(&rd, r, PKVD_MAX_TOKENS, 4, &r->tokens, "tokens");
+        return counted(&rd, r, PKVD_MAX_SLOTS, 4, &r->tokens, "tokens");
     case PKVD_COMMIT_APPEND:
         r->id = pkvd_get_u64(&rd);
         r->count = pkvd_get_u64(&rd);
-        return counted(&rd, r, PKVD_MAX_TOKENS, 4, &r->tokens, "tokens");
+        return counted(&rd, r, PKVD_MAX_SLOTS, 4, &r->tokens, "tokens");
     case PKVD_STEP_BATCH:
         return counted(&rd, r, PKVD_MAX_STEPS, PKVD_STEP_BYTES, &r->steps, "steps");
     case PKVD_COMMIT:
@@ -162,8 +162,8 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
     case PKVD_TOKENS:
         r->id = pkvd_get_u64(&rd);
         r->n = pkvd_get_u32(&rd);
-        if (r->n > PKVD_MAX_TOKENS)
-            rc = pkv_err(PKV_EINVAL, "op %u: cap %u exceeds %u", op, r->n, PKVD_MAX_TOKENS);
+        if (r->n > PKVD_MAX_LIST)
+            rc = pkv_err(PKV_EINVAL, "op %u: cap %u exceeds %u", op, r->n, PKVD_MAX_LIST);
         break;
     case PKVD_STATS:
     case PKVD_SYNC:

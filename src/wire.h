@@ -27,6 +27,17 @@
 #define PKVD_MAX_STEPS 65536u       /* steps in one batch */
 #define PKVD_MAX_PAYLOAD ((16u << 20) + 64u)
 #define PKVD_MAX_MSG 255u           /* error message bytes in a reply */
+/* The counts whose replies grow with them are bounded so that the largest reply
+ * fits in a frame: a request the daemon accepts and carries out must never have
+ * a reply it cannot send (it would end the connection, and with it every
+ * sequence of the client, after the call took effect). */
+#define PKVD_MAX_SLOTS (2u << 20)   /* APPEND, COMMIT_APPEND: 8-byte slot each */
+#define PKVD_MAX_LIST ((4u << 20) - 64u) /* BLOCKS, TOKENS: 4 bytes each, with an ERANGE message */
+_Static_assert(4 + 8ull * PKVD_MAX_SLOTS <= PKVD_MAX_PAYLOAD, "APPEND reply fits a frame");
+_Static_assert(4 + 2 + PKVD_MAX_MSG + 8 + 4ull * PKVD_MAX_LIST <= PKVD_MAX_PAYLOAD,
+               "BLOCKS/TOKENS reply fits a frame");
+_Static_assert(4 + 2 + PKVD_MAX_MSG + 4 + 8ull * PKVD_MAX_STEPS <= PKVD_MAX_PAYLOAD,
+               "STEP_BATCH reply fits a frame");
 
 enum pkvd_op {
     PKVD_HELLO = 1,

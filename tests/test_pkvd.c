@@ -46,6 +46,8 @@ TestSuite(pkvd, .init = pt_setup, .fini = pt_teardown);
 #define CAP 64u
 
 static char sock_path[300], dir_path[300];
+/* Options that replace the default geometry of the next daemon_start (NULL-ended). */
+static const char *const *geometry;
 
 static void daemon_paths(void)
 {
@@ -71,10 +73,15 @@ static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
         snprintf(fd, sizeof fd, "%d", p[1]);
         snprintf(cap, sizeof cap, "%u", CAP);
         snprintf(bs, sizeof bs, "%u", BS);
-        execl(bin, bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
+        const char *argv[40] = {bin, "--dir", dir_path, "--socket", sock_path, "--ready-fd", fd,
               "--layers", "2", "--kv-heads", "2", "--head-dim", "4", "--block-size", bs,
-              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL, x1, x2, x3, x4,
-              (char *)NULL);
+              "--dtype", "f32", "--capacity", cap, "--model-id", PT_MODEL};
+        size_t na = 21;
+        for (size_t i = 0; geometry && geometry[i]; i++) argv[na++] = geometry[i]; /* later wins */
+        const char *x[4] = {x1, x2, x3, x4};
+        for (size_t i = 0; i < 4 && x[i]; i++) argv[na++] = x[i];
+        argv[na] = NULL;
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     close(p[1]);
@@ -873,4 +880,196 @@ Test(pkvd, the_daemon_serves_the_metrics_of_its_clients)
     free(body);
     pkv_close(a);
     daemon_stop(d, SIGTERM);
+}
+
+/* ---- Reply sizes ------------------------------------------------------------------------ */
+
+/* The largest append a client may send must have a reply (8 bytes of slot per
+ * token) that fits in a frame: otherwise the daemon carries out the append, cannot
+ * send its reply and drops the connection, and with it every sequence of the
+ * client. 2 Mi + 8 tokens is within the request limit (4 Mi tokens) and its reply
+ * (16 MiB + 68 bytes) is over the frame limit (16 MiB + 64). */
+Test(pkvd, an_append_too_large_for_its_reply_is_refused_and_the_connection_lives)
+{
+    static const char *const small[] = {"--layers", "1", "--kv-heads", "1", "--head-dim", "1",
+                                        "--dtype", "f16", "--block-size", "1024",
+                                        "--capacity", "2056", NULL};
+    daemon_paths();
+    geometry = small;
+    pid_t d = daemon_start();
+    geometry = NULL;
+    pkv_cache *c = connect_ok();
+    const size_t n = (2u << 20) + 8;
+    uint32_t *t = malloc(n * sizeof *t);
+    pkv_slot *s = malloc(n * sizeof *s);
+    cr_assert(t && s);
+    prompt(t, n, 5);
+    PT_OK(pkv_seq_open(c, 1, 0, NULL, 0, NULL));
+    int rc = pkv_seq_append(c, 1, t, n, s);
+    cr_assert(rc == 0 || rc == PKV_ERANGE, "append of %zu tokens -> %d (%s)", n, rc,
+              pkv_last_error());
+    /* the connection and its sequence are still there */
+    pkv_seq_info si = PT_SEQ_INFO(c, 1);
+    cr_assert(si.len == (rc ? 0 : n), "len %llu", (unsigned long long)si.len);
+    PT_OK(pkv_seq_append(c, 1, t, 1000, s));
+    free(t);
+    free(s);
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+}
+
+/* ---- Shutdown --------------------------------------------------------------------------- */
+
+/* A SIGTERM ends the daemon even while a client keeps asking for the connection
+ * list (pkvd --status): the shutdown, which joins each connection's thread,
+ * must not hold the lock that the list's request waits for. Client B polls
+ * CLIENTS in a loop; client A, newer (so joined first), holds many sequences,
+ * whose release at shutdown gives B's requests time to arrive meanwhile. */
+Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    int b = raw_connect();
+    uint8_t hello[24];
+    hdr(hello, 0x44564B50u, 1, 1, 8);
+    memset(hello + 16, 0, 8);
+    hello[16] = 1, hello[18] = 1;
+    cr_assert_eq(send(b, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    cr_assert_eq(read_reply(b), 0);
+    pid_t poller = fork();
+    cr_assert(poller >= 0);
+    if (poller == 0) { /* CLIENTS, its reply, again, until the daemon is gone */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        uint8_t f[16], r[4096];
+        hdr(f, 0x44564B50u, 1, 16, 0);
+        for (;;) {
+            if (send(b, f, sizeof f, MSG_NOSIGNAL) != (ssize_t)sizeof f) _exit(0);
+            ssize_t k = recv(b, r, sizeof r, 0); /* a small reply: one read holds it */
+            if (k <= 0) _exit(0);
+        }
+    }
+    pkv_cache *a = connect_ok();
+    for (uint64_t id = 1; id <= 20000; id++) PT_OK(pkv_seq_open(a, id, 0, NULL, 0, NULL));
+    cr_assert_eq(kill(d, SIGTERM), 0);
+    int st = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 2000 && (got = waitpid(d, &st, WNOHANG)) == 0; i++) usleep(10000);
+    if (got == 0) {
+        kill(d, SIGKILL);
+        waitpid(d, &st, 0);
+    }
+    kill(poller, SIGKILL);
+    waitpid(poller, NULL, 0);
+    close(b);
+    pkv_close(a);
+    cr_assert(got == d, "pkvd did not end within 20 s of SIGTERM");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pkvd ended with status 0x%x", st);
+}
+
+/* ---- A hostile daemon ------------------------------------------------------------------- */
+
+static size_t put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+    return (size_t)n;
+}
+
+/* A fake pkvd on sock_path for `conns` connections: HELLO is answered with a
+ * consistent geometry (1 layer, 1 head, head_dim 4, BS tokens, f32, 2 blocks)
+ * and a file of the right size; every later request is answered rc 0 with one
+ * slot (block, offset) per connection, taken from bad[]. */
+static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
+{
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 4)) _exit(2);
+    char path[320];
+    snprintf(path, sizeof path, "%s.arena", sock_path);
+    int afd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (afd < 0 || ftruncate(afd, 4096 + 2 * 4096)) _exit(3);
+    if (write(ready, "r", 1) != 1) _exit(4);
+    for (int c = 0; c < conns; c++) {
+        int fd = accept(l, NULL, NULL);
+        if (fd < 0) _exit(5);
+        for (int first = 1;; first = 0) {
+            uint8_t h[16], in[4096], out[256];
+            if (recv(fd, h, 16, MSG_WAITALL) != 16) break;
+            uint32_t len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+            if (len > sizeof in || (len && recv(fd, in, len, MSG_WAITALL) != (ssize_t)len)) break;
+            size_t n = 16;
+            n += put_le(out + n, 0, 4);
+            if (first) {
+                n += put_le(out + n, 1, 2);
+                n += put_le(out + n, 1, 4), n += put_le(out + n, 1, 4);
+                n += put_le(out + n, 4, 4), n += put_le(out + n, BS, 4);
+                n += put_le(out + n, (uint32_t)PKV_F32, 4), n += put_le(out + n, 4, 4);
+                n += put_le(out + n, 2, 8), n += put_le(out + n, 2 * BS * 16, 8);
+                n += put_le(out + n, 4096, 8), n += put_le(out + n, BS * 16, 8);
+                n += put_le(out + n, 1, 2);
+                out[n++] = 'm';
+                n += put_le(out + n, 4096, 8);
+            } else {
+                n += put_le(out + n, bad[c][0], 4), n += put_le(out + n, bad[c][1], 4);
+            }
+            memcpy(out, h, 16);
+            out[7] |= 0x80; /* the reply to the op, the request number echoed */
+            put_le(out + 8, n - 16, 4);
+            struct iovec iov = {.iov_base = out, .iov_len = n};
+            union {
+                struct cmsghdr hd;
+                char b[CMSG_SPACE(sizeof(int))];
+            } cm;
+            memset(&cm, 0, sizeof cm);
+            struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+            if (first) {
+                m.msg_control = cm.b;
+                m.msg_controllen = sizeof cm.b;
+                struct cmsghdr *ch = CMSG_FIRSTHDR(&m);
+                ch->cmsg_level = SOL_SOCKET, ch->cmsg_type = SCM_RIGHTS;
+                ch->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(ch), &afd, sizeof afd);
+            }
+            if (sendmsg(fd, &m, MSG_NOSIGNAL) != (ssize_t)n) break;
+        }
+        close(fd);
+    }
+    _exit(0);
+}
+
+/* A slot the daemon hands out is where the client writes K/V (pkv_kv of its
+ * block plus its offset): one outside the arena's geometry is a malformed
+ * reply, so a hostile or broken daemon cannot make the client write outside
+ * its mapping or across blocks. */
+Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
+{
+    daemon_paths();
+    static const uint32_t bad[2][2] = {{0, BS}, {2, 0}}; /* offset = block size; block = capacity */
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t f = fork();
+    cr_assert(f >= 0);
+    if (f == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        fake_daemon(2, bad, p[1]);
+    }
+    close(p[1]);
+    char r;
+    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
+    close(p[0]);
+    for (int i = 0; i < 2; i++) {
+        pkv_cache *c = connect_ok();
+        pkv_cache_info inf = pt_info(c);
+        cr_assert(inf.capacity == 2 && inf.block_size == BS);
+        uint32_t t = 7;
+        pkv_slot s = {0, 0};
+        int rc = pkv_seq_append(c, 1, &t, 1, &s);
+        cr_assert_eq(rc, PKV_EDISCONNECTED, "slot (%u, %u) -> %d, slot (%u, %u)", bad[i][0],
+                     bad[i][1], rc, s.block, s.offset);
+        pkv_close(c);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(f, &st, 0), f);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
 }

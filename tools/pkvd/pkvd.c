@@ -18,8 +18,9 @@
  *  - a malformed frame (header or payload form) gets an error reply and ends
  *    the connection; a well-formed one with bad values gets the library's
  *    error and the connection goes on;
- *  - the connection list (shutdown) is under conns_mu, a plain mutex; a
- *    connection's descriptor is closed only after its thread is joined.
+ *  - the connection list (shutdown, CLIENTS) is under conns_mu, a plain mutex
+ *    never held across a join; a connection's descriptor is closed only after
+ *    its thread is joined.
  */
 #include "internal.h" /* pkv_err: the daemon's messages travel as the library's */
 #include "wire.h"
@@ -645,21 +646,33 @@ static void remove_stale(const struct sockaddr_un *sa) {
     close(fd);
 }
 
+/* Join the finished connections (all: every connection, each shut down first).
+ * The records are unlinked under conns_mu and joined outside it: a connection
+ * thread may be waiting for conns_mu (a CLIENTS request), and a join under the
+ * lock would wait for it forever. Only this thread unlinks, so an unlinked
+ * record is no other thread's to read. */
 static void reap(bool all) {
+    conn *mine = NULL;
     pthread_mutex_lock(&conns_mu);
     for (conn **pp = &conns; *pp;) {
         conn *k = *pp;
-        if (all && !atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
         if (all || atomic_load(&k->finished)) {
-            pthread_join(k->th, NULL);
-            close(k->fd);
             *pp = k->next;
-            free(k);
+            k->next = mine;
+            mine = k;
         } else {
             pp = &k->next;
         }
     }
     pthread_mutex_unlock(&conns_mu);
+    while (mine) {
+        conn *k = mine;
+        mine = k->next;
+        if (!atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
+        pthread_join(k->th, NULL);
+        close(k->fd);
+        free(k);
+    }
 }
 
 int main(int argc, char **argv) {
