@@ -712,6 +712,11 @@ pkv_verdict pkv_block_verify(pkv_cache *c, uint32_t b);
  * logged or counted); a failure changes nothing, so the serving path that next
  * reaches the block marks it BAD, counts and logs it. */
 bool pkv_block_verify_quiet(pkv_cache *c, uint32_t b);
+/* seq.c: with the lock held, the longest chain of cached blocks matching
+ * prompt[0 .. maxb*B) (rules S2, S1); blocks to out[] unless NULL. pkv_seq_open
+ * records a failed verification; quiet (pkv_prefix_lookup) changes nothing. */
+uint32_t pkv_prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uint64_t maxb,
+                          uint32_t *out, bool quiet);
 /* Stamp blocks freed by the current call with the LSN of its last record. */
 void pkv_limbo_stamp(pkv_cache *c);
 /* Move limbo blocks whose stamp is at or below `safe` to the free list. */

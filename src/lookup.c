@@ -2,8 +2,8 @@
  * lookup.c — pkv_prefix_lookup: how many tokens of a prompt pkv_seq_open would
  * attach now, with no effect on what the cache serves, evicts, counts or logs.
  *
- * Owns nothing. It walks the prefix index exactly as pkv_seq_open's prefix match
- * does (src/seq.c, prefix_match): the same prompt cap (floor((n-1)/B) full
+ * Owns nothing. It walks the prefix index with pkv_seq_open's own prefix match
+ * (src/seq.c, pkv_prefix_match, in its quiet form): the same prompt cap (floor((n-1)/B) full
  * blocks, at most `capacity`), the same exact hit (rule S2: hash, parent, salt
  * and token ids equal, pkv_index_find) and the same payload rule for recovered
  * blocks (rule S1), so its answer equals the n_cached of a pkv_seq_open made in
@@ -30,31 +30,12 @@ int pkv_prefix_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_
         return pkv_err(PKV_EINVAL, "cache, prompt or n_cached is NULL");
     if (n == 0) return pkv_err(PKV_EINVAL, "a lookup needs n > 0 prompt tokens");
     PKV_REMOTE(c, pkv_remote_lookup(c, salt, prompt, n, n_cached));
-    enum { W = 16 }; /* hashes computed ahead, their index slots prefetched */
     pkv_lock(c);
     const uint32_t bs = c->pool.block_size;
-    const uint64_t secret = c->arena.secret;
     uint64_t maxb = (n - 1) / bs; /* the prompt cap of pkv_seq_open */
     if (maxb > c->pool.capacity) maxb = c->pool.capacity;
-    pkv_h128 h = pkv_hash_root(secret, salt), hs[W];
-    uint32_t parent = PKV_NONE;
-    uint64_t hit = 0;
-    for (uint64_t base = 0; base < maxb; base += W) {
-        uint64_t m = maxb - base < W ? maxb - base : W;
-        for (uint64_t k = 0; k < m; k++) {
-            h = pkv_hash_block(secret, h, prompt + (base + k) * bs, bs);
-            hs[k] = h;
-            pkv_index_prefetch(&c->index, h.lo);
-        }
-        for (uint64_t k = 0; k < m; k++, hit++) {
-            /* rule S2: an exact hit; rule S1: a recovered block's payload checks */
-            uint32_t b = pkv_index_find(&c->index, &c->pool, hs[k], parent, salt,
-                                        prompt + (base + k) * bs);
-            if (b == PKV_NONE || !pkv_block_verify_quiet(c, b)) goto done;
-            parent = b;
-        }
-    }
-done:
+    /* rules S2 and S1 as pkv_seq_open, with the quiet verification */
+    const uint64_t hit = pkv_prefix_match(c, salt, prompt, maxb, NULL, true);
     pkv_unlock(c);
     *n_cached = (size_t)(hit * bs);
     return 0;

@@ -177,9 +177,11 @@ static uint32_t take_block(pkv_cache *c) {
  * computed a window ahead and their index slots prefetched, so the probes of one
  * window overlap their memory latency. A hit is exact (rule S2, pkv_index_find),
  * and a block recovered from disk is verified against its payload checksum
- * before it is first served (rule S1). Returns the number matched. */
-static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt,
-                             uint64_t maxb, uint32_t *out) {
+ * before it is first served (rule S1). Returns the number matched; their blocks
+ * go to out[] unless out is NULL. pkv_seq_open records a failed verification
+ * (BAD, logged); pkv_prefix_lookup (quiet) leaves that to the next open. */
+uint32_t pkv_prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uint64_t maxb,
+                          uint32_t *out, bool quiet) {
     enum { W = 16 };
     const uint32_t bs = c->pool.block_size;
     const uint64_t secret = c->arena.secret;
@@ -197,8 +199,10 @@ static uint32_t prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt
         for (uint64_t k = 0; k < m; k++) {
             uint32_t b = pkv_index_find(&c->index, &c->pool, hs[k], parent, salt,
                                         prompt + (base + k) * bs);
-            if (b == PKV_NONE || !verified(c, b)) return (uint32_t)(base + k);
-            out[base + k] = parent = b;
+            if (b == PKV_NONE || !(quiet ? pkv_block_verify_quiet(c, b) : verified(c, b)))
+                return (uint32_t)(base + k);
+            if (out) out[base + k] = b;
+            parent = b;
         }
     }
     return (uint32_t)maxb;
@@ -225,7 +229,7 @@ int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *promp
         rc = pkv_err(PKV_ENOMEM, "sequence %llu", (unsigned long long)id);
         goto out;
     }
-    uint32_t hit = prefix_match(c, salt, prompt, maxb, s->blocks);
+    uint32_t hit = pkv_prefix_match(c, salt, prompt, maxb, s->blocks, false);
     for (uint32_t i = 0; i < hit; i++) {
         /* a cached block leaves its list: its neighbours' records are written */
         if (i + 4 < hit) {

@@ -103,3 +103,19 @@ void ht_urlencode(const char *s, char *out, size_t cap) {
     }
     if (cap) out[o] = '\0';
 }
+
+int ht_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof sa;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &l) == 0)
+        port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}

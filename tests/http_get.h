@@ -16,6 +16,10 @@
 int ht_request(int port, const char *method, const char *path, char *body, size_t cap,
                size_t *body_len, int timeout_ms);
 
+/* A loopback TCP port nothing listened on a moment ago (the kernel's choice),
+ * for a server the test starts next; -1 if the probe socket failed. */
+int ht_free_port(void);
+
 /* Percent-encode s for a URL query value into out[0..cap) (NUL terminated). */
 void ht_urlencode(const char *s, char *out, size_t cap);
 

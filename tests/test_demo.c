@@ -253,20 +253,12 @@ static void cold_tiny(const char *dir)
     free(err);
 }
 
-/* A port nothing listens on right now (the kernel's choice). */
+/* A port nothing listens on right now (http_get.c). */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(fd >= 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t l = sizeof sa;
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &l), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
+    const int port = ht_free_port();
+    cr_assert(port > 0, "no free loopback port");
+    return port;
 }
 
 Test(demo, metrics_are_served_during_each_run)
