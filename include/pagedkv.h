@@ -252,7 +252,10 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * addresses are this process's own and K/V never crosses the socket. Each call is
  * one round trip (pkv_seq_step_batch: one per batch); the handle's calls are
  * serialized by a mutex of its own. Sequences belong to the connection: pkvd
- * closes them when the handle is closed or the process dies. pkv_check,
+ * closes them when the handle is closed or the process dies, not before (even
+ * after PKV_EDISCONNECTED the handle's blocks stay held until pkv_close, which
+ * unmaps the arena before it closes the socket), and a restarted pkvd waits for
+ * the handles of the one before to be closed (docs/pkvd.md, rules W1, W3). pkv_check,
  * pkv_checkpoint, pkv_get_recovery, pkv_seq_list, the inspection API and
  * pkv_cuda_open return PKV_ENOTSUP on it. Once the daemon is gone every call
  * returns PKV_EDISCONNECTED (pkv_close the handle, connect again); pointers from

@@ -288,11 +288,14 @@ int pkv_connect(const char *path, pkv_cache **out) {
 
 void pkv_remote_close(pkv_cache *c) {
     pkv_remote *r = c->remote;
+    /* The arena first (docs/pkvd.md, rules W1 and W3): pkvd reuses this
+     * connection's blocks once the socket closes, and a restarted pkvd recovers
+     * once no descriptor or mapping of the arena it handed out is left. */
+    if (c->arena.map) munmap(c->arena.map, c->arena.map_len);
+    if (c->arena.fd >= 0) close(c->arena.fd);
     if (r->fd >= 0) close(r->fd); /* pkvd releases this connection's sequences */
     pthread_mutex_destroy(&r->mu);
     free(r);
-    if (c->arena.map) munmap(c->arena.map, c->arena.map_len);
-    if (c->arena.fd >= 0) close(c->arena.fd);
     free(c);
 }
 

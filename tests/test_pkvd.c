@@ -55,10 +55,11 @@ static void daemon_paths(void)
     pt_path(sock_path, sizeof sock_path, "pkvd.sock");
 }
 
-/* Start pkvd on dir_path / sock_path (extra arguments: up to 4, NULL-ended)
- * and wait for its READY line. */
-static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
-                               const char *x4)
+/* Start pkvd on dir_path / sock_path (extra arguments: up to 4, NULL-ended),
+ * its stderr to `log` (NULL: the test's). *ready: the read end of its
+ * --ready-fd pipe. */
+static pid_t daemon_spawn(const char *x1, const char *x2, const char *x3, const char *x4,
+                          const char *log, int *ready)
 {
     const char *bin = getenv("PKVD");
     cr_assert(bin && bin[0], "$PKVD (the daemon binary) is not set");
@@ -69,6 +70,11 @@ static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failing test leaves no daemon behind */
         close(p[0]);
+        if (log) {
+            int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (lf < 0 || dup2(lf, 2) < 0) _exit(126);
+            close(lf);
+        }
         char fd[16], cap[16], bs[16];
         snprintf(fd, sizeof fd, "%d", p[1]);
         snprintf(cap, sizeof cap, "%u", CAP);
@@ -85,12 +91,30 @@ static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
         _exit(127);
     }
     close(p[1]);
-    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    *ready = p[0];
+    return pid;
+}
+
+/* Wait up to ms for the READY line on `ready`: 1 ready, 0 not yet, -1 the pipe
+ * closed without it (pkvd exited). */
+static int wait_ready(int ready, int ms)
+{
+    struct pollfd pf = {.fd = ready, .events = POLLIN};
+    if (poll(&pf, 1, ms) != 1) return 0;
     char buf[8] = "";
-    cr_assert_eq(poll(&pf, 1, 20000), 1, "pkvd did not get ready in 20 s");
-    cr_assert_eq(read(p[0], buf, 6), 6, "pkvd exited before it was ready");
-    close(p[0]);
-    cr_assert(!memcmp(buf, "READY\n", 6));
+    return read(ready, buf, 6) == 6 && !memcmp(buf, "READY\n", 6) ? 1 : -1;
+}
+
+/* daemon_spawn and wait for its READY line. */
+static pid_t daemon_start_with(const char *x1, const char *x2, const char *x3,
+                               const char *x4)
+{
+    int ready;
+    pid_t pid = daemon_spawn(x1, x2, x3, x4, NULL, &ready);
+    int r = wait_ready(ready, 20000);
+    close(ready);
+    cr_assert(r != 0, "pkvd did not get ready in 20 s");
+    cr_assert(r == 1, "pkvd exited before it was ready");
     return pid;
 }
 
@@ -437,6 +461,65 @@ Test(pkvd, a_killed_daemon_disconnects_and_a_restart_recovers)
     offline_check();
 }
 
+/* Whether the file at path contains needle. */
+static bool file_has(const char *path, const char *needle)
+{
+    char buf[8192];
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* Rule W3 (docs/pkvd.md): a client of a killed daemon still maps the arena and
+ * may still write the open blocks it was handed; a restarted pkvd must not
+ * recover (and reuse) them before that client closes. */
+Test(pkvd, a_restarted_daemon_waits_for_the_clients_of_the_killed_one)
+{
+    daemon_paths();
+    char log[300];
+    pt_path(log, sizeof log, "pkvd.log");
+    uint32_t p[25];
+    prompt(p, 25, 4242);
+    pid_t d = daemon_start();
+    pkv_cache *c = connect_ok();
+    open_fill(c, 1, p, 25);
+    PT_OK(pkv_sync(c));
+    pkv_slot sl[3];
+    PT_OK(pkv_seq_append(c, 1, p, 3, sl)); /* an open block, uncommitted */
+    daemon_stop(d, SIGKILL);
+    int ready;
+    d = daemon_spawn("--client-wait", "30", NULL, NULL, log, &ready);
+    cr_assert_eq(wait_ready(ready, 1500), 0, "pkvd got ready while a client of the killed "
+                 "one still maps the arena");
+    cr_assert(file_has(log, "waiting for the clients of a previous pkvd"));
+    pkv_close(c); /* unmaps, then closes */
+    cr_assert_eq(wait_ready(ready, 20000), 1, "pkvd did not get ready once the client closed");
+    close(ready);
+    c = connect_ok();
+    pkv_stats s = pt_stats(c);
+    cr_assert_eq(s.sequences, 0);
+    size_t nc = 0;
+    PT_OK(pkv_prefix_lookup(c, 0, p, 25, &nc));
+    cr_assert_eq(nc, 24);
+    PT_OK(pkv_seq_open(c, 1, 0, p, 25, &nc));
+    /* The same with a short --client-wait: pkvd gives up with a clear error. */
+    daemon_stop(d, SIGKILL);
+    d = daemon_spawn("--client-wait", "1", NULL, NULL, log, &ready);
+    cr_assert_eq(wait_ready(ready, 20000), -1, "pkvd should exit, not get ready");
+    close(ready);
+    int st = 0;
+    cr_assert_eq(waitpid(d, &st, 0), d);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "pkvd ended with status 0x%x", st);
+    cr_assert(file_has(log, "--client-wait"), "the log names the bound it ran past");
+    pkv_close(c);
+    d = daemon_start();
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
 /* ---- Malformed frames -------------------------------------------------------------------- */
 
 static int raw_connect(void)
@@ -563,6 +646,52 @@ Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
     PT_VERIFY(c, 1, 0, p, 13, 13);
     cr_assert_eq(kill(d, 0), 0, "pkvd is alive");
     pkv_close(c);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* Rule W1 (docs/pkvd.md): when the daemon ends a connection whose client lives
+ * (here: a malformed frame on its socket), the client's other threads may still
+ * write the slots it was handed, so its sequences and blocks stay held until
+ * the client closes its end. */
+Test(pkvd, a_connection_the_daemon_ends_keeps_its_blocks_until_the_client_closes)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    pkv_cache *obs = connect_ok();
+    pkv_stats base = pt_stats(obs);
+    int sfd = dup(0); /* pkv_connect's socket takes the lowest free descriptor */
+    cr_assert(sfd >= 0);
+    close(sfd);
+    pkv_cache *c = connect_ok();
+    struct sockaddr_un peer;
+    socklen_t pl = sizeof peer;
+    cr_assert_eq(getpeername(sfd, (struct sockaddr *)&peer, &pl), 0, "descriptor %d", sfd);
+    cr_assert_str_eq(peer.sun_path, sock_path, "descriptor %d is the handle's socket", sfd);
+    uint32_t p[13];
+    prompt(p, 13, 9191);
+    cr_assert_eq(SOPEN(c, 1, p, 0), 0);
+    pkv_slot sl[13];
+    PT_OK(pkv_seq_append(c, 1, p, 13, sl)); /* open blocks, nothing committed */
+    pkv_stats held = pt_stats(obs);
+    cr_assert_eq(held.sequences, base.sequences + 1);
+    cr_assert(held.blocks_used > base.blocks_used);
+    uint8_t f[16];
+    hdr(f, 0x12345678u, 1, 2, 0); /* bad magic: the daemon ends the connection */
+    cr_assert_eq(send(sfd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
+    cr_assert_eq(read_reply(sfd), PKV_EINVAL);
+    cr_assert_eq(read_reply(sfd), 1, "the daemon shows the end of the connection");
+    PT_ERR(pkv_seq_commit(c, 1, 13), PKV_EDISCONNECTED);
+    struct timespec w = {0, 50 * 1000000L};
+    nanosleep(&w, NULL);
+    pkv_stats s = pt_stats(obs);
+    cr_assert_eq(s.sequences, held.sequences, "released while the client may still write");
+    cr_assert_eq(s.blocks_used, held.blocks_used);
+    pkv_close(c);
+    s = wait_sequences(obs, base.sequences);
+    cr_assert_eq(s.sequences, base.sequences, "released once the client closed");
+    cr_assert_eq(s.blocks_used, base.blocks_used);
+    pkv_close(obs);
     daemon_stop(d, SIGTERM);
     offline_check();
 }
@@ -923,8 +1052,9 @@ Test(pkvd, an_append_too_large_for_its_reply_is_refused_and_the_connection_lives
 /* A SIGTERM ends the daemon even while a client keeps asking for the connection
  * list (pkvd --status): the shutdown, which joins each connection's thread,
  * must not hold the lock that the list's request waits for. Client B polls
- * CLIENTS in a loop; client A, newer (so joined first), holds many sequences,
- * whose release at shutdown gives B's requests time to arrive meanwhile. */
+ * CLIENTS in a loop; client A, newer (so joined first), holds many sequences.
+ * (Their release at shutdown once gave B's requests time to arrive; since rule
+ * W2 shutdown releases nothing, so the window is only the joins.) */
 Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
 {
     daemon_paths();

@@ -11,12 +11,19 @@
  *  - a client names only its own sequences: each connection maps the ids its
  *    client chose to daemon ids it allocates (unique for the daemon's life), so
  *    an id not in the map is PKV_ENOSEQ whatever other clients use;
- *  - when a connection ends (close, EOF, error, malformed frame) every sequence
- *    in its map is closed, so a dead client holds nothing;
+ *  - a connection's sequences are closed only once the client's end of the
+ *    socket is closed (rule W1, docs/pkvd.md): before that the client may
+ *    still write the slots it was handed. When the daemon ends a connection
+ *    (malformed frame, failed reply) it shuts its side, serves nothing more
+ *    and waits for that end of stream; at shutdown nothing is released
+ *    (rule W2), as in a crash;
  *  - recovered sequences have no connection: they are closed at startup,
- *    before the socket listens (their sealed blocks stay cached);
+ *    before the socket listens (their sealed blocks stay cached), and only
+ *    after every client of an earlier daemon has unmapped the arena: the
+ *    arena descriptor handed to clients carries a shared flock that a
+ *    starting daemon waits to take exclusively (rule W3);
  *  - a malformed frame (header or payload form) gets an error reply and ends
- *    the connection; a well-formed one with bad values gets the library's
+ *    the connection (rule W1 above); a well-formed one with bad values gets the library's
  *    error and the connection goes on;
  *  - the connection list (shutdown, CLIENTS) is under conns_mu, a plain mutex
  *    never held across a join; a connection's descriptor is closed only after
@@ -37,7 +44,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static pkv_cache *cache;
@@ -160,6 +169,9 @@ typedef struct conn {
 
 static pthread_mutex_t conns_mu = PTHREAD_MUTEX_INITIALIZER;
 static conn *conns;
+/* Set before reap(true) at shutdown: connections then end without releasing
+ * (rule W2). */
+static atomic_bool stopping;
 
 static bool read_all(int fd, uint8_t *p, size_t n) {
     while (n) {
@@ -480,8 +492,29 @@ static void *conn_main(void *arg) {
         if (!ok) break;
     }
     free(payload);
-    /* The connection is over: its sequences go (pending tokens dropped, sealed
-     * blocks stay cached), as a process crash would in embedded mode. */
+    /* Rule W1 (docs/pkvd.md): the client may still write the slots it was handed
+     * until its end of the socket is closed (pkv_close unmaps the arena first;
+     * process exit unmaps it too). Unless that close is what ended the loop, the
+     * daemon stops serving and shows the end (SHUT_WR: the client's next call
+     * gets PKV_EDISCONNECTED), reads and drops frames until end of stream, and
+     * only then releases the connection's sequences. */
+    shutdown(k->fd, SHUT_WR);
+    uint8_t sink[4096];
+    for (;;) {
+        ssize_t got = recv(k->fd, sink, sizeof sink, 0);
+        if (got > 0 || (got < 0 && errno == EINTR)) continue;
+        break;
+    }
+    /* Rule W2: at shutdown (the recv above was ended by reap, not by the
+     * client) the daemon exits as if it crashed: nothing is released, the next
+     * start recovers it after the clients have unmapped the arena. */
+    if (atomic_load(&stopping)) {
+        free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+        atomic_store(&k->finished, true);
+        return NULL;
+    }
+    /* The client can no longer write: its sequences go (pending tokens dropped,
+     * sealed blocks stay cached), as a process crash would in embedded mode. */
     for (size_t i = 0; i < k->ids.cap; i++) {
         uint64_t v = k->ids.val[i];
         if (v && v != UINT64_MAX && pkv_seq_close(cache, v))
@@ -489,9 +522,8 @@ static void *conn_main(void *arg) {
                   pkv_last_error());
     }
     free(k->ids.key), free(k->ids.val), free(k->ids.mark);
-    /* The peer sees the end now; the descriptor is closed by reap() after the
-     * join, so its number cannot be reused while reap() may still shut it down. */
-    shutdown(k->fd, SHUT_RDWR);
+    /* The descriptor is closed by reap() after the join, so its number cannot be
+     * reused while reap() may still shut it down. */
     atomic_store(&k->finished, true);
     return NULL;
 }
@@ -577,6 +609,8 @@ static void usage(void) {
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
+            "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
+            "                                 for clients of a previous pkvd to close)\n"
             "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
             "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
@@ -637,6 +671,53 @@ static int close_recovered(void) {
     return rc;
 }
 
+/* Rule W3 (docs/pkvd.md): the arena descriptor pkvd hands its clients is one
+ * open file description, and it holds flock(LOCK_SH) on it. Every client's
+ * descriptor and mapping refer to that description, so the lock lives as long
+ * as any client of this daemon can still write the arena, even after the
+ * daemon dies. A starting pkvd opens its own description and takes LOCK_EX on
+ * it before pkv_open recovers anything: it waits until every client of an
+ * earlier pkvd has unmapped the arena (or died), then downgrades to LOCK_SH
+ * (the description it goes on to hand out). Returns the descriptor, -1 after
+ * logging why (the wait ran past wait_s, or an I/O error); ENOENT is returned
+ * as -2 with nothing logged (no arena yet: pkv_open creates it). */
+static int lock_arena(const char *apath, uint64_t wait_s) {
+    int fd = open(apath, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return -2;
+        logf_("open %s: %s", apath, strerror(errno));
+        return -1;
+    }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t logged = 0;
+    while (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            logf_("flock %s: %s", apath, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t ms = (uint64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+                      (uint64_t)((now.tv_nsec - t0.tv_nsec) / 1000000);
+        if (ms >= wait_s * 1000) {
+            logf_("clients of a previous pkvd still map %s after %llu s (--client-wait); "
+                  "end or close them (pkv_close) and start again", apath,
+                  (unsigned long long)wait_s);
+            close(fd);
+            return -1;
+        }
+        if (ms >= logged) {
+            logf_("waiting for the clients of a previous pkvd to close (they still map %s)",
+                  apath);
+            logged = ms + 5000;
+        }
+        struct timespec nap = {0, 50 * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+    return fd;
+}
+
 /* A socket file left by a daemon that died: nobody accepts on it. */
 static void remove_stale(const struct sockaddr_un *sa) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -678,7 +759,7 @@ static void reap(bool all) {
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL, *metrics_addr = NULL;
     bool status = false;
-    uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600;
+    uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
     allow_uids[n_uids++] = getuid();
     pkv_options o;
     pkv_options_init(&o);
@@ -709,6 +790,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--head-dim")) ok = num(val, &v) && v <= UINT32_MAX && (o.head_dim = (uint32_t)v, 1);
         else if (!strcmp(a, "--block-size")) ok = num(val, &v) && v <= UINT32_MAX && (o.block_size = (uint32_t)v, 1);
         else if (!strcmp(a, "--capacity")) ok = num(val, &o.capacity);
+        else if (!strcmp(a, "--client-wait")) ok = num(val, &client_wait) && client_wait <= 86400;
         else if (!strcmp(a, "--allow-uid"))
             ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
                  (allow_uids[n_uids++] = (uid_t)v, 1);
@@ -753,13 +835,44 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
         return status_main(&sa);
     }
+    char apath[4200];
+    if (snprintf(apath, sizeof apath, "%s/arena", dir) >= (int)sizeof apath) {
+        logf_("--dir path too long");
+        return 2;
+    }
+    /* A pkvd that still serves DIR holds the arena's lock too: say so now rather
+     * than wait for its clients (pkv_open checks this again, race-free). */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0 && flock(dfd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK) {
+        logf_("%s is open elsewhere (another pkvd or writer serves it)", dir);
+        close(dfd);
+        return 1;
+    }
+    if (dfd >= 0) close(dfd);
+    arena_fd = lock_arena(apath, client_wait); /* rule W3: before any recovery */
+    if (arena_fd == -1) return 1;
     int rc = pkv_open(dir, &o, &cache);
     if (rc) {
         logf_("pkv_open %s: %s (%s)", dir, pkv_strerror(rc), pkv_last_error());
+        if (arena_fd >= 0) close(arena_fd);
         return 1;
     }
-    char apath[4200];
-    snprintf(apath, sizeof apath, "%s/arena", dir);
+    /* A new arena (none before, or pkv_open replaced it): lock the file now in
+     * use; no client can map it yet, so this does not wait. */
+    struct stat s_lock, s_now;
+    if (arena_fd >= 0 && (fstat(arena_fd, &s_lock) || stat(apath, &s_now) ||
+                          s_lock.st_ino != s_now.st_ino || s_lock.st_dev != s_now.st_dev)) {
+        close(arena_fd);
+        arena_fd = -2;
+    }
+    if (arena_fd == -2) arena_fd = lock_arena(apath, client_wait);
+    if (arena_fd < 0 || flock(arena_fd, LOCK_SH)) {
+        if (arena_fd >= 0) logf_("flock %s: %s", apath, strerror(errno));
+        else if (arena_fd == -2) logf_("%s: missing after pkv_open", apath);
+        pkv_close(cache);
+        if (arena_fd >= 0) close(arena_fd);
+        return 1;
+    }
     if ((rc = pkv_info(cache, &info)) || (rc = close_recovered())) {
         logf_("startup: %s (%s)", pkv_strerror(rc), pkv_last_error());
         pkv_close(cache);
@@ -776,7 +889,6 @@ int main(int argc, char **argv) {
         }
         logf_("metrics on http://%s/metrics (port %d)", metrics_addr, pkv_metrics_port(msrv));
     }
-    arena_fd = open(apath, O_RDWR | O_CLOEXEC);
     int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (arena_fd < 0 || lfd < 0 || pipe2(sig_pipe, O_CLOEXEC)) {
         logf_("startup: %s", strerror(errno));
@@ -844,7 +956,8 @@ int main(int argc, char **argv) {
     logf_("shutting down");
     close(lfd);
     unlink(sock);
-    reap(true); /* every connection ends, its sequences closed */
+    atomic_store(&stopping, true);
+    reap(true); /* every connection ends; nothing is released (rule W2) */
     if ((rc = pkv_checkpoint(cache))) logf_("checkpoint: %s", pkv_last_error());
     pkv_metrics_stop(msrv);
     pkv_close(cache);
