@@ -956,14 +956,9 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
 /* A loopback TCP port free a moment ago (the daemon binds it right after). */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(fd >= 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
+    const int port = ht_free_port();
+    cr_assert(port > 0, "no free loopback port");
+    return port;
 }
 
 /* The value of the unlabelled sample `name` in a text exposition, or -1. */
