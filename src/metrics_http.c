@@ -10,11 +10,13 @@
  * Invariants: the server mutex `mu` guards buf and cuda; a request renders and
  * copies its response under it, so pkv_metrics_serve_cuda(srv, NULL) returning
  * means no request reads the old handle any more. The cache links its servers
- * (pkv_cache.metrics_servers, under the cache lock); pkv_close detaches them by
- * clearing srv->cache under `mu`, after which requests get 503, so a server left
- * running past pkv_close never touches the freed cache. Lock order: `mu`, then
- * the cache lock (a request renders under both); pkv_close takes the cache lock
- * only to unlink the list and each `mu` after releasing it.
+ * (pkv_cache.metrics_servers); pkv_close detaches them by clearing srv->cache,
+ * after which requests get 503, so a server left running past pkv_close never
+ * touches the freed cache. `registry_mu` (one per process) guards every list
+ * and every srv->cache write, and is held across pkv_metrics_detach_all's walk
+ * and pkv_metrics_stop's unlink, so a stop racing a close can neither lock a
+ * freed cache nor let the walk reach a freed server. Lock order: registry_mu,
+ * then `mu` or the cache lock; a request takes `mu`, then the cache lock.
  *
  * Built without libmicrohttpd (meson option metrics_http; the build defines
  * PKV_WITH_MICROHTTPD to 0 or 1), every call but pkv_metrics_stop returns
@@ -56,8 +58,10 @@ static int parse_addr(const char *addr, struct sockaddr_in *sa) {
 
 #if PKV_WITH_MICROHTTPD
 
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+
 struct pkv_metrics_server {
-    pkv_cache *cache; /* mu; NULL once pkv_close detached the server */
+    pkv_cache *cache; /* written under registry_mu and mu; NULL once detached */
     pkv_metrics_server *next; /* the cache's list (its lock) */
     struct MHD_Daemon *d;
     int port;
@@ -167,10 +171,12 @@ int pkv_metrics_serve(pkv_cache *c, const char *addr, pkv_metrics_server **out) 
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : ntohs(sa.sin_port);
+    pthread_mutex_lock(&registry_mu);
     pkv_lock(c);
     srv->next = c->metrics_servers;
     c->metrics_servers = srv;
     pkv_unlock(c);
+    pthread_mutex_unlock(&registry_mu);
     *out = srv;
     return 0;
 }
@@ -191,9 +197,8 @@ int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g) {
 void pkv_metrics_stop(pkv_metrics_server *srv) {
     if (!srv) return;
     MHD_stop_daemon(srv->d); /* joins the thread: no request runs after this */
-    pthread_mutex_lock(&srv->mu);
+    pthread_mutex_lock(&registry_mu);
     pkv_cache *c = srv->cache; /* NULL if pkv_close detached it */
-    pthread_mutex_unlock(&srv->mu);
     if (c) {
         pkv_lock(c);
         for (pkv_metrics_server **pp = &c->metrics_servers; *pp; pp = &(*pp)->next)
@@ -203,12 +208,14 @@ void pkv_metrics_stop(pkv_metrics_server *srv) {
             }
         pkv_unlock(c);
     }
+    pthread_mutex_unlock(&registry_mu);
     pthread_mutex_destroy(&srv->mu);
     free(srv->buf);
     free(srv);
 }
 
 void pkv_metrics_detach_all(pkv_cache *c) {
+    pthread_mutex_lock(&registry_mu);
     pkv_lock(c);
     pkv_metrics_server *list = c->metrics_servers;
     c->metrics_servers = NULL;
@@ -218,6 +225,7 @@ void pkv_metrics_detach_all(pkv_cache *c) {
         srv->cache = NULL;
         pthread_mutex_unlock(&srv->mu);
     }
+    pthread_mutex_unlock(&registry_mu);
 }
 
 #else /* built without libmicrohttpd */
