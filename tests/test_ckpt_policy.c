@@ -77,6 +77,10 @@ Test(ckpt_policy, default_threshold_follows_the_snapshot_size)
 {
     pkv_options o;
     pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F16, 4096);
+    /* 1,500 prompts of 3 blocks in 4,096: the closed tails must come back from
+     * limbo, not be replaced by evicting cached prompts (the default), or which
+     * prompts stay cached would depend on flush timing */
+    o.flags = PKV_OPEN_LIMBO_WAIT;
     o.durability = PKV_DURABLE_GROUP;
     cr_assert_eq(o.checkpoint_bytes, 0, "default checkpoint_bytes");
     pkv_cache *c = pt_open_sub("adaptive", &o);
@@ -124,6 +128,10 @@ Test(ckpt_policy, explicit_threshold_is_exact)
 {
     pkv_options o;
     pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F16, 4096);
+    /* 1,500 prompts of 3 blocks in 4,096: the closed tails must come back from
+     * limbo, not be replaced by evicting cached prompts (the default), or which
+     * prompts stay cached would depend on flush timing */
+    o.flags = PKV_OPEN_LIMBO_WAIT;
     o.durability = PKV_DURABLE_GROUP;
     o.checkpoint_bytes = 16u << 10;
     pkv_cache *c = pt_open_sub("explicit", &o);
