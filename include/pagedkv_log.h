@@ -136,7 +136,9 @@ enum {
     PKV_LOG_TRUNC,
     PKV_LOG_SEQ_CLOSE,
     PKV_LOG_BAD,
-    PKV_LOG_TYPE_MAX = PKV_LOG_BAD,
+    PKV_LOG_SEAL_RUN,  /* since 2026-12-05: the SEALs of one commit, one record */
+    PKV_LOG_EVICT_RUN, /* since 2026-12-05: the EVICTs of one append, one record */
+    PKV_LOG_TYPE_MAX = PKV_LOG_EVICT_RUN,
 };
 /* "SEAL", "EVICT", ... ("UNKNOWN" for another type). Never fails, never blocks. */
 const char *pkv_logview_type_name(unsigned type);
@@ -144,7 +146,10 @@ const char *pkv_logview_type_name(unsigned type);
 /* One record, decoded; which fields mean something depends on the type
  * (docs/format.md). blocks and tokens point at nblocks / ntok little-endian
  * 32-bit values, valid during the callback only. A block or parent of
- * PKV_LOG_NONE is none (a root block, a truncation without a tail block). */
+ * PKV_LOG_NONE is none (a root block, a truncation without a tail block).
+ * SEAL_RUN: salt, nblocks entries of entry_bytes bytes each at blocks, each
+ * u32 block, u32 parent, u64 hash lo, u64 hash hi, u64 payload sum, then ntok
+ * u32 token ids (little-endian; format.md); EVICT_RUN: nblocks blocks. */
 #define PKV_LOG_NONE 0xffffffffu
 typedef struct pkv_log_rec {
     uint64_t lsn;
@@ -155,6 +160,7 @@ typedef struct pkv_log_rec {
     uint64_t seq, salt, committed, hash_lo, hash_hi, payload_sum;
     uint32_t block, parent, index, first, tail_off, nblocks, ntok;
     const uint8_t *blocks, *tokens;
+    uint32_t entry_bytes;     /* SEAL_RUN: bytes per entry; else 0 */
 } pkv_log_rec;
 /* Called for each record read, in LSN order; nonzero stops the read. */
 typedef int (*pkv_log_rec_fn)(void *ctx, const pkv_log_rec *r);

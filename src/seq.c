@@ -351,9 +351,21 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
         if (blk == PKV_NONE) off = bs; /* the end is on a block boundary */
         alloc_ahead aa;
         alloc_ahead_init(c, &aa, ap->need - (ap->cow ? 1 : 0));
+        /* The blocks evicted, logged PKV_LOG_RUN_MAX to a record (take_block's
+         * EVICT, in runs: nothing else is logged in this loop). */
+        uint32_t run[PKV_LOG_RUN_MAX], nrun = 0;
+        const bool logging = c->wal.running;
         while (i < n) {
             if (off == bs) {
-                blk = take_block(c);
+                bool evicted;
+                blk = pkv_block_alloc(c, &evicted);
+                if (evicted && logging) {
+                    run[nrun++] = blk;
+                    if (nrun == PKV_LOG_RUN_MAX) {
+                        pkv_log_evicts(c, run, nrun);
+                        nrun = 0;
+                    }
+                }
                 alloc_ahead_step(c, &aa);
                 s->blocks[s->nblocks++] = blk;
                 off = 0;
@@ -368,6 +380,7 @@ static void append_apply(pkv_cache *c, pkv_seq *s, const uint32_t *tokens, size_
             i += k;
             off += k;
         }
+        if (nrun) pkv_log_evicts(c, run, nrun);
     }
     s->len += n;
     c->ctr.tokens_appended += n;
@@ -427,8 +440,9 @@ static inline void append_fast(pkv_cache *c, pkv_seq *s, uint32_t token, pkv_slo
 
 /* Seal the full block at table index i, whose chained hash is h (seal_run): enter
  * it in the prefix index or, if an identical block is already sealed, switch to
- * that one. */
-static void seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
+ * that one. true: it was sealed, and the caller logs its SEAL (seal_run, in a
+ * run); false: deduped, nothing to log. */
+static bool seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
     pkv_pool *p = &c->pool;
     uint32_t b = s->blocks[i];
     pkv_block *x = &p->b[b];
@@ -455,11 +469,11 @@ static void seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
         s->blocks[i] = e;
         pkv_block_release(c, b);
         c->ctr.dedupes++;
-        return;
+        return false;
     }
     pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
-    pkv_log_seal(c, b);
+    return true;
 }
 
 /* Start loading block b's payload, the seal's checksum input, when it is small
@@ -484,6 +498,12 @@ static void seal_run(pkv_cache *c, pkv_seq *s, uint64_t first, uint64_t full) {
     const uint64_t secret = c->arena.secret;
     pkv_h128 h = first ? p->b[s->blocks[first - 1]].hash : pkv_hash_root(secret, s->salt);
     pkv_h128 hs[W];
+    /* The blocks sealed, logged PKV_LOG_RUN_MAX to a record. A seal only reads
+     * and changes the pool and the index: a BAD record for a failing dedupe twin
+     * (seal -> verified) may thus precede SEALs of blocks sealed before it, which
+     * changes no replayed state (BAD flags a block sealed before this call, the
+     * SEALs open blocks of this table), and all are in the call's frame. */
+    uint32_t run[PKV_LOG_RUN_MAX], nrun = 0;
     for (uint64_t i = first; i < full && i < first + 2; i++) payload_prefetch(c, s->blocks[i]);
     for (uint64_t base = first; base < full; base += W) {
         uint64_t m = full - base < W ? full - base : W;
@@ -499,9 +519,17 @@ static void seal_run(pkv_cache *c, pkv_seq *s, uint64_t first, uint64_t full) {
         }
         for (uint64_t k = 0; k < m; k++) {
             if (base + k + 2 < full) payload_prefetch(c, s->blocks[base + k + 2]);
-            seal(c, s, (uint32_t)(base + k), hs[k]);
+            uint32_t b = s->blocks[base + k];
+            if (seal(c, s, (uint32_t)(base + k), hs[k])) {
+                run[nrun++] = b;
+                if (nrun == PKV_LOG_RUN_MAX) {
+                    pkv_log_seals(c, run, nrun);
+                    nrun = 0;
+                }
+            }
         }
     }
+    if (nrun) pkv_log_seals(c, run, nrun);
     if (first < full) s->pf_ok = false;
 }
 

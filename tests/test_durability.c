@@ -7,10 +7,13 @@
  *  - an open after an unclean end syncs the recovered log and the arena before the
  *    first durability claim;
  *  - a checkpoint that runs out of space leaves the cache serving;
- *  - REC_MAX_BYTES is enforced when records are built and when they are read.
+ *  - REC_MAX_BYTES is enforced when records are built and when they are read;
+ *  - runs of seals and evictions (SEAL_RUN, EVICT_RUN) recover as the single
+ *    records would (pkv_log_run_max = 1 writes those).
  */
 #include "wal_util.h"
 #include "internal.h"
+#include "pagedkv_log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -916,4 +919,174 @@ Test(durability, always_mode_efailed_while_waiting_applies_the_change)
     wu_wl_free(&w);
     pthread_mutex_destroy(&fs->mu);
     free(fs);
+}
+
+/* ---- Runs of seals and evictions (REC_SEAL_RUN, REC_EVICT_RUN) ----------------------
+ * One workload, logged in runs (the default) and record by record
+ * (pkv_log_run_max = 1). Each log must hold the records it claims, and the caches
+ * recovered from the two must be the same cache: the same prefixes cached after
+ * the reopen, and the same ones after more traffic evicts in the recovered LRU
+ * order. Limbo waits keep eviction independent of flush timing. */
+
+enum { RUN_REQS = 60, RUN_MORE = 30, RUN_CAP = 160, RUN_TOK = 512 };
+
+/* Request i: one of 4 shared heads (3 blocks), then 2..8 blocks of its own (every
+ * tenth: 100, more than a run holds) and one more token. Every third request
+ * commits block by block (SEALs, one block per commit), the others in one commit
+ * (SEAL_RUNs). */
+static size_t run_prompt(uint32_t i, uint32_t *t)
+{
+    size_t n = 0;
+    for (uint32_t k = 0; k < 3 * WU_BS; k++) t[n++] = 7000000u + (i % 4) * 100u + k;
+    uint32_t own = (i % 10 == 5 ? 100 : 2 + i % 7) * WU_BS + 1;
+    for (uint32_t k = 0; k < own; k++) t[n++] = i * 1000u + k;
+    return n;
+}
+
+static void run_requests(pkv_cache *c, uint32_t from, uint32_t to)
+{
+    uint32_t t[RUN_TOK];
+    pkv_slot sl[RUN_TOK];
+    for (uint32_t i = from; i < to; i++) {
+        size_t n = run_prompt(i, t), hit = 0;
+        WU_OK(pkv_seq_open(c, i + 1, 0, t, n, &hit));
+        if (i % 3 == 0) {
+            for (size_t k = hit; k < n; k += WU_BS) {
+                size_t m = n - k < WU_BS ? n - k : WU_BS;
+                WU_OK(pkv_seq_append(c, i + 1, t + k, m, sl));
+                WU_OK(pkv_seq_commit(c, i + 1, m));
+            }
+        } else {
+            WU_OK(pkv_seq_append(c, i + 1, t + hit, n - hit, sl));
+            WU_OK(pkv_seq_commit(c, i + 1, n - hit));
+        }
+        WU_OK(pkv_seq_close(c, i + 1));
+    }
+}
+
+/* Tokens of every request's prompt cached now, request by request. */
+static void run_probe(pkv_cache *c, uint32_t n, size_t *hits)
+{
+    uint32_t t[RUN_TOK];
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = run_prompt(i, t);
+        WU_OK(pkv_prefix_lookup(c, 0, t, len, &hits[i]));
+    }
+}
+
+typedef struct run_recs {
+    uint64_t seal, evict, seal_run, evict_run, run_seals, run_evicts, full_runs;
+} run_recs;
+
+static int count_run_recs(void *ctx, const pkv_log_rec *r)
+{
+    run_recs *k = ctx;
+    if (r->type == PKV_LOG_SEAL) k->seal++;
+    if (r->type == PKV_LOG_EVICT) k->evict++;
+    if (r->type == PKV_LOG_SEAL_RUN) {
+        k->seal_run++;
+        k->run_seals += r->nblocks;
+        k->full_runs += r->nblocks == PKV_LOG_RUN_MAX;
+        cr_assert(r->nblocks >= 2 && r->entry_bytes == 32 + 4 * WU_BS);
+    }
+    if (r->type == PKV_LOG_EVICT_RUN) {
+        k->evict_run++;
+        k->run_evicts += r->nblocks;
+        k->full_runs += r->nblocks == PKV_LOG_RUN_MAX;
+    }
+    return 0;
+}
+
+/* Run the workload in dir, logged with runs of at most run_max blocks, close
+ * (no checkpoint: the reopen replays every record), count the records, reopen. */
+static pkv_cache *run_logged(const char *sub, char *dir, size_t dirlen, uint32_t run_max,
+                             run_recs *k, pkv_stats *before)
+{
+    pt_path(dir, dirlen, sub);
+    pkv_options o;
+    wu_opts(&o, WU_BS, RUN_CAP, PKV_DURABLE_GROUP);
+    o.flags = PKV_OPEN_LIMBO_WAIT;
+    o.checkpoint_bytes = 1ull << 40;
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_log_run_max = run_max;
+    run_requests(c, 0, RUN_REQS);
+    pkv_log_run_max = PKV_LOG_RUN_MAX;
+    WU_CHECK(c, "after the workload");
+    *before = stats(c);
+    cr_assert_eq(before->checkpoints, 0);
+    pkv_close(c);
+
+    char path[600];
+    snprintf(path, sizeof path, "%s/arena", dir);
+    size_t len = 0;
+    uint8_t *h = wu_read_file(path, &len);
+    cr_assert(h && len >= 96);
+    pkv_log_arena a = {pkv_get_u64(h + 72), pkv_get_u32(h + 28), pkv_get_u64(h + 40)};
+    free(h);
+    pkv_logview *v = NULL;
+    WU_OK(pkv_logview_open(dir, &a, 0, &v));
+    memset(k, 0, sizeof *k);
+    WU_OK(pkv_logview_read(v, count_run_recs, k));
+    pkv_logview_close(v);
+
+    c = wu_open_ok(dir, &o);
+    pkv_recovery rec;
+    WU_OK(pkv_get_recovery(c, &rec));
+    cr_assert(rec.checkpoint_lsn == 0 && rec.records_replayed == before->last_lsn &&
+                  rec.blocks_dropped == 0 && rec.corrupt_lsn == 0,
+              "%s: recovery replayed %llu of %llu records, dropped %llu blocks (note: %s)", sub,
+              (unsigned long long)rec.records_replayed, (unsigned long long)before->last_lsn,
+              (unsigned long long)rec.blocks_dropped, rec.note);
+    WU_CHECK(c, "reopened");
+    return c;
+}
+
+Test(durability, seal_and_evict_runs_recover_as_their_single_records)
+{
+    char d1[512], d2[512];
+    run_recs k1, k2;
+    pkv_stats s1, s2;
+    pkv_cache *c1 = run_logged("runs", d1, sizeof d1, PKV_LOG_RUN_MAX, &k1, &s1);
+    pkv_cache *c2 = run_logged("singles", d2, sizeof d2, 1, &k2, &s2);
+    /* the logs: runs where a call seals or evicts several blocks, singles else */
+    cr_assert(k1.seal_run > 10 && k1.evict_run > 10 && k1.seal > 10 && k1.evict > 10,
+              "runs log: %llu SEAL_RUN, %llu EVICT_RUN, %llu SEAL, %llu EVICT",
+              (unsigned long long)k1.seal_run, (unsigned long long)k1.evict_run,
+              (unsigned long long)k1.seal, (unsigned long long)k1.evict);
+    cr_assert(k1.full_runs > 4, "%llu runs of PKV_LOG_RUN_MAX blocks",
+              (unsigned long long)k1.full_runs);
+    cr_assert(k2.seal_run == 0 && k2.evict_run == 0);
+    cr_assert_eq(k1.seal + k1.run_seals, k2.seal, "the same seals, %llu + %llu vs %llu",
+                 (unsigned long long)k1.seal, (unsigned long long)k1.run_seals,
+                 (unsigned long long)k2.seal);
+    cr_assert_eq(k1.evict + k1.run_evicts, k2.evict);
+    cr_assert_eq(s1.evictions, s2.evictions);
+    cr_assert(s1.evictions > 100, "the workload evicts (%llu)", (unsigned long long)s1.evictions);
+    cr_assert(s1.last_lsn < s2.last_lsn);
+    /* the recovered caches: the same blocks cached, then the same victims */
+    size_t h1[RUN_REQS + RUN_MORE], h2[RUN_REQS + RUN_MORE];
+    pkv_stats r1 = stats(c1), r2 = stats(c2);
+    cr_assert_eq(r1.blocks_sealed, s1.blocks_sealed);
+    cr_assert_eq(r2.blocks_sealed, r1.blocks_sealed);
+    run_probe(c1, RUN_REQS, h1);
+    run_probe(c2, RUN_REQS, h2);
+    size_t cached = 0;
+    for (uint32_t i = 0; i < RUN_REQS; i++) {
+        cr_assert_eq(h1[i], h2[i], "request %u: %zu tokens cached from runs, %zu from singles",
+                     i, h1[i], h2[i]);
+        cached += h1[i];
+    }
+    cr_assert(cached > 0);
+    run_requests(c1, RUN_REQS, RUN_REQS + RUN_MORE);
+    run_requests(c2, RUN_REQS, RUN_REQS + RUN_MORE);
+    run_probe(c1, RUN_REQS + RUN_MORE, h1);
+    run_probe(c2, RUN_REQS + RUN_MORE, h2);
+    for (uint32_t i = 0; i < RUN_REQS + RUN_MORE; i++)
+        cr_assert_eq(h1[i], h2[i], "after more traffic, request %u: %zu vs %zu tokens", i,
+                     h1[i], h2[i]);
+    cr_assert_eq(stats(c1).evictions - r1.evictions, stats(c2).evictions - r2.evictions);
+    WU_CHECK(c1, "runs, after more traffic");
+    WU_CHECK(c2, "singles, after more traffic");
+    pkv_close(c1);
+    pkv_close(c2);
 }

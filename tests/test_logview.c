@@ -164,18 +164,21 @@ Test(logview, names_the_corrupt_lsn_recovery_names)
     pkv_logview_close(v);
 }
 
-/* Where the SEAL and EVICT records of a log lie (segment, offset, length). */
+/* Where the SEAL and EVICT records, and their runs, of a log lie (segment,
+ * offset, length). */
 typedef struct per_block_recs {
     uint64_t seg[4096], off[4096];
     uint32_t len[4096];
     unsigned type[4096];
-    size_t n, seals, evicts;
+    size_t n, seals, evicts, seal_runs, evict_runs;
 } per_block_recs;
 
 static int collect_per_block(void *ctx, const pkv_log_rec *r)
 {
     per_block_recs *p = ctx;
-    if (r->type != PKV_LOG_SEAL && r->type != PKV_LOG_EVICT) return 0;
+    if (r->type != PKV_LOG_SEAL && r->type != PKV_LOG_EVICT && r->type != PKV_LOG_SEAL_RUN &&
+        r->type != PKV_LOG_EVICT_RUN)
+        return 0;
     if (p->n == 4096) return 0;
     p->seg[p->n] = r->segment;
     p->off[p->n] = r->offset;
@@ -183,15 +186,19 @@ static int collect_per_block(void *ctx, const pkv_log_rec *r)
     p->type[p->n] = r->type;
     p->n++;
     if (r->type == PKV_LOG_SEAL) p->seals++;
-    else p->evicts++;
+    else if (r->type == PKV_LOG_EVICT) p->evicts++;
+    else if (r->type == PKV_LOG_SEAL_RUN) p->seal_runs++;
+    else p->evict_runs++;
     return 0;
 }
 
-/* The records written once per block (SEAL, EVICT) are encoded without clearing
- * their payload first: their reserved words ("u32 0", docs/format.md) and the
- * padding before the trailer must still be zero, also where the log buffer is
- * reused and held other records' bytes (many frames, evictions). Block size 5
- * gives SEAL 4 bytes of padding. */
+/* The records written per block (SEAL, EVICT, and their runs SEAL_RUN,
+ * EVICT_RUN) are encoded without clearing their payload first: their reserved
+ * words ("u32 0", docs/format.md) and the padding (before the trailer, and in
+ * each SEAL_RUN entry) must still be zero, also where the log buffer is reused
+ * and held other records' bytes (many frames, evictions). Block size 5 gives SEAL
+ * and each SEAL_RUN entry 4 bytes of padding, an odd EVICT_RUN 4 more. Every
+ * other request commits block by block (single records), the rest at once (runs). */
 Test(logview, per_block_records_keep_reserved_words_and_padding_zero)
 {
     const uint32_t bs = 5;
@@ -205,8 +212,16 @@ Test(logview, per_block_records_keep_reserved_words_and_padding_zero)
     for (uint32_t i = 0; i < 60; i++) {
         for (uint32_t k = 0; k < 4 * bs + 1; k++) t[k] = 0xA5A5A500u + 977u * i + k;
         PT_SEQ_OPEN(c, i + 1, 0, t, 0);
-        PT_OK(pkv_seq_append(c, i + 1, t, 4 * bs + 1, sl));
-        PT_OK(pkv_seq_commit(c, i + 1, 4 * bs + 1));
+        if (i % 2) {
+            for (uint32_t k = 0; k < 4 * bs + 1; k += bs) {
+                uint32_t m = 4 * bs + 1 - k < bs ? 4 * bs + 1 - k : bs;
+                PT_OK(pkv_seq_append(c, i + 1, t + k, m, sl));
+                PT_OK(pkv_seq_commit(c, i + 1, m));
+            }
+        } else {
+            PT_OK(pkv_seq_append(c, i + 1, t, 4 * bs + 1, sl));
+            PT_OK(pkv_seq_commit(c, i + 1, 4 * bs + 1));
+        }
         PT_OK(pkv_seq_close(c, i + 1));
         if (i % 3 == 2) PT_OK(pkv_sync(c));
     }
@@ -221,23 +236,37 @@ Test(logview, per_block_records_keep_reserved_words_and_padding_zero)
     cr_assert_not_null(p);
     PT_OK(pkv_logview_read(v, collect_per_block, p));
     pkv_logview_close(v);
-    cr_assert(p->seals > 100 && p->evicts > 100, "%zu SEAL, %zu EVICT records", p->seals,
-              p->evicts);
+    cr_assert(p->seals > 100 && p->evicts > 50 && p->seal_runs > 20 && p->evict_runs > 20,
+              "%zu SEAL, %zu EVICT, %zu SEAL_RUN, %zu EVICT_RUN records", p->seals, p->evicts,
+              p->seal_runs, p->evict_runs);
+    const size_t ent = 56; /* SEAL_RUN entry: 32 + 4 * 5 rounded up to 8 */
     for (size_t i = 0; i < p->n; i++) {
         char seg[600];
         snprintf(seg, sizeof seg, "%s/wal-%016llx", dir, (unsigned long long)p->seg[i]);
         int fd = open(seg, O_RDONLY);
         cr_assert(fd >= 0);
-        uint8_t r[256];
+        uint8_t r[1024];
         cr_assert(p->len[i] <= sizeof r);
         cr_assert_eq(pread(fd, r, p->len[i], (off_t)p->off[i]), (ssize_t)p->len[i]);
         close(fd);
         /* payload from byte 16; the trailer is the last 8 bytes */
-        size_t reserved = p->type[i] == PKV_LOG_SEAL ? 16 + 44 : 16 + 4;
-        size_t end = p->type[i] == PKV_LOG_SEAL ? 16 + 48 + 4 * bs : 16 + 8;
-        cr_assert_eq(le(r + reserved, 4), 0, "%s at offset %llu: reserved word %#llx",
-                     pkv_logview_type_name(p->type[i]), (unsigned long long)p->off[i],
-                     (unsigned long long)le(r + reserved, 4));
+        size_t reserved = 0, end = 0, n = le(r + 16, 4);
+        switch (p->type[i]) {
+        case PKV_LOG_SEAL: reserved = 16 + 44; end = 16 + 48 + 4 * bs; break;
+        case PKV_LOG_EVICT: reserved = 16 + 4; end = 16 + 8; break;
+        case PKV_LOG_EVICT_RUN: reserved = 16 + 4; end = 16 + 8 + 4 * n; break;
+        default: /* SEAL_RUN: no reserved word; each entry's padding */
+            end = 16 + 16 + n * ent;
+            cr_assert(n >= 2 && end + 8 <= p->len[i]);
+            for (size_t e = 0; e < n; e++)
+                cr_assert_eq(le(r + 32 + e * ent + 32 + 4 * bs, 4), 0,
+                             "SEAL_RUN at offset %llu: entry %zu padding",
+                             (unsigned long long)p->off[i], e);
+        }
+        if (reserved)
+            cr_assert_eq(le(r + reserved, 4), 0, "%s at offset %llu: reserved word %#llx",
+                         pkv_logview_type_name(p->type[i]), (unsigned long long)p->off[i],
+                         (unsigned long long)le(r + reserved, 4));
         for (size_t k = end; k < p->len[i] - 8; k++)
             cr_assert_eq(r[k], 0, "%s at offset %llu: padding byte %zu is %#x",
                          pkv_logview_type_name(p->type[i]), (unsigned long long)p->off[i],

@@ -395,7 +395,8 @@ static const char wal_usage[] =
     "  --from LSN   only records with LSN >= LSN\n"
     "  --to LSN     only records with LSN <= LSN\n"
     "  --type T     only records of these types: seal, evict, seq_set, commit,\n"
-    "               seq_block, trunc, seq_close, bad (or their numbers)\n"
+    "               seq_block, trunc, seq_close, bad, seal_run, evict_run (or\n"
+    "               their numbers)\n"
     "  --stats      per-type counts and bytes instead of the records\n"
     "  --json       one JSON document (see docs/kvdump.md)\n";
 
@@ -476,6 +477,25 @@ static int wal_rec(void *vctx, const kd_log *L, const kd_logrec *lr) {
         case PKV_LOG_BAD:
             kj_u64(j, "block", r->block);
             break;
+        case PKV_LOG_SEAL_RUN:
+            kj_u64(j, "salt", r->salt);
+            kj_arr(j, "seals", false);
+            for (uint32_t i = 0; i < r->nblocks; i++) {
+                const uint8_t *e = r->blocks + (size_t)i * r->entry_bytes;
+                kj_obj(j, NULL, true);
+                kj_u64(j, "block", kd_get_u32(e));
+                kj_block(j, "parent", kd_get_u32(e + 4));
+                kj_strf(j, "hash", "%016llx%016llx", (unsigned long long)kd_get_u64(e + 16),
+                        (unsigned long long)kd_get_u64(e + 8));
+                kj_hex64(j, "payload_sum", kd_get_u64(e + 24));
+                json_list(j, "tokens", e + 32, r->ntok);
+                kj_end_obj(j);
+            }
+            kj_end_arr(j);
+            break;
+        case PKV_LOG_EVICT_RUN:
+            json_list(j, "blocks", r->blocks, r->nblocks);
+            break;
         case PKV_LOG_SEQ_SET:
             kj_u64(j, "seq", r->seq);
             kj_u64(j, "salt", r->salt);
@@ -528,6 +548,23 @@ static int wal_rec(void *vctx, const kd_log *L, const kd_logrec *lr) {
     case PKV_LOG_EVICT:
     case PKV_LOG_BAD:
         printf("block %u", r->block);
+        break;
+    case PKV_LOG_SEAL_RUN: { /* block<-parent per entry (a root: the block alone);
+                                hashes, sums and ids: --json */
+        enum { SHOW = 16 };
+        printf("salt %llu %u blocks [", (unsigned long long)r->salt, r->nblocks);
+        for (uint32_t i = 0; i < r->nblocks && i < SHOW; i++) {
+            const uint8_t *e = r->blocks + (size_t)i * r->entry_bytes;
+            printf(i ? " %u" : "%u", kd_get_u32(e));
+            if (kd_get_u32(e + 4) != PKV_LOG_NONE) printf("<-%u", kd_get_u32(e + 4));
+        }
+        if (r->nblocks > SHOW) printf(" ...+%u", r->nblocks - SHOW);
+        putchar(']');
+        break;
+    }
+    case PKV_LOG_EVICT_RUN:
+        printf("blocks ");
+        print_list(r->blocks, r->nblocks);
         break;
     case PKV_LOG_SEQ_SET:
         printf("seq %llu salt %llu committed %llu blocks ", (unsigned long long)r->seq,

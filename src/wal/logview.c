@@ -34,6 +34,8 @@ _Static_assert(SAME(PKV_LOG_SEG_FOREIGN, PKV_SEGH_FOREIGN) &&
                "segment header verdicts");
 _Static_assert(PKV_LOG_NONE == PKV_NONE, "no block");
 _Static_assert(SAME(PKV_LOG_BAD_TRAILING, PKV_RECBAD_TRAILING) && SAME(PKV_LOG_BAD, REC_BAD) &&
+                   SAME(PKV_LOG_SEAL_RUN, REC_SEAL_RUN) &&
+                   SAME(PKV_LOG_EVICT_RUN, REC_EVICT_RUN) &&
                    SAME(PKV_LOG_TYPE_MAX, REC_TYPE_MAX),
                "record verdicts and types");
 
@@ -419,6 +421,7 @@ static int view_rec(void *ctx, const pkv_rd_rec *rr) {
         .payload_sum = r->payload_sum, .block = r->block, .parent = r->parent,
         .index = r->index, .first = r->first, .tail_off = r->tail_off,
         .nblocks = r->nblocks, .ntok = r->ntok, .blocks = r->blocks, .tokens = r->tokens,
+        .entry_bytes = r->type == REC_SEAL_RUN ? (uint32_t)SEAL_RUN_ENTRY(r->ntok) : 0,
     };
     int rc = g->fn(g->ctx, &p);
     if (rc) g->cbrc = rc;

@@ -10,6 +10,7 @@
  * unless PKV_OPEN_POINT_IN_TIME asks to recover up to it.
  *
  * Replay works on the raw state: block states SEALED/FREE from SEAL/EVICT records
+ * (and their runs, SEAL_RUN/EVICT_RUN, applied entry by entry as those)
  * and sequence tables (committed part only) from the others. Everything else is
  * derived afterwards by rebuild(), which also checks that the result is
  * consistent (a chain of sealed blocks under every committed full block, etc.).
@@ -67,7 +68,8 @@ int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
     const uint32_t bs = p->block_size;
     pkv_seq *s = NULL;
     int rc;
-    if (r->type != REC_SEAL && r->type != REC_EVICT && r->type != REC_BAD)
+    if (r->type != REC_SEAL && r->type != REC_EVICT && r->type != REC_BAD &&
+        r->type != REC_SEAL_RUN && r->type != REC_EVICT_RUN)
         s = pkv_seqmap_get(&c->seqs, r->seq);
     /* A committed length whose ceil(committed / B) overflows would index a block
      * table at -1 (a damaged or forged record that still passed its checksum). */
@@ -93,6 +95,39 @@ int pkv_replay_apply(pkv_cache *c, const pkv_rec *r) {
     case REC_EVICT:
         if (r->block >= p->capacity) return bad_rec(r, "block out of range");
         p->b[r->block].state = BLK_FREE;
+        return 0;
+    case REC_SEAL_RUN: {
+        /* As nblocks SEALs in entry order. Their provisional release LSN is this
+         * record's for all: a table then names them, and the record that takes
+         * them out of it stamps them all alike (dropped); among themselves the
+         * LRU rebuild orders equal LSNs children first, as leaf-first needs. */
+        const size_t ent = SEAL_RUN_ENTRY(bs);
+        for (uint32_t i = 0; i < r->nblocks; i++) {
+            const uint8_t *e = r->blocks + i * ent;
+            uint32_t b = pkv_get_u32(e), par = pkv_get_u32(e + 4);
+            if (b >= p->capacity || (par != PKV_NONE && par >= p->capacity) || par == b)
+                return bad_rec(r, "block or parent out of range");
+        }
+        for (uint32_t i = 0; i < r->nblocks; i++) {
+            const uint8_t *e = r->blocks + i * ent;
+            uint32_t b = pkv_get_u32(e);
+            pkv_block *x = &p->b[b];
+            x->state = BLK_SEALED;
+            x->parent = pkv_get_u32(e + 4);
+            x->salt = r->salt;
+            x->hash.lo = pkv_get_u64(e + 8);
+            x->hash.hi = pkv_get_u64(e + 16);
+            x->payload_sum = pkv_get_u64(e + 24);
+            x->rel_lsn = r->lsn;
+            x->flags = 0;
+            set_tokens(c, b, 0, e + 32, bs);
+        }
+        return 0;
+    }
+    case REC_EVICT_RUN:
+        if ((rc = check_blocks(c, r))) return rc;
+        for (uint32_t i = 0; i < r->nblocks; i++)
+            p->b[pkv_get_u32(r->blocks + 4ull * i)].state = BLK_FREE;
         return 0;
     case REC_BAD:
         if (r->block >= p->capacity) return bad_rec(r, "block out of range");

@@ -41,10 +41,19 @@ enum {
                           u32 tokens[ntail]                                         */
     REC_SEQ_CLOSE = 7, /* u64 seq                                                    */
     REC_BAD = 8,       /* u32 block, u32 0: payload failed its checksum, never serve  */
-    REC_TYPE_MAX = 8,
+    REC_SEAL_RUN = 9,  /* u32 n, u32 ntok, u64 salt, n entries of SEAL_RUN_ENTRY(ntok)
+                          bytes: u32 block, u32 parent, u64 hash lo, u64 hash hi,
+                          u64 payload xxh3, u32 tokens[ntok], zero-padded to 8    */
+    REC_EVICT_RUN = 10,/* u32 n, u32 0, u32 blocks[n]                                */
+    REC_TYPE_MAX = 10,
 };
 
 #define REC_HDR 16u     /* u32 len, u16 type, u16 0, u64 lsn */
+/* Bytes of one SEAL_RUN entry for blocks of bs tokens (a multiple of 8). */
+#define SEAL_RUN_ENTRY(bs) ((32ull + 4ull * (bs) + 7) & ~7ull)
+/* The most blocks one SEAL_RUN or EVICT_RUN record holds (the writer's chunk;
+ * the reader accepts any count the record's length covers). */
+#define PKV_LOG_RUN_MAX 64u
 #define REC_TRAILER 8u  /* u64 XXH3-64(seed epoch) of header + payload */
 #define FRAME_HDR 32u   /* u32 magic, u32 epoch, u64 first lsn, u32 nrec, u32 bytes,
                            u64 XXH3-64(seed epoch) of header[0,24) + records */
@@ -98,7 +107,9 @@ typedef struct pkv_rec {
     uint64_t lsn;
     uint64_t seq, salt, committed, hash_lo, hash_hi, payload_sum;
     uint32_t block, parent, index, first, nblocks, tail_off, ntok;
-    const uint8_t *blocks; /* nblocks little-endian u32 */
+    /* nblocks little-endian u32; SEAL_RUN: nblocks entries of SEAL_RUN_ENTRY(ntok)
+     * bytes each (wal.h above; docs/format.md) */
+    const uint8_t *blocks;
     const uint8_t *tokens; /* ntok little-endian u32 */
 } pkv_rec;
 
@@ -320,6 +331,16 @@ static inline size_t pkv_log_seal_size(uint32_t bs) { return pkv_rec_size(48 + 4
 void pkv_log_seal(pkv_cache *c, uint32_t b);
 static inline size_t pkv_log_evict_size(void) { return pkv_rec_size(8); }
 void pkv_log_evict(pkv_cache *c, uint32_t b);
+/* A run of n >= 1 seals of one sequence's commit (blocks b[0..n), in table order,
+ * one salt) or of n evictions of one append, as one record: a SEAL or EVICT when
+ * n is 1, else a SEAL_RUN or EVICT_RUN, which replay applies as the n single
+ * records (docs/format.md). Appends at most n * pkv_log_seal_size(bs) or
+ * n * pkv_log_evict_size() bytes; n <= PKV_LOG_RUN_MAX. */
+void pkv_log_seals(pkv_cache *c, const uint32_t *b, uint32_t n);
+void pkv_log_evicts(pkv_cache *c, const uint32_t *b, uint32_t n);
+/* The most blocks the writer puts in one run (PKV_LOG_RUN_MAX; tests set 1 to
+ * log every seal and eviction as a single record). Read under the cache lock. */
+extern uint32_t pkv_log_run_max;
 /* The committed part of a sequence's table, and its partial tail. */
 static inline size_t pkv_log_seq_set_size(uint64_t nblocks, uint32_t bs) {
     return pkv_rec_size_checked(32 + 4 * nblocks + 4ull * bs);
