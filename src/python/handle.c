@@ -82,6 +82,7 @@ static HandleObject *handle_alloc(void)
     h->remote = h->closing = 0;
     h->exports = 0;
     h->inflight = 0;
+    h->weakrefs = NULL;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
     return h;
@@ -189,6 +190,7 @@ static void handle_do_close(HandleObject *h)
 
 static void handle_dealloc(HandleObject *h)
 {
+    if (h->weakrefs) PyObject_ClearWeakRefs((PyObject *)h);
     if (h->c) handle_do_close(h); /* no view is left: each holds a reference */
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->idle);
@@ -792,6 +794,7 @@ PyTypeObject pyx_HandleType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pagedkv._pagedkv.Handle",
     .tp_basicsize = sizeof(HandleObject),
+    .tp_weaklistoffset = offsetof(HandleObject, weakrefs),
     .tp_dealloc = (destructor)handle_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "An open pkv_cache (low level; use pagedkv.Cache).",

@@ -41,6 +41,7 @@ typedef struct {
     pthread_mutex_t mu;    /* guards inflight */
     pthread_cond_t idle;   /* signalled when inflight drops to 0 */
     long inflight;         /* library calls running with the GIL released */
+    PyObject *weakrefs;
 } HandleObject;
 
 extern PyTypeObject pyx_HandleType;
