@@ -79,7 +79,7 @@ static HandleObject *handle_alloc(void)
     h->c = NULL;
     memset(&h->info, 0, sizeof h->info);
     memset(&h->kv, 0, sizeof h->kv);
-    h->remote = h->closing = 0;
+    h->remote = h->closing = h->rdonly = 0;
     h->exports = 0;
     h->inflight = 0;
     h->weakrefs = NULL;
@@ -143,6 +143,7 @@ PyObject *pyx_open(PyObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(dir);
         return NULL;
     }
+    h->rdonly = (flags & PKV_OPEN_RDONLY) != 0;
     pkv_cache *c = NULL;
     int rc;
     const char *path = PyBytes_AS_STRING(dir);
@@ -695,6 +696,14 @@ static int view_readonly(HandleObject *h, uint32_t b, PyObject *writable, int *r
 {
     int want = writable == Py_None ? -1 : PyObject_IsTrue(writable);
     if (want == -1 && PyErr_Occurred()) return -1;
+    if (h->rdonly) { /* its arena may be mapped without write permission */
+        if (want == 1) {
+            pyx_raise_msg(PKV_ERDONLY, "a cache opened read-only has no writable views");
+            return -1;
+        }
+        *ro = 1;
+        return 0;
+    }
     if (h->remote) {
         *ro = want != 1;
         return 0;

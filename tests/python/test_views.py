@@ -143,3 +143,15 @@ def test_write_through_view_read_by_another_process_view(tmp_path):
         for i in range(8):
             got = np.asarray(c.kv(blocks[i // 4], 1, pagedkv.V, 0))[i % 4].copy()
             assert np.all(got == i + 0.5)
+
+
+def test_read_only_handle_gives_read_only_views(tmp_path):
+    d = tmp_path / "c"
+    with open_cache(d) as c:
+        s = fill(c, 1, [1, 2, 3, 4, 5, 6])  # block 1 stays open (2 tokens)
+        open_block = s.blocks()[1]
+    with open_cache(d, capacity=0, readonly=True) as r:
+        assert r.block_info(open_block).state == "open"
+        assert r.kv(open_block, 0, pagedkv.K, 0).readonly
+        with pytest.raises(pagedkv.ReadOnlyError):
+            r.block(open_block, writable=True)
