@@ -443,7 +443,7 @@ class Cache:
 
     def block_info(self, block: int) -> BlockInfo:
         """One block's metadata (pkv_inspect_block; not on a pkvd connection)."""
-        d = self._h.block_info(block)
+        d: dict[str, Any] = dict(self._h.block_info(block))
         d["state"] = _BLOCK_STATES.get(d["state"], str(d["state"]))
         return BlockInfo(**d)
 

@@ -44,9 +44,19 @@ void handle_leave(HandleObject *h)
         Py_END_ALLOW_THREADS handle_leave(h);                                                 \
     } while (0)
 
+/* Integer arguments accept anything with __index__ (numpy integers too). */
+static unsigned long long as_ull(PyObject *o)
+{
+    PyObject *ix = PyNumber_Index(o);
+    if (!ix) return (unsigned long long)-1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(ix);
+    Py_DECREF(ix);
+    return v;
+}
+
 static int u64_conv(PyObject *o, void *p)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    unsigned long long v = as_ull(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
     *(uint64_t *)p = (uint64_t)v;
     return 1;
@@ -54,15 +64,19 @@ static int u64_conv(PyObject *o, void *p)
 
 static int size_conv(PyObject *o, void *p)
 {
-    size_t v = PyLong_AsSize_t(o);
-    if (v == (size_t)-1 && PyErr_Occurred()) return 0;
-    *(size_t *)p = v;
+    unsigned long long v = as_ull(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    if (v > SIZE_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "value does not fit in size_t");
+        return 0;
+    }
+    *(size_t *)p = (size_t)v;
     return 1;
 }
 
 static int u32_conv(PyObject *o, void *p)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    unsigned long long v = as_ull(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
     if (v > UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "value does not fit in 32 bits");

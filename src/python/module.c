@@ -111,8 +111,15 @@ int pyx_tokens_get(PyObject *o, pyx_tokens *t)
                                          "not str/bytes");
         return -1;
     }
-    if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &t->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    /* A strided array (no contiguous buffer) takes the sequence path below. */
+    if (PyObject_CheckBuffer(o) &&
+        PyObject_GetBuffer(o, &t->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        /* numpy says ValueError ("ndarray is not C-contiguous") */
+        if (!PyErr_ExceptionMatches(PyExc_BufferError) &&
+            !PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+    } else if (PyObject_CheckBuffer(o)) {
         t->has_view = 1;
         int sg = 0;
         Py_buffer *v = &t->view;
@@ -178,7 +185,9 @@ int pyx_tokens_get(PyObject *o, pyx_tokens *t)
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        PyObject *ix = PyNumber_Index(items[i]); /* ints, numpy integer scalars */
+        unsigned long long v = ix ? PyLong_AsUnsignedLongLong(ix) : 0;
+        Py_XDECREF(ix);
         if (PyErr_Occurred() || v > UINT32_MAX) {
             if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError)) {
                 Py_DECREF(seq);

@@ -104,7 +104,9 @@ def test_token_inputs(tmp_path):
         fill(c, 1, prompt)
         for arr in (np.array(prompt, dtype=np.uint32), np.array(prompt, dtype=np.int64),
                     np.array(prompt, dtype=np.int32), np.array(prompt, dtype=np.uint16),
-                    tuple(prompt), range(1, 10)):
+                    tuple(prompt), range(1, 10),
+                    np.array(prompt * 2, dtype=np.uint32).reshape(2, 9)[0],
+                    np.repeat(np.array(prompt, dtype=np.uint32), 2)[::2]):  # strided
             assert c.lookup(arr) == 8, type(arr)
         with pytest.raises(OverflowError):
             c.lookup([1, -2, 3])
@@ -120,6 +122,12 @@ def test_token_inputs(tmp_path):
             c.lookup(np.zeros((2, 2), dtype=np.uint32))
         with pytest.raises(OverflowError):
             c.open(-1, [1])
+        with pytest.raises(TypeError):
+            c.open(1.5, [1])
+        s = c.open(np.uint64(2**64 - 1), np.array([1, 2], dtype=np.int8))  # numpy ids too
+        s.append(np.array([1, 2, 3], dtype=np.int8))
+        assert c.sequence(2**64 - 1).tokens() == [1, 2, 3]
+        s.commit(np.int32(1))
 
 
 def test_reopen_recovers_sequences_and_kv(tmp_path):
