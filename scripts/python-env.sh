@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create or update the Python virtual environment for the pagedkv package
+# (docs/python.md) and install the package from this clone into it; prints the
+# venv's python path as its last line. Idempotent: a second run reuses the venv,
+# skips packages already installed and rebuilds the package incrementally in a
+# build directory kept beside the venv.
+#   PKV_PY_VENV   the venv (default ~/.cache/pagedkv/py-venv, outside the clone)
+#   PKV_PY_EXTRA  more pip requirements, space-separated
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${PKV_PY_VENV:-$HOME/.cache/pagedkv/py-venv}
+
+# ---- The venv's packages: one place to add to (H2: torch, transformers) -------
+PY_PACKAGES=(
+  numpy
+  pytest
+  meson-python
+  meson
+  ninja
+)
+# -------------------------------------------------------------------------------
+
+if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$(dirname "$venv")"
+  python3 -m venv "$venv" >&2
+fi
+py=$venv/bin/python
+"$py" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
+  || { echo "python-env.sh: the venv's python is older than 3.10" >&2; exit 1; }
+# shellcheck disable=SC2086
+"$py" -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}" ${PKV_PY_EXTRA:-} >&2
+# The package itself: no build isolation (meson-python and meson come from the
+# venv), and a persistent build directory, so a rerun recompiles only what
+# changed (one per clone: a meson build directory belongs to one source tree).
+# pip reinstalls it every time (the clone may have changed).
+build_dir=$(dirname "$venv")/py-build/$(pwd -P | md5sum | cut -c1-12)
+"$py" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+  --force-reinstall --no-deps -Cbuild-dir="$build_dir" . >&2
+echo "$py"
