@@ -11,9 +11,11 @@ set -euo pipefail
 # libmicrohttpd-dev: the /metrics endpoint (docs/metrics.md); prometheus: the
 # real Prometheus server (and promtool) tests/test_prometheus.c scrapes it with;
 # curl: scripts/metrics-plot.sh queries Prometheus's HTTP API with it.
+# libhiredis-dev: the shared prefix tier (docs/remote.md); redis-server (with
+# redis-cli): the Redis servers and cluster tests/test_tier.c starts.
 pkgs=(build-essential clang libclang-rt-14-dev meson ninja-build pkg-config liburing-dev
       liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox spin python3-pip
-      libmicrohttpd-dev prometheus curl)
+      libmicrohttpd-dev prometheus curl libhiredis-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
