@@ -100,7 +100,8 @@ pkv_rc *pkv_rc_new(const pkv_rc_conf *conf, int *err);
 void pkv_rc_free(pkv_rc *rc);
 /* Run cmds (GETs or SETs) grouped by node, pipelined, until deadline_ns
  * (CLOCK_MONOTONIC). Follows MOVED and ASK once. Never blocks past the deadline
- * by more than one recv. Returns how many commands were answered. */
+ * (by more than the 1 ms floor of a socket timeout). Returns how many commands
+ * were answered. */
 size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                   pkv_rc_stats *st);
 /* The Redis cluster slot of a key (CRC16 XMODEM mod 16384, hash tags). */

@@ -9,16 +9,18 @@
  * concurrent fetch one of a small pool). Invariant: a connection with replies
  * still owed is never reused — any error or timeout in the middle of a
  * pipeline frees it, so a late reply can never be taken for another command's.
- * Deadlines: every connect, write and read gets the time left until the
- * caller's deadline as its socket timeout (at least 1 ms), so a slow or dead
- * node costs at most the deadline (plus one recv for a reply that trickles).
+ * Deadlines: every connect, write and recv gets the time left until the
+ * caller's deadline as its socket timeout (at least 1 ms) and no recv starts
+ * after it, so a slow or dead node costs at most the deadline (plus 1 ms).
  * A standalone server (CLUSTER SLOTS refused: cluster support disabled) serves
  * every slot.
  */
 #include "tier.h"
 
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 
 #define RC_MAX_NODES 64
 #define RC_NSLOTS 16384
@@ -40,6 +42,7 @@ struct pkv_rc {
     bool have_map;
     uint64_t map_retry; /* ns: no map refresh before */
     uint8_t slot[RC_NSLOTS];
+    char rbuf[1 << 20]; /* replies are read in 1 MiB recvs (hiredis reads 16 KiB) */
 };
 
 /* CRC16-CCITT (XMODEM), as Redis Cluster's key slot uses. */
@@ -230,6 +233,27 @@ static int redirect_target(pkv_rc *rc, const char *msg, uint32_t *slot) {
     return node_parse(rc, sp2 + 1, strlen(sp2 + 1));
 }
 
+/* The next reply on ctx, reading with large recvs, each with the time left to
+ * the deadline as its timeout and none begun after it: REDIS_ERR on an I/O
+ * error, a protocol error, end of stream or the deadline. */
+static int get_reply(pkv_rc *rc, redisContext *ctx, redisReply **out, uint64_t deadline) {
+    void *r = NULL;
+    if (redisReaderGetReply(ctx->reader, &r) != REDIS_OK) return REDIS_ERR;
+    while (!r) {
+        if (pkv_now_ns() >= deadline) return REDIS_ERR;
+        struct timeval tv = tv_left(deadline, 0);
+        if (setsockopt(ctx->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) return REDIS_ERR;
+        ssize_t k = recv(ctx->fd, rc->rbuf, sizeof rc->rbuf, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return REDIS_ERR;
+        if (redisReaderFeed(ctx->reader, rc->rbuf, (size_t)k) != REDIS_OK ||
+            redisReaderGetReply(ctx->reader, &r) != REDIS_OK)
+            return REDIS_ERR;
+    }
+    *out = r;
+    return REDIS_OK;
+}
+
 size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                   pkv_rc_stats *st) {
     int16_t *target = malloc(n * sizeof *target);
@@ -297,15 +321,13 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                 continue;
             }
             redisReply *r = NULL;
-            redisSetTimeout(nd->ctx, tv_left(deadline_ns, 0));
             if (asking[i]) {
-                if (redisGetReply(nd->ctx, (void **)&r) != REDIS_OK) goto io_fail;
+                if (get_reply(rc, nd->ctx, &r, deadline_ns) != REDIS_OK) goto io_fail;
                 freeReplyObject(r);
                 r = NULL;
                 asking[i] = 0;
             }
-            if (pkv_now_ns() >= deadline_ns || redisGetReply(nd->ctx, (void **)&r) != REDIS_OK)
-                goto io_fail;
+            if (get_reply(rc, nd->ctx, &r, deadline_ns) != REDIS_OK) goto io_fail;
             if (r->type == REDIS_REPLY_ERROR &&
                 (strncmp(r->str, "MOVED ", 6) == 0 || strncmp(r->str, "ASK ", 4) == 0)) {
                 uint32_t slot;
@@ -320,14 +342,12 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                     target[i] = (int16_t)t;
                 }
             } else if (r->type == REDIS_REPLY_STRING) {
-                cmds[i].out = malloc(r->len ? r->len : 1);
-                if (cmds[i].out) {
-                    memcpy(cmds[i].out, r->str, r->len);
-                    cmds[i].out_len = r->len;
-                    cmds[i].status = 0;
-                } else {
-                    cmds[i].status = ST_ERROR;
-                }
+                /* taken, not copied: hiredis 0.14 mallocs str and frees it with
+                 * free() in freeReplyObject, which skips a NULL */
+                cmds[i].out = (uint8_t *)r->str;
+                cmds[i].out_len = r->len;
+                r->str = NULL;
+                cmds[i].status = 0;
             } else if (r->type == REDIS_REPLY_NIL || r->type == REDIS_REPLY_STATUS) {
                 cmds[i].status = 0;
             } else {
