@@ -315,9 +315,12 @@ typedef struct pkv_slot {
  * sequence; prompt may then be NULL). Sequences with different `salt` never share
  * a block (salt 0 is the default trust domain).
  * Errors: mutating, PKV_EINVAL (cache NULL, or prompt NULL with n > 0),
- * PKV_EEXIST, PKV_ENOMEM (the sequence). Never PKV_EFULL: it takes no block.
+ * PKV_EEXIST, PKV_ENOMEM (the sequence). Never PKV_EFULL: it takes no block
+ * (with a shared tier attached, blocks imported from it are taken like an
+ * append's; when none can be had nothing is imported and the call succeeds).
  * Blocks: lock, log; reads the payload of a recovered block it hits first (its
- * checksum). */
+ * checksum). With a shared tier (pkv_tier_attach) and a local miss: network
+ * I/O up to fetch_deadline_ms without the lock, then the import under it. */
 int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached);
 

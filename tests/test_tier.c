@@ -276,6 +276,14 @@ Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
     cr_assert_eq(again, (n - 1) / 16 * 16);
     cr_assert_eq(stats(b).tier_fetches, st.tier_fetches, "a full local hit asks no one");
     PT_VERIFY(b, 2, 7, p, again, again);
+    /* imported blocks were sealed and logged like any seal: a reopen keeps them */
+    pt_close(b);
+    b = pt_open_sub("b", &o);
+    again = 0;
+    PT_OK(pkv_seq_open(b, 3, 7, p, n, &again));
+    cr_assert_eq(again, (n - 1) / 16 * 16, "after a reopen B hits %zu", again);
+    PT_VERIFY(b, 3, 7, p, again, again);
+    PT_CHECK(b);
     free(p);
 }
 
