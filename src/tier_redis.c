@@ -306,9 +306,10 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
         for (int ni = 0; ni < rc->nnodes; ni++) {
             if (!sent[ni] || !rc->nodes[ni].ctx) continue;
             int done = 0;
-            while (!done)
-                if (redisBufferWrite(rc->nodes[ni].ctx, &done) != REDIS_OK) {
-                    node_down(&rc->nodes[ni]);
+            while (!done) /* a blocking socket: each write waits at most SO_SNDTIMEO */
+                if (pkv_now_ns() >= deadline_ns ||
+                    redisBufferWrite(rc->nodes[ni].ctx, &done) != REDIS_OK) {
+                    node_down(&rc->nodes[ni]); /* a partial command may be out */
                     break;
                 }
         }
