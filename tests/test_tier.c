@@ -479,6 +479,46 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     free(p);
 }
 
+/* A node's id (CLUSTER MYID) into out. */
+static void node_id(int port, char *out, size_t cap) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "CLUSTER MYID");
+    cr_assert(r && r->type == REDIS_REPLY_STRING);
+    snprintf(out, cap, "%s", r->str);
+    freeReplyObject(r);
+    redisFree(x);
+}
+
+Test(tier, slots_moved_after_b_read_the_map_are_followed, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 1025;
+    uint32_t *p = prompt_of(n, 5);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 3, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 5000);
+    to.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to)); /* B's slot map is read now */
+    /* move all of the first master's slots, with their keys, to the second */
+    char from[64], dest[64], cmd[512];
+    node_id(g_port[0], from, sizeof from);
+    node_id(g_port[1], dest, sizeof dest);
+    snprintf(cmd, sizeof cmd,
+             "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s "
+             "--cluster-slots 5461 --cluster-yes >%s/reshard.log 2>&1",
+             g_port[0], from, dest, pt_dir);
+    cr_assert_eq(system(cmd), 0, "reshard failed (%s/reshard.log)", pt_dir);
+    size_t got = node_b_open(b, 1, 3, p, n, NULL);
+    pkv_stats st = stats(b);
+    cr_assert_eq(got, 1024, "got %zu (errors %llu, redirects %llu)", got,
+                 (unsigned long long)st.tier_errors, (unsigned long long)st.tier_redirects);
+    cr_assert(st.tier_redirects > 0, "the stale map sent some GETs to the old owner");
+    free(p);
+}
+
 Test(tier, attach_rejects_bad_options) {
     pkv_options o = copts();
     pkv_cache *c = pt_open_sub("c", &o);
