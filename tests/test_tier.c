@@ -447,6 +447,40 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     redisFree(sl);
     pt_close(b);
 
+    /* a master killed during B's fetch: asleep when B asks, killed 30 ms later,
+     * B's reads from it fail at once (connection reset) */
+    b = pt_open_sub("b1k", &o);
+    pkv_tier_options to2 = topts(nodes, 3000);
+    PT_OK(pkv_tier_attach(b, &to2));
+    q = prompt_of(n, 41);
+    PT_OK(pkv_seq_open(b, 99, 9, q, n, &warm)); /* connect to every node */
+    free(q);
+    sl = connect_port(g_port[2]);
+    cr_assert_not_null(sl);
+    redisAppendCommand(sl, "DEBUG SLEEP 5");
+    done = 0;
+    while (!done) cr_assert_eq(redisBufferWrite(sl, &done), REDIS_OK);
+    usleep(20000);
+    fflush(NULL);
+    pid_t killer = fork();
+    cr_assert(killer >= 0);
+    if (killer == 0) {
+        usleep(30000);
+        kill(g_pid[2], SIGKILL);
+        _exit(0);
+    }
+    got = node_b_open(b, 1, 9, p, n, &ns);
+    waitpid(killer, NULL, 0);
+    waitpid(g_pid[2], NULL, 0);
+    g_pid[2] = 0;
+    redisFree(sl);
+    cr_log_info("master killed mid-fetch: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
+    cr_assert(ns >= 30000000u && ns < 2500000000u, "open took %.2f ms: the kill, not the "
+              "deadline, ended the wait", ns / 1e6);
+    cr_assert(got < (n - 1) / 16 * 16);
+    cr_assert(stats(b).tier_errors > 0);
+    pt_close(b);
+
     /* a master killed: its blocks are errors, B computes from the first gap */
     kill(g_pid[1], SIGKILL);
     waitpid(g_pid[1], NULL, 0);
