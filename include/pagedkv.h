@@ -315,9 +315,12 @@ typedef struct pkv_slot {
  * sequence; prompt may then be NULL). Sequences with different `salt` never share
  * a block (salt 0 is the default trust domain).
  * Errors: mutating, PKV_EINVAL (cache NULL, or prompt NULL with n > 0),
- * PKV_EEXIST, PKV_ENOMEM (the sequence). Never PKV_EFULL: it takes no block.
+ * PKV_EEXIST, PKV_ENOMEM (the sequence). Never PKV_EFULL: it takes no block
+ * (with a shared tier attached, blocks imported from it are taken like an
+ * append's; when none can be had nothing is imported and the call succeeds).
  * Blocks: lock, log; reads the payload of a recovered block it hits first (its
- * checksum). */
+ * checksum). With a shared tier (pkv_tier_attach) and a local miss: network
+ * I/O up to fetch_deadline_ms without the lock, then the import under it. */
 int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached);
 
@@ -513,6 +516,21 @@ typedef struct pkv_stats {
     uint64_t blocks_limbo; /* of blocks_free, those in limbo now (the flusher moves
                               them to the free list once their freeing record is
                               safe) */
+    /* The shared prefix tier (pkv_tier_attach, docs/remote.md), since attach; all
+     * 0 without one. */
+    uint64_t tier_published;      /* blocks written to the tier (SET answered OK) */
+    uint64_t tier_publish_dropped; /* seals not published: queue full, block gone
+                                      before it was copied, or policy depth */
+    uint64_t tier_publish_errors; /* SETs that failed (error reply, I/O, timeout) */
+    uint64_t tier_fetches;        /* pkv_seq_open calls that asked the tier */
+    uint64_t tier_fetch_blocks;   /* records requested (GETs) */
+    uint64_t tier_fetch_found;    /* of which answered with a value in time */
+    uint64_t tier_imported;       /* verified records imported as sealed blocks */
+    uint64_t tier_rejected;       /* values that failed verification (rule T1):
+                                     never imported */
+    uint64_t tier_errors;         /* GETs lost to errors, timeouts, nodes down */
+    uint64_t tier_deadline_misses; /* fetches that reached their deadline */
+    uint64_t tier_redirects;      /* MOVED and ASK answers followed */
 } pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
@@ -618,6 +636,63 @@ void pkv_metrics_stop(pkv_metrics_server *srv);
  * pkv_cuda_close(g). Errors: PKV_EINVAL (srv NULL), PKV_ENOTSUP (built without
  * libmicrohttpd). Blocks: waits for a request in progress. */
 int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g);
+
+/* ---- Shared prefix tier (docs/remote.md) -------------------------------- */
+
+/* A second, shared, content-addressed tier of sealed blocks on a Redis (7.0,
+ * cluster or standalone) reached through hiredis. Sealed blocks are published in
+ * the background; a pkv_seq_open whose prompt misses locally asks the tier for
+ * the chain's continuation and imports what arrives in time and passes every
+ * check of rule T1 (docs/remote.md): geometry, model identity, salt, parent
+ * hash, the whole prefix's token ids equal the prompt's, a keyed checksum.
+ * pkv_prefix_lookup stays local. No TLS (hiredis 0.14 has none). */
+typedef struct pkv_tier_options {
+    /* Seed nodes "HOST:PORT[,HOST:PORT...]" (IPv4 or a name); the slot map is
+     * read from the first that answers CLUSTER SLOTS (a standalone server: all
+     * slots on it). Required. */
+    const char *nodes;
+    const char *user;      /* Redis ACL user, or NULL (AUTH with password only) */
+    const char *password;  /* NULL: no AUTH */
+    /* The cluster secret: 16..256 bytes every node of one deployment shares. It
+     * keys the record names and the record checksum; see docs/remote.md's trust
+     * model. Required. */
+    const void *secret;
+    size_t secret_len;
+    uint32_t connect_timeout_ms; /* 0: 100 */
+    uint32_t fetch_deadline_ms;  /* a fetch's whole budget; 0: 20 */
+    uint32_t fetch_max_blocks;   /* records asked per open; 0: 256 */
+    uint32_t max_inflight;       /* concurrent fetches (connections); 0: 4; a
+                                    fetch finding all busy is skipped */
+    uint32_t queue_blocks;       /* publish queue bound; 0: 1024 */
+    uint32_t publish_max_depth;  /* publish only blocks at chain depth < this
+                                    (0: all) */
+    uint32_t ttl_s;              /* expiry of published records; 0: 86400 */
+    uint32_t flags;              /* PKV_TIER_* */
+} pkv_tier_options;
+
+enum {
+    PKV_TIER_NO_PUBLISH = 1u, /* fetch only */
+    PKV_TIER_NO_FETCH = 2u,   /* publish only */
+};
+
+/* Attach the tier to an open, writable cache. Connects to nothing yet beyond
+ * reading the slot map (a seed that does not answer is skipped; none
+ * answering is not an error: the tier reconnects with backoff). Starts the
+ * publishing thread. One tier per cache.
+ * Errors: PKV_EINVAL (cache or opt NULL, nodes or secret missing or malformed,
+ * secret_len outside 16..256), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
+ * read-only or pkv_connect handle), PKV_ENOTSUP (built without hiredis: meson
+ * option `remote_tier`), PKV_ENOMEM. Blocks: lock; up to connect_timeout_ms
+ * per seed while reading the slot map. */
+int pkv_tier_attach(pkv_cache *cache, const pkv_tier_options *opt);
+/* Wait until the publish queue is empty and no SET is outstanding, or
+ * timeout_ms passed (PKV_EBUSY then). Errors: PKV_EINVAL (cache NULL),
+ * PKV_ESTATE (no tier attached), PKV_EBUSY. Blocks: up to timeout_ms. */
+int pkv_tier_flush(pkv_cache *cache, uint32_t timeout_ms);
+/* Stop publishing (what is queued is dropped), join the thread, close the
+ * connections. pkv_close does it too. NULL or no tier: nothing. Blocks: joins
+ * the publishing thread (at most one batch's I/O timeout). */
+void pkv_tier_detach(pkv_cache *cache);
 
 /* ---- I/O backend (for fault injection and crash simulation in tests) ----- */
 

@@ -13,9 +13,11 @@ set -euo pipefail
 # curl: scripts/metrics-plot.sh queries Prometheus's HTTP API with it.
 # python3-venv, python3-dev: scripts/python-env.sh's venv and the headers the
 # Python extension compiles against (docs/python.md).
+# libhiredis-dev: the shared prefix tier (docs/remote.md); redis-server (with
+# redis-cli): the Redis servers and cluster tests/test_tier.c starts.
 pkgs=(build-essential clang libclang-rt-14-dev meson ninja-build pkg-config liburing-dev
       liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox spin python3-pip
-      libmicrohttpd-dev prometheus curl python3-venv python3-dev)
+      libmicrohttpd-dev prometheus curl python3-venv python3-dev libhiredis-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

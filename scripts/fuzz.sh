@@ -11,7 +11,7 @@
 #   --regen-corpus  regenerate the seeds from real files (fuzz/gen_corpus.c),
 #                   minimize them into fuzz/corpus/<t>, then run as usual
 #   --keep          keep the scratch directory (default: removed unless a crash)
-#   target          record checkpoint recover bundle api kvdump gguf (default: all)
+#   target          record checkpoint recover bundle api kvdump gguf tier (default: all)
 # Prints executions, exec/s, coverage and corpus size per target. Exits 1 if any
 # target crashed (a sanitizer report, a failed harness check, a leak, a timeout,
 # an out-of-memory or a unit that ran 10 s or more), after printing the path of each
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(record checkpoint recover bundle api kvdump gguf)
+all=(record checkpoint recover bundle api kvdump gguf tier)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (have: ${all[*]})" >&2; exit 2; }
@@ -60,6 +60,8 @@ if [ $regen -eq 1 ]; then
   $build/fuzz/gen_corpus "$work/seeds" >/dev/null
   $build/fuzz/gen_gguf_corpus "$work/seeds/gguf"
   for t in "${targets[@]}"; do
+    # targets gen_corpus makes no seeds for (tier: hand-made) keep their corpus
+    [ -d "$work/seeds/$t" ] || { echo "kept fuzz/corpus/$t (no generated seeds)"; continue; }
     rm -rf "fuzz/corpus/$t.new"; mkdir -p "fuzz/corpus/$t.new"
     $build/fuzz/fuzz-$t -merge=1 -close_fd_mask=3 "fuzz/corpus/$t.new" "$work/seeds/$t" \
       >"$work/regen-$t.log" 2>&1
@@ -123,6 +125,8 @@ done
 
 if [ $merge -eq 1 ]; then
   for t in "${targets[@]}"; do
+    # targets gen_corpus makes no seeds for (tier: hand-made) keep their corpus
+    [ -d "$work/seeds/$t" ] || { echo "kept fuzz/corpus/$t (no generated seeds)"; continue; }
     rm -rf "fuzz/corpus/$t.new"; mkdir -p "fuzz/corpus/$t.new"
     $build/fuzz/fuzz-$t -merge=1 -close_fd_mask=3 "fuzz/corpus/$t.new" "fuzz/corpus/$t" \
       "$work/$t/corpus" >"$work/merge-$t.log" 2>&1

@@ -23,6 +23,13 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "test.sh: no model file: the model-file tests will skip" >&2
 fi
+# The shared Redis tier's tests (tests/test_tier.c) are built only with hiredis
+# and start redis-server; both come from bootstrap, and CI does not accept their
+# absence (the test itself fails, rather than skips, without redis-server).
+if [ "${CI:-}" = true ] && ! pkg-config --exists hiredis; then
+  echo "test.sh: hiredis is required in CI (libhiredis-dev; docs/remote.md)" >&2
+  exit 1
+fi
 quick=0 tsan_only=0
 [ "${1:-}" = "--quick" ] && quick=1
 [ "${1:-}" = "--tsan" ] && tsan_only=1

@@ -10,6 +10,7 @@
  * syncs the log before it unmaps anything.
  */
 #include "internal.h"
+#include "tier.h"
 
 #include <stdlib.h>
 
@@ -156,6 +157,7 @@ void pkv_close(pkv_cache *c) {
         return;
     }
     pkv_metrics_detach_all(c);
+    pkv_tier_detach(c); /* its publisher takes the lock: before anything is freed */
     /* flushes and syncs what is left; a clean end removes the unsynced marker */
     if (pkv_wal_stop(c) == 0) pkv_unsynced_end(c);
     pkv_wal_free(&c->wal);
@@ -276,4 +278,5 @@ void pkv_stats_locked(const pkv_cache *c, pkv_stats *out) {
     out->wait_backlog_us = c->ctr.wait_backlog_ns / 1000u;
     out->limbo_evict_max = c->ctr.limbo_evict_max;
     out->blocks_limbo = c->limbo.count;
+    pkv_tier_stats(c, out);
 }

@@ -601,6 +601,10 @@ struct pkv_cache {
     /* The /metrics servers of this cache (metrics_http.c), linked under the
      * lock; pkv_close detaches them so a late request cannot reach a freed cache. */
     struct pkv_metrics_server *metrics_servers;
+    /* The shared prefix tier (tier.c, docs/remote.md), NULL without one; set
+     * and cleared under the lock by pkv_tier_attach / pkv_tier_detach, which
+     * must not race other calls on the cache (as pkv_close). */
+    struct pkv_tier *tier;
 };
 
 /* ---- Connected handles (remote.c, docs/pkvd.md) --------------------------- */

@@ -339,6 +339,23 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
             "Recovered blocks whose payload checksum failed since open.", st->verify_failures);
     counter(&w, "pagedkv_seal_sums_ahead_total",
             "Seal checksums computed ahead on seal threads since open.", st->seal_sums_ahead);
+    /* the shared prefix tier (docs/remote.md): 0 without one */
+    head(&w, "pagedkv_tier_blocks_total", "counter",
+         "Blocks through the shared Redis tier since attach, by event: published, publish_dropped (queue full, gone, policy), publish_error, requested, found, imported, rejected (failed rule T1), error (I/O, timeout, node down).");
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"published\"", st->tier_published);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"publish_dropped\"", st->tier_publish_dropped);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"publish_error\"", st->tier_publish_errors);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"requested\"", st->tier_fetch_blocks);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"found\"", st->tier_fetch_found);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"imported\"", st->tier_imported);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"rejected\"", st->tier_rejected);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"error\"", st->tier_errors);
+    counter(&w, "pagedkv_tier_fetches_total",
+            "pkv_seq_open calls that asked the shared tier since attach.", st->tier_fetches);
+    counter(&w, "pagedkv_tier_deadline_misses_total",
+            "Tier fetches that reached their deadline since attach.", st->tier_deadline_misses);
+    counter(&w, "pagedkv_tier_redirects_total",
+            "MOVED and ASK redirections followed since attach.", st->tier_redirects);
     /* write-ahead log */
     counter(&w, "pagedkv_wal_records_total", "Log records appended since open.", st->wal_records);
     counter(&w, "pagedkv_wal_bytes_total", "Bytes written to the log since open.", st->wal_bytes);

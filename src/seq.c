@@ -29,6 +29,7 @@
  * overwritten; freed open blocks wait in limbo until the freeing record is safe.
  */
 #include "internal.h"
+#include "tier.h"
 
 #include <stdlib.h>
 
@@ -208,10 +209,40 @@ uint32_t pkv_prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt, u
     return (uint32_t)maxb;
 }
 
+static int tier_import(pkv_cache *c, uint64_t id, const uint32_t *prompt,
+                       const pkv_tier_got *got);
+static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
+                              const uint32_t *prompt, size_t n, size_t *n_cached);
+
 int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                  size_t n, size_t *n_cached) {
     if (n && !prompt) return pkv_err(PKV_EINVAL, "prompt is NULL with n = %zu", n);
     PKV_REMOTE(c, pkv_remote_seq_open(c, id, salt, prompt, n, n_cached));
+    /* The shared tier (docs/remote.md) is asked without the lock; what it
+     * brought is imported below, under the lock, after matching again. */
+    pkv_tier_got got = {0};
+    if (pkv_unlikely(c && c->tier != NULL)) pkv_tier_fetch(c, salt, prompt, n, &got);
+    if (pkv_unlikely(got.n != 0)) {
+        int rc = pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
+        if (!rc) {
+            pkv_lock(c);
+            rc = tier_import(c, id, prompt, &got);
+            if (n_cached && !rc) {
+                pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+                if (s) *n_cached = s->len;
+            }
+            pkv_unlock(c);
+            rc = rc > 0 ? 0 : rc;
+        }
+        pkv_tier_got_free(&got);
+        return rc;
+    }
+    return pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
+}
+
+/* pkv_seq_open on the local tier alone. */
+static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
+                              const uint32_t *prompt, size_t n, size_t *n_cached) {
     MUTATING_ENTRY(c);
     int rc = 0;
     const uint32_t bs = c->pool.block_size;
@@ -473,6 +504,7 @@ static bool seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
     }
     pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
+    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_seal(c, b); /* rule T2 */
     return true;
 }
 
@@ -639,6 +671,51 @@ static pkv_always_inline int step_locked(pkv_cache *c, uint64_t id, size_t n_com
     pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
     if (pkv_likely(s != NULL) && step_fast(c, s, n_commit, tokens, n, slots)) return 0;
     return step_general(c, id, n_commit, tokens, n, slots);
+}
+
+static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep);
+
+/* Rule T1 (docs/remote.md), second half, with the lock held: import the
+ * verified records of a tier fetch into sequence id, just opened, as if its
+ * caller had appended those tokens, written their K/V and committed them: the
+ * blocks are taken, filled and sealed (deduped, logged, checksummed) by the
+ * same code as any commit. Only a run that continues the sequence's local hit
+ * at exactly the depth the records were verified for is imported; the local
+ * state may have changed while the lock was released for the fetch. Returns
+ * 0 (nothing imported is not an error: the caller computes the rest) or the
+ * commit point's error. */
+static int tier_import(pkv_cache *c, uint64_t id, const uint32_t *prompt,
+                       const pkv_tier_got *got) {
+    const uint32_t bs = c->pool.block_size;
+    pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+    if (!s || pkv_wal_writable(c) || s->len != s->committed ||
+        s->len != (uint64_t)s->nblocks * bs)
+        return 0;
+    uint64_t at = s->nblocks;
+    if (at < got->first || at >= (uint64_t)got->first + got->n) return 0;
+    uint64_t k = (uint64_t)got->first + got->n - at, nt = k * bs;
+    pkv_slot *slots = malloc(nt * sizeof *slots);
+    if (!slots) return 0;
+    int rc = step_general(c, id, 0, prompt + at * bs, nt, slots);
+    free(slots);
+    s = pkv_seqmap_get(&c->seqs, id);
+    if (rc || !s) return 0;
+    if (s->committed != at * bs || s->len != (at + k) * bs) return 0; /* raced */
+    for (uint64_t i = 0; i < k; i++)
+        memcpy(pkv_arena_block(&c->arena, s->blocks[at + i]),
+               got->payloads[at - got->first + i], c->arena.geo.block_bytes);
+    pkv_tier_importing(c, true); /* not published back */
+    rc = step_general(c, id, nt, NULL, 0, NULL);
+    pkv_tier_importing(c, false);
+    if (rc) { /* drop the appended blocks: open, never logged, so simply freed */
+        release_from(c, s, (uint32_t)at);
+        s->len = s->committed;
+        s->pf_ok = false;
+        int frc = finish(c);
+        return frc ? frc : 0;
+    }
+    pkv_tier_count_imported(c, k);
+    return finish(c);
 }
 
 int pkv_seq_append(pkv_cache *c, uint64_t id, const uint32_t *tokens, size_t n,

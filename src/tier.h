@@ -1,0 +1,132 @@
+/*
+ * tier.h — the shared prefix tier's private interface (docs/remote.md): the
+ * record format (tier_record.c), the cluster client (tier_redis.c) and the
+ * publish/fetch engine (tier.c) offer each other these.
+ *
+ * The record is the unit stored in the tier: one sealed block with everything
+ * needed to prove, without trusting the store, that its K/V stands for the exact
+ * token prefix a reader asks for (rule T1). It names the whole prefix's token
+ * ids, not only the block's, so the proof is exact and relies on no hash.
+ */
+#ifndef PKV_TIER_H
+#define PKV_TIER_H
+
+#include "internal.h"
+
+#define PKV_TIER_MAGIC 0x54564B50u /* "PKVT" */
+#define PKV_TIER_VERSION 1u
+#define PKV_TIER_HDR 80u            /* fixed part before the model id */
+#define PKV_TIER_TAG 16u            /* keyed XXH3-128 at the end */
+#define PKV_TIER_SECRET 192u        /* derived XXH3 secret */
+#define PKV_TIER_MAX_DEPTH (1u << 20) /* blocks of prefix a record may name */
+#define PKV_TIER_MAX_PAYLOAD (1ull << 30)
+#define PKV_TIER_KEY_LEN 36u        /* "pkv:" + 32 hex digits */
+
+/* The cluster-wide keys: derived from the shared secret, never from the cache's. */
+typedef struct pkv_tier_keys {
+    uint8_t secret[PKV_TIER_SECRET]; /* XXH3 secret for the key and the tag */
+    uint64_t seed;                   /* chained-hash seed (pkv_hash_root/block) */
+} pkv_tier_keys;
+
+void pkv_tier_keys_derive(pkv_tier_keys *k, const void *secret, size_t len);
+
+/* A decoded record: pointers into the buffer it was decoded from. */
+typedef struct pkv_tier_rec {
+    uint32_t num_layers, num_kv_heads, head_dim, block_size, dtype, depth;
+    uint64_t salt;
+    pkv_h128 parent, hash;
+    const char *model;
+    uint32_t model_len;
+    const uint8_t *tokens; /* (depth + 1) * block_size little-endian u32 */
+    const uint8_t *payload;
+    uint64_t payload_len;
+} pkv_tier_rec;
+
+/* Size of the record for these parameters (0 if out of the format's limits). */
+uint64_t pkv_tier_rec_size(uint32_t model_len, uint32_t depth, uint32_t bs,
+                           uint64_t payload_len);
+/* Encode into out (pkv_tier_rec_size bytes): r's fields, tokens as host u32. */
+void pkv_tier_encode(const pkv_tier_keys *k, const pkv_tier_rec *r, const uint32_t *tokens,
+                     uint8_t *out);
+/* Strict decoder: exact length, limits, version, tag. 0 or PKV_ECORRUPT /
+ * PKV_EVERSION with a message. */
+int pkv_tier_decode(const pkv_tier_keys *k, const uint8_t *buf, size_t len,
+                    pkv_tier_rec *out);
+
+/* What a reader expects of the record at chain depth `depth` (rule T1). */
+typedef struct pkv_tier_want {
+    const pkv_geometry *geo;
+    const char *model;
+    uint64_t salt;
+    uint32_t depth;
+    pkv_h128 parent, hash;
+    const uint32_t *prompt; /* at least (depth + 1) * block_size tokens */
+} pkv_tier_want;
+/* 0, or PKV_ECORRUPT naming the first field that differs. */
+int pkv_tier_verify(const pkv_tier_rec *r, const pkv_tier_want *w);
+
+/* The key of the block whose tier chain hash is h for model `model`. */
+void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const char *model,
+                  char out[PKV_TIER_KEY_LEN + 1]);
+
+/* ---- The cluster client (tier_redis.c) ---------------------------------- */
+
+typedef struct pkv_rc pkv_rc; /* one client: its connections and slot map; one
+                                 thread at a time */
+typedef struct pkv_rc_conf {
+    char nodes[1024];
+    char user[128], password[256];
+    uint32_t connect_timeout_ms;
+} pkv_rc_conf;
+
+/* One command of a pipeline. GET: val NULL. SET key val PX ttl_ms. */
+typedef struct pkv_rc_cmd {
+    const char *key;
+    const uint8_t *val;
+    size_t val_len;
+    uint64_t ttl_ms;
+    /* results */
+    int status;       /* 0: answered (value or nil), <0: error/timeout/node down */
+    uint8_t *out;     /* GET: malloc'ed value (NULL: nil or error) */
+    size_t out_len;
+} pkv_rc_cmd;
+
+typedef struct pkv_rc_stats {
+    uint64_t redirects;
+} pkv_rc_stats;
+
+/* NULL with *err set (PKV_EINVAL: a malformed node list; PKV_ENOMEM). */
+pkv_rc *pkv_rc_new(const pkv_rc_conf *conf, int *err);
+void pkv_rc_free(pkv_rc *rc);
+/* Run cmds (GETs or SETs) grouped by node, pipelined, until deadline_ns
+ * (CLOCK_MONOTONIC). Follows MOVED and ASK once. Never blocks past the deadline
+ * (by more than the 1 ms floor of a socket timeout). Returns how many commands
+ * were answered. */
+size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
+                  pkv_rc_stats *st);
+/* The Redis cluster slot of a key (CRC16 XMODEM mod 16384, hash tags). */
+uint32_t pkv_rc_slot(const char *key, size_t len);
+
+/* ---- The engine (tier.c) -------------------------------------------------- */
+
+typedef struct pkv_tier pkv_tier;
+/* seq.c, after a seal that entered the index (not a dedupe), lock held. */
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b);
+/* What a fetch brought: the verified records of blocks [first, first + n) of the
+ * prompt, a run continuing the local hit as it was before the fetch. */
+typedef struct pkv_tier_got {
+    uint32_t first, n;
+    uint8_t **bufs;            /* the values, to free */
+    const uint8_t **payloads;  /* each record's K/V payload (block_bytes) */
+} pkv_tier_got;
+/* pkv_seq_open, without the lock: fetch and verify (rule T1). */
+void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
+                    pkv_tier_got *got);
+void pkv_tier_got_free(pkv_tier_got *g);
+void pkv_tier_count_imported(pkv_cache *c, uint64_t n);
+/* seq.c, lock held: seals made while importing are not published back. */
+void pkv_tier_importing(pkv_cache *c, bool on);
+/* pkv_stats_locked: the tier's counters (nothing without a tier). */
+void pkv_tier_stats(const pkv_cache *c, pkv_stats *out);
+
+#endif /* PKV_TIER_H */

@@ -1,0 +1,574 @@
+/*
+ * test_tier.c — the shared prefix tier on Redis (docs/remote.md).
+ *
+ * Every test starts its own redis-server processes on free loopback ports in
+ * its temp directory (a 3-master cluster made with `redis-cli --cluster create`,
+ * or one standalone server) and kills them at the end (and the kernel kills
+ * them if the test dies: PR_SET_PDEATHSIG). Without redis-server on PATH the
+ * tests skip, except with CI=true, where they fail (scripts/bootstrap.sh
+ * installs it).
+ *
+ * K/V correctness is checked with pkv_test.c's convention (every position's
+ * K/V is a pure function of salt and token prefix), so PT_VERIFY on node B
+ * proves that what B serves from the tier is byte-identical to what node A
+ * computed. Forged records are built with the library's own encoder
+ * (tier_record.c, linked from the internal library) so that each one fails
+ * exactly one check of rule T1, and an unmodified re-encoding is imported (the
+ * positive control that makes the rejections meaningful).
+ */
+#include "pkv_test.h"
+#include "http_get.h"
+#include "tier.h"
+
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXSRV 4
+static pid_t g_pid[MAXSRV];
+static int g_port[MAXSRV];
+static int g_nsrv;
+
+static const char SECRET[] = "pagedkv-test-cluster-secret-0123";
+
+static void tier_fini(void) {
+    for (int i = 0; i < g_nsrv; i++)
+        if (g_pid[i] > 0) {
+            kill(g_pid[i], SIGKILL);
+            waitpid(g_pid[i], NULL, 0);
+        }
+    pt_teardown();
+}
+TestSuite(tier, .init = pt_setup, .fini = tier_fini);
+
+static bool have_redis(void) {
+    if (system("command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1") ==
+        0)
+        return true;
+    bool ci = getenv("CI") && strcmp(getenv("CI"), "true") == 0;
+    cr_assert(!ci, "redis-server/redis-cli missing: CI requires them (scripts/bootstrap.sh)");
+    return false;
+}
+#define NEED_REDIS()                                                               \
+    do {                                                                           \
+        if (!have_redis()) {                                                       \
+            cr_skip_test("redis-server not installed (apt-get install redis-server)"); \
+            return;                                                                \
+        }                                                                          \
+    } while (0)
+
+static int pick_port(void) {
+    for (int i = 0; i < 100; i++) {
+        int p = ht_free_port();
+        if (p > 1024 && p < 55000) return p; /* the cluster bus uses port + 10000 */
+    }
+    cr_assert(false, "no free port below 55000");
+    return -1;
+}
+
+static redisContext *connect_port(int port) {
+    struct timeval tv = {1, 0};
+    redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (x && x->err) {
+        redisFree(x);
+        return NULL;
+    }
+    if (x) redisSetTimeout(x, tv);
+    return x;
+}
+
+/* redis-server on a free port in pt_dir; waits until it answers PING. */
+static int start_server(bool cluster) {
+    cr_assert(g_nsrv < MAXSRV);
+    int port = pick_port();
+    char ps[16], cfg[64], log[64];
+    snprintf(ps, sizeof ps, "%d", port);
+    snprintf(cfg, sizeof cfg, "nodes-%d.conf", port);
+    snprintf(log, sizeof log, "redis-%d.log", port);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (chdir(pt_dir) != 0) _exit(126);
+        if (cluster)
+            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
+                   "yes", "--logfile", log, "--cluster-enabled", "yes", "--cluster-config-file",
+                   cfg, "--cluster-node-timeout", "5000", (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
+                   "yes", "--logfile", log, (char *)NULL);
+        _exit(127);
+    }
+    g_pid[g_nsrv] = pid;
+    g_port[g_nsrv] = port;
+    g_nsrv++;
+    for (int i = 0; i < 500; i++) {
+        redisContext *x = connect_port(port);
+        if (x) {
+            redisReply *r = redisCommand(x, "PING");
+            bool ok = r && r->type == REDIS_REPLY_STATUS;
+            if (r) freeReplyObject(r);
+            redisFree(x);
+            if (ok) return port;
+        }
+        usleep(10000);
+    }
+    cr_assert(false, "redis-server on port %d did not start (see %s/%s)", port, pt_dir, log);
+    return -1;
+}
+
+static bool cluster_ok(int port) {
+    redisContext *x = connect_port(port);
+    if (!x) return false;
+    redisReply *r = redisCommand(x, "CLUSTER INFO");
+    bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+    if (r) freeReplyObject(r);
+    redisFree(x);
+    return ok;
+}
+
+/* Three masters, every slot assigned, each node's view "ok". Node list into
+ * nodes. */
+static void start_cluster(char *nodes, size_t cap) {
+    for (int i = 0; i < 3; i++) start_server(true);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d "
+             "--cluster-replicas 0 --cluster-yes >%s/create.log 2>&1",
+             g_port[0], g_port[1], g_port[2], pt_dir);
+    cr_assert_eq(system(cmd), 0, "redis-cli --cluster create failed (%s/create.log)", pt_dir);
+    for (int i = 0; i < 3; i++) {
+        int k = 0;
+        while (!cluster_ok(g_port[i]) && k++ < 1000) usleep(10000);
+        cr_assert(cluster_ok(g_port[i]), "cluster node %d never reached state ok", g_port[i]);
+    }
+    snprintf(nodes, cap, "127.0.0.1:%d,127.0.0.1:%d", g_port[0], g_port[2]);
+}
+
+static pkv_tier_options topts(const char *nodes, uint32_t deadline_ms) {
+    pkv_tier_options o;
+    memset(&o, 0, sizeof o);
+    o.nodes = nodes;
+    o.secret = SECRET;
+    o.secret_len = sizeof SECRET - 1;
+    o.fetch_deadline_ms = deadline_ms;
+    o.connect_timeout_ms = 200;
+    return o;
+}
+
+static pkv_options copts(void) {
+    pkv_options o;
+    pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F32, 1024);
+    return o;
+}
+
+static uint32_t *prompt_of(size_t n, uint32_t seed) {
+    uint32_t *t = malloc(n * sizeof *t);
+    cr_assert_not_null(t);
+    for (size_t i = 0; i < n; i++) t[i] = (uint32_t)(pt_mix(seed * 1000003u + i) % 50000u);
+    return t;
+}
+
+/* Node A: compute the prompt (append, write K/V, commit) and publish it. */
+static void node_a(pkv_cache *a, const char *nodes, uint64_t salt, const uint32_t *p, size_t n) {
+    pkv_tier_options to = topts(nodes, 2000);
+    PT_OK(pkv_tier_attach(a, &to));
+    size_t got = 99;
+    PT_OK(pkv_seq_open(a, 1, salt, p, n, &got));
+    cr_assert_eq(got, 0);
+    PT_APPEND(a, 1, salt, p, 0, n);
+    PT_OK(pkv_seq_commit(a, 1, n));
+    PT_OK(pkv_tier_flush(a, 10000));
+    pkv_stats st;
+    PT_OK(pkv_get_stats(a, &st));
+    cr_assert_eq(st.tier_published, n / 16, "published %llu of %zu (errors %llu, dropped %llu)",
+                 (unsigned long long)st.tier_published, n / 16,
+                 (unsigned long long)st.tier_publish_errors,
+                 (unsigned long long)st.tier_publish_dropped);
+}
+
+/* Node A in a separate process (exit status 0 on success). */
+static void node_a_process(const char *nodes, uint64_t salt, const uint32_t *p, size_t n) {
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        pkv_options o = copts();
+        pkv_cache *a = NULL;
+        char dir[512];
+        pt_path(dir, sizeof dir, "a");
+        if (pkv_open(dir, &o, &a)) _exit(2);
+        pkv_tier_options to = topts(nodes, 2000);
+        if (pkv_tier_attach(a, &to)) _exit(3);
+        size_t got;
+        if (pkv_seq_open(a, 1, salt, p, n, &got) || got) _exit(4);
+        pkv_cache_info inf;
+        pkv_info(a, &inf);
+        pkv_slot *sl = calloc(n, sizeof *sl);
+        if (!sl || pkv_seq_append(a, 1, p, n, sl)) _exit(5);
+        for (size_t i = 0; i < n; i++)
+            pt_write_token(a, &inf, sl[i].block, sl[i].offset, pt_hprefix(salt, p, i + 1));
+        if (pkv_seq_commit(a, 1, n) || pkv_tier_flush(a, 10000)) _exit(6);
+        pkv_stats st;
+        pkv_get_stats(a, &st);
+        if (st.tier_published != n / 16) _exit(7);
+        pkv_close(a);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "node A failed: status %d", status);
+}
+
+static pkv_stats stats(pkv_cache *c) {
+    pkv_stats st;
+    PT_OK(pkv_get_stats(c, &st));
+    return st;
+}
+
+/* B opens the prompt, checks what it got, computes the rest and checks all. */
+static size_t node_b_open(pkv_cache *b, uint64_t id, uint64_t salt, const uint32_t *p, size_t n,
+                          uint64_t *open_ns) {
+    size_t got = 0;
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    PT_OK(pkv_seq_open(b, id, salt, p, n, &got));
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    if (open_ns)
+        *open_ns = (uint64_t)(ts1.tv_sec - ts0.tv_sec) * 1000000000u +
+                   (uint64_t)(ts1.tv_nsec - ts0.tv_nsec);
+    cr_assert_eq(got % 16, 0);
+    PT_VERIFY(b, id, salt, p, got, got);
+    PT_APPEND(b, id, salt, p, got, n - got);
+    PT_OK(pkv_seq_commit(b, id, n - got));
+    PT_VERIFY(b, id, salt, p, n, n);
+    PT_CHECK(b);
+    return got;
+}
+
+Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 2048;
+    uint32_t *p = prompt_of(n, 1);
+    node_a_process(nodes, 7, p, n);
+    pkv_options o = copts();
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    PT_OK(pkv_tier_attach(b, &to));
+    uint64_t ns;
+    size_t got = node_b_open(b, 1, 7, p, n, &ns);
+    pkv_stats st = stats(b);
+    cr_assert_eq(got, (n - 1) / 16 * 16, "B attached %zu tokens (found %llu, rejected %llu, "
+                 "errors %llu)", got, (unsigned long long)st.tier_fetch_found,
+                 (unsigned long long)st.tier_rejected, (unsigned long long)st.tier_errors);
+    cr_assert_eq(st.tier_imported, (n - 1) / 16);
+    cr_assert_eq(st.tier_rejected, 0);
+    cr_log_info("B attached %zu tokens from the tier in %.2f ms", got, ns / 1e6);
+    /* the imported blocks are local now: a second open hits without the tier */
+    size_t again = 0;
+    PT_OK(pkv_seq_open(b, 2, 7, p, n, &again));
+    cr_assert_eq(again, (n - 1) / 16 * 16);
+    cr_assert_eq(stats(b).tier_fetches, st.tier_fetches, "a full local hit asks no one");
+    PT_VERIFY(b, 2, 7, p, again, again);
+    /* imported blocks were sealed and logged like any seal: a reopen keeps them */
+    pt_close(b);
+    b = pt_open_sub("b", &o);
+    again = 0;
+    PT_OK(pkv_seq_open(b, 3, 7, p, n, &again));
+    cr_assert_eq(again, (n - 1) / 16 * 16, "after a reopen B hits %zu", again);
+    PT_VERIFY(b, 3, 7, p, again, again);
+    PT_CHECK(b);
+    free(p);
+}
+
+Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    const size_t n = 257;
+    uint32_t *p = prompt_of(n, 2);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 1, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    PT_OK(pkv_tier_attach(b, &to));
+    cr_assert_eq(node_b_open(b, 1, 2, p, n, NULL), 0);
+    pkv_stats st = stats(b);
+    cr_assert_eq(st.tier_fetch_found, 0, "salt 2 must not even find salt 1's keys");
+    cr_assert_eq(st.tier_imported, 0);
+    /* the same salt does get them: the test is not vacuous */
+    cr_assert_eq(node_b_open(b, 2, 1, p, n, NULL), 256);
+    free(p);
+}
+
+/* ---- Forged and damaged values --------------------------------------------- */
+
+enum forge { F_NONE, F_FLIP, F_MODEL, F_SALT, F_TOKENS, F_PARENT, F_GEOMETRY, F_TRUNCATED,
+             F_OVERSIZED, F_GARBAGE };
+static const char *forge_name[] = {"none", "flipped byte", "wrong model", "wrong salt",
+                                   "wrong tokens", "wrong parent hash", "wrong geometry", "truncated",
+                                   "oversized", "garbage"};
+
+/* Replace the record of block 0 of prompt p (salt) on the server at port. */
+static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge f) {
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
+    char key[PKV_TIER_KEY_LEN + 1];
+    pkv_tier_key(&k, h, PT_MODEL, key);
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    static uint8_t *orig; /* A's record, read once: each forgery starts from it */
+    static size_t len;
+    redisReply *r;
+    if (!orig) {
+        r = redisCommand(x, "GET %s", key);
+        cr_assert(r && r->type == REDIS_REPLY_STRING, "block 0's record is not on the server");
+        len = r->len;
+        orig = malloc(len);
+        memcpy(orig, r->str, len);
+        freeReplyObject(r);
+    }
+    uint8_t *v = malloc(len + 64);
+    memcpy(v, orig, len);
+    pkv_tier_rec rec;
+    PT_OK(pkv_tier_decode(&k, v, len, &rec));
+    uint32_t toks[16];
+    for (int i = 0; i < 16; i++) toks[i] = p[i];
+    char wrong_model[] = PT_MODEL "x";
+    uint8_t *out = malloc(len + 64);
+    size_t olen = len;
+    switch (f) {
+    case F_MODEL: rec.model = wrong_model; rec.model_len++; olen++; break;
+    case F_SALT: rec.salt ^= 1; break;
+    case F_TOKENS: toks[15] ^= 1; break;
+    case F_PARENT: rec.parent.lo ^= 1; break;
+    case F_GEOMETRY: rec.head_dim = 2; rec.num_kv_heads = 4; break; /* same bytes */
+    default: break;
+    }
+    pkv_tier_encode(&k, &rec, toks, out);
+    switch (f) {
+    case F_FLIP: out[len - 40] ^= 0x10; break; /* in the payload */
+    case F_TRUNCATED: olen = len - 1; break;
+    case F_OVERSIZED: out[olen] = 0; olen += 1; break;
+    case F_GARBAGE: memset(out, 0xA5, olen); break;
+    default: break;
+    }
+    r = redisCommand(x, "SET %s %b", key, out, olen);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(x);
+    free(v);
+    free(out);
+}
+
+Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout = 120) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 33; /* two full blocks before the last token */
+    uint32_t *p = prompt_of(n, 3);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 5, p, n);
+    for (int f = F_NONE; f <= F_GARBAGE; f++) {
+        forge_block0(port, 5, p, (enum forge)f);
+        char sub[32];
+        snprintf(sub, sizeof sub, "b%d", f);
+        pkv_cache *b = pt_open_sub(sub, &o);
+        pkv_tier_options to = topts(nodes, 2000);
+        to.flags = PKV_TIER_NO_PUBLISH; /* its own seals would repair the forgery */
+        PT_OK(pkv_tier_attach(b, &to));
+        snprintf(pt_ctx, sizeof pt_ctx, "[%s] ", forge_name[f]);
+        size_t got = node_b_open(b, 1, 5, p, n, NULL);
+        pkv_stats st = stats(b);
+        if (f == F_NONE) { /* the re-encoded record is accepted: the forgery is exact */
+            cr_assert_eq(got, 32, "%sgot %zu", pt_ctx, got);
+            cr_assert_eq(st.tier_imported, 2);
+            cr_assert_eq(st.tier_rejected, 0);
+        } else { /* block 0 rejected; block 1 is valid but continues nothing */
+            cr_assert_eq(got, 0, "%sgot %zu", pt_ctx, got);
+            cr_assert_eq(st.tier_imported, 0, "%s", pt_ctx);
+            cr_assert_eq(st.tier_rejected, 1, "%srejected %llu", pt_ctx,
+                         (unsigned long long)st.tier_rejected);
+        }
+        pt_close(b);
+    }
+    pt_ctx[0] = 0;
+    free(p);
+}
+
+/* ---- Faults ------------------------------------------------------------------ */
+
+/* With the tier stopped, slow or partly dead, B answers within its deadline (plus
+ * slack for a loaded machine) and serves correct K/V. */
+#define SLACK_MS 150
+
+Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 2048;
+    uint32_t *p = prompt_of(n, 4);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 9, p, n);
+    const uint32_t deadline = 20;
+
+    /* one node sleeping (DEBUG SLEEP) after B connected to all: its records are
+     * late (B waits for them until the deadline), the rest arrive */
+    pkv_cache *b = pt_open_sub("b1", &o);
+    pkv_tier_options to = topts(nodes, deadline);
+    PT_OK(pkv_tier_attach(b, &to));
+    size_t warm = 0; /* a miss on another prompt connects B to every node */
+    uint32_t *q = prompt_of(n, 40);
+    PT_OK(pkv_seq_open(b, 99, 9, q, n, &warm));
+    cr_assert_eq(warm, 0);
+    free(q);
+    redisContext *sl = connect_port(g_port[1]);
+    cr_assert_not_null(sl);
+    redisAppendCommand(sl, "DEBUG SLEEP 2");
+    int done = 0;
+    while (!done) cr_assert_eq(redisBufferWrite(sl, &done), REDIS_OK);
+    usleep(50000);
+    uint64_t ns;
+    size_t got = node_b_open(b, 1, 9, p, n, &ns);
+    cr_log_info("slow node: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
+    cr_assert(ns < (uint64_t)(deadline + SLACK_MS) * 1000000u, "open took %.2f ms", ns / 1e6);
+    cr_assert(got < (n - 1) / 16 * 16, "a third of the blocks sit on the sleeping node");
+    cr_assert(stats(b).tier_errors > 0);
+    cr_assert(stats(b).tier_deadline_misses > 0, "B waited for the sleeping node");
+    cr_assert(ns >= (uint64_t)deadline * 1000000u, "B waited until its deadline");
+    redisFree(sl);
+    pt_close(b);
+
+    /* a master killed during B's fetch: asleep when B asks, killed 30 ms later,
+     * B's reads from it fail at once (connection reset) */
+    b = pt_open_sub("b1k", &o);
+    pkv_tier_options to2 = topts(nodes, 3000);
+    PT_OK(pkv_tier_attach(b, &to2));
+    q = prompt_of(n, 41);
+    PT_OK(pkv_seq_open(b, 99, 9, q, n, &warm)); /* connect to every node */
+    free(q);
+    sl = connect_port(g_port[2]);
+    cr_assert_not_null(sl);
+    redisAppendCommand(sl, "DEBUG SLEEP 5");
+    done = 0;
+    while (!done) cr_assert_eq(redisBufferWrite(sl, &done), REDIS_OK);
+    usleep(20000);
+    fflush(NULL);
+    pid_t killer = fork();
+    cr_assert(killer >= 0);
+    if (killer == 0) {
+        usleep(30000);
+        kill(g_pid[2], SIGKILL);
+        _exit(0);
+    }
+    got = node_b_open(b, 1, 9, p, n, &ns);
+    waitpid(killer, NULL, 0);
+    waitpid(g_pid[2], NULL, 0);
+    g_pid[2] = 0;
+    redisFree(sl);
+    cr_log_info("master killed mid-fetch: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
+    cr_assert(ns >= 30000000u && ns < 2500000000u, "open took %.2f ms: the kill, not the "
+              "deadline, ended the wait", ns / 1e6);
+    cr_assert(got < (n - 1) / 16 * 16);
+    cr_assert(stats(b).tier_errors > 0);
+    pt_close(b);
+
+    /* a master killed: its blocks are errors, B computes from the first gap */
+    kill(g_pid[1], SIGKILL);
+    waitpid(g_pid[1], NULL, 0);
+    g_pid[1] = 0;
+    b = pt_open_sub("b2", &o);
+    PT_OK(pkv_tier_attach(b, &to));
+    got = node_b_open(b, 1, 9, p, n, &ns);
+    cr_log_info("killed master: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
+    cr_assert(ns < (uint64_t)(deadline + SLACK_MS) * 1000000u, "open took %.2f ms", ns / 1e6);
+    cr_assert(got < (n - 1) / 16 * 16);
+    pt_close(b);
+
+    /* the whole cluster stopped */
+    for (int i = 0; i < g_nsrv; i++)
+        if (g_pid[i] > 0) {
+            kill(g_pid[i], SIGKILL);
+            waitpid(g_pid[i], NULL, 0);
+            g_pid[i] = 0;
+        }
+    b = pt_open_sub("b3", &o);
+    PT_OK(pkv_tier_attach(b, &to)); /* no node answers: not an error */
+    for (uint64_t id = 1; id <= 3; id++) {
+        got = node_b_open(b, id, 9 + id, p, n, &ns);
+        cr_assert_eq(got, 0);
+        cr_assert(ns < (uint64_t)(deadline + SLACK_MS) * 1000000u, "open took %.2f ms",
+                  ns / 1e6);
+    }
+    pkv_stats st = stats(b);
+    cr_assert_eq(st.tier_imported, 0);
+    free(p);
+}
+
+/* A node's id (CLUSTER MYID) into out. */
+static void node_id(int port, char *out, size_t cap) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "CLUSTER MYID");
+    cr_assert(r && r->type == REDIS_REPLY_STRING);
+    snprintf(out, cap, "%s", r->str);
+    freeReplyObject(r);
+    redisFree(x);
+}
+
+Test(tier, slots_moved_after_b_read_the_map_are_followed, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 1025;
+    uint32_t *p = prompt_of(n, 5);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 3, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 5000);
+    to.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to)); /* B's slot map is read now */
+    /* move all of the first master's slots, with their keys, to the second */
+    char from[64], dest[64], cmd[512];
+    node_id(g_port[0], from, sizeof from);
+    node_id(g_port[1], dest, sizeof dest);
+    snprintf(cmd, sizeof cmd,
+             "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s "
+             "--cluster-slots 5461 --cluster-yes >%s/reshard.log 2>&1",
+             g_port[0], from, dest, pt_dir);
+    cr_assert_eq(system(cmd), 0, "reshard failed (%s/reshard.log)", pt_dir);
+    size_t got = node_b_open(b, 1, 3, p, n, NULL);
+    pkv_stats st = stats(b);
+    cr_assert_eq(got, 1024, "got %zu (errors %llu, redirects %llu)", got,
+                 (unsigned long long)st.tier_errors, (unsigned long long)st.tier_redirects);
+    cr_assert(st.tier_redirects > 0, "the stale map sent some GETs to the old owner");
+    free(p);
+}
+
+Test(tier, attach_rejects_bad_options) {
+    pkv_options o = copts();
+    pkv_cache *c = pt_open_sub("c", &o);
+    pkv_tier_options to = topts("127.0.0.1:1", 20);
+    PT_ERR(pkv_tier_attach(NULL, &to), PKV_EINVAL);
+    PT_ERR(pkv_tier_attach(c, NULL), PKV_EINVAL);
+    to.secret_len = 8;
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
+    to = topts("127.0.0.1", 20);
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
+    to = topts("", 20);
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
+    PT_ERR(pkv_tier_flush(c, 10), PKV_ESTATE);
+    to = topts("127.0.0.1:1", 20); /* nothing listens: attaching still works */
+    PT_OK(pkv_tier_attach(c, &to));
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EEXIST);
+    pkv_tier_detach(c);
+    PT_OK(pkv_tier_attach(c, &to));
+}
