@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(record checkpoint recover bundle api kvdump gguf tier)
+all=(record checkpoint recover bundle api kvdump gguf wire tier)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target '$t' (have: ${all[*]})" >&2; exit 2; }
