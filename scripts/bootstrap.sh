@@ -11,9 +11,11 @@ set -euo pipefail
 # libmicrohttpd-dev: the /metrics endpoint (docs/metrics.md); prometheus: the
 # real Prometheus server (and promtool) tests/test_prometheus.c scrapes it with;
 # curl: scripts/metrics-plot.sh queries Prometheus's HTTP API with it.
+# python3-venv, python3-dev: scripts/python-env.sh's venv and the headers the
+# Python extension compiles against (docs/python.md).
 pkgs=(build-essential clang libclang-rt-14-dev meson ninja-build pkg-config liburing-dev
       liblz4-dev libxxhash-dev libcriterion-dev gnuplot-nox spin python3-pip
-      libmicrohttpd-dev prometheus curl)
+      libmicrohttpd-dev prometheus curl python3-venv python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

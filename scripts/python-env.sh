@@ -49,7 +49,9 @@ fi
 # -------------------------------------------------------------------------------
 # The package itself: no build isolation (meson-python and meson come from the
 # venv), and a persistent build directory, so a rerun recompiles only what
-# changed. pip reinstalls it every time (the clone may have changed).
+# changed (one per clone: a meson build directory belongs to one source tree).
+# pip reinstalls it every time (the clone may have changed).
+build_dir=$(dirname "$venv")/py-build/$(pwd -P | md5sum | cut -c1-12)
 "$py" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
-  --force-reinstall --no-deps -Cbuild-dir="$venv/../py-build" . >&2
+  --force-reinstall --no-deps -Cbuild-dir="$build_dir" . >&2
 echo "$py"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build and run every test: gcc (warnings are errors), clang (warnings are errors),
+# Build and run every test: gcc (warnings are errors), the Python package's
+# pytest suite (tests/python/), clang (warnings are errors),
 # an ASan+UBSan build, a ThreadSanitizer build of the thread tests
 # (test_threads, test_stress, test_lock; see docs/testing.md), the cache lock's
 # model checked by spin (scripts/check-lock-model.sh), then each fuzz target for
@@ -57,6 +58,12 @@ if [ $tsan_only -eq 1 ]; then
 fi
 
 run_suite build-gcc -Dwerror=true
+# The Python package (docs/python.md): pip-installed into the venv that
+# scripts/python-env.sh keeps outside the clone, then its pytest suite, whose
+# pkvd tests use the gcc tree's daemon.
+echo "=== python"
+py=$(scripts/python-env.sh | tail -n 1)
+PKVD=$PWD/build-gcc/tools/pkvd "$py" -m pytest -q tests/python
 if [ $quick -eq 0 ]; then
   # The CUDA layer (compiled by nvcc when present) is built in the gcc pass; the
   # clang and sanitizer passes cover the C code only.

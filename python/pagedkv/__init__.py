@@ -363,8 +363,15 @@ class Cache:
     def __enter__(self) -> "Cache":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.close()
+        except BufferError:
+            # Leaving on an exception whose traceback still references arrays
+            # over the arena: don't mask it; the cache closes when the last
+            # view is collected.
+            if exc_type is None:
+                raise
 
     def __repr__(self) -> str:
         i = self._info
@@ -436,7 +443,7 @@ class Cache:
 
     def block_info(self, block: int) -> BlockInfo:
         """One block's metadata (pkv_inspect_block; not on a pkvd connection)."""
-        d = self._h.block_info(block)
+        d: dict[str, Any] = dict(self._h.block_info(block))
         d["state"] = _BLOCK_STATES.get(d["state"], str(d["state"]))
         return BlockInfo(**d)
 

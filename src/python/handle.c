@@ -44,9 +44,19 @@ void handle_leave(HandleObject *h)
         Py_END_ALLOW_THREADS handle_leave(h);                                                 \
     } while (0)
 
+/* Integer arguments accept anything with __index__ (numpy integers too). */
+static unsigned long long as_ull(PyObject *o)
+{
+    PyObject *ix = PyNumber_Index(o);
+    if (!ix) return (unsigned long long)-1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(ix);
+    Py_DECREF(ix);
+    return v;
+}
+
 static int u64_conv(PyObject *o, void *p)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    unsigned long long v = as_ull(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
     *(uint64_t *)p = (uint64_t)v;
     return 1;
@@ -54,15 +64,19 @@ static int u64_conv(PyObject *o, void *p)
 
 static int size_conv(PyObject *o, void *p)
 {
-    size_t v = PyLong_AsSize_t(o);
-    if (v == (size_t)-1 && PyErr_Occurred()) return 0;
-    *(size_t *)p = v;
+    unsigned long long v = as_ull(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    if (v > SIZE_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "value does not fit in size_t");
+        return 0;
+    }
+    *(size_t *)p = (size_t)v;
     return 1;
 }
 
 static int u32_conv(PyObject *o, void *p)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    unsigned long long v = as_ull(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
     if (v > UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "value does not fit in 32 bits");
@@ -79,9 +93,10 @@ static HandleObject *handle_alloc(void)
     h->c = NULL;
     memset(&h->info, 0, sizeof h->info);
     memset(&h->kv, 0, sizeof h->kv);
-    h->remote = h->closing = 0;
+    h->remote = h->closing = h->rdonly = 0;
     h->exports = 0;
     h->inflight = 0;
+    h->weakrefs = NULL;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
     return h;
@@ -142,6 +157,7 @@ PyObject *pyx_open(PyObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(dir);
         return NULL;
     }
+    h->rdonly = (flags & PKV_OPEN_RDONLY) != 0;
     pkv_cache *c = NULL;
     int rc;
     const char *path = PyBytes_AS_STRING(dir);
@@ -189,6 +205,7 @@ static void handle_do_close(HandleObject *h)
 
 static void handle_dealloc(HandleObject *h)
 {
+    if (h->weakrefs) PyObject_ClearWeakRefs((PyObject *)h);
     if (h->c) handle_do_close(h); /* no view is left: each holds a reference */
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->idle);
@@ -693,6 +710,14 @@ static int view_readonly(HandleObject *h, uint32_t b, PyObject *writable, int *r
 {
     int want = writable == Py_None ? -1 : PyObject_IsTrue(writable);
     if (want == -1 && PyErr_Occurred()) return -1;
+    if (h->rdonly) { /* its arena may be mapped without write permission */
+        if (want == 1) {
+            pyx_raise_msg(PKV_ERDONLY, "a cache opened read-only has no writable views");
+            return -1;
+        }
+        *ro = 1;
+        return 0;
+    }
     if (h->remote) {
         *ro = want != 1;
         return 0;
@@ -792,6 +817,7 @@ PyTypeObject pyx_HandleType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pagedkv._pagedkv.Handle",
     .tp_basicsize = sizeof(HandleObject),
+    .tp_weaklistoffset = offsetof(HandleObject, weakrefs),
     .tp_dealloc = (destructor)handle_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "An open pkv_cache (low level; use pagedkv.Cache).",

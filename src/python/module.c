@@ -56,10 +56,26 @@ PyObject *pyx_raise(int rc)
     return pyx_raise_msg(rc, pkv_last_error());
 }
 
+/* A Slot is a tuple subclass (a NamedTuple): allocated as tuple_subtype_new
+ * does, without running its Python-level __new__ (10 µs a token otherwise). */
 PyObject *pyx_slot(uint32_t block, uint32_t offset)
 {
-    if (!pyx_slot_type) return Py_BuildValue("(II)", block, offset);
-    return PyObject_CallFunction(pyx_slot_type, "II", block, offset);
+    PyObject *b = PyLong_FromUnsignedLong(block), *o = PyLong_FromUnsignedLong(offset);
+    if (!b || !o) {
+        Py_XDECREF(b);
+        Py_XDECREF(o);
+        return NULL;
+    }
+    PyTypeObject *t = pyx_slot_type ? (PyTypeObject *)pyx_slot_type : &PyTuple_Type;
+    PyObject *r = t->tp_alloc(t, 2);
+    if (!r) {
+        Py_DECREF(b);
+        Py_DECREF(o);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(r, 0, b);
+    PyTuple_SET_ITEM(r, 1, o);
+    return r;
 }
 
 const char *pyx_format(pkv_dtype d)
@@ -95,8 +111,15 @@ int pyx_tokens_get(PyObject *o, pyx_tokens *t)
                                          "not str/bytes");
         return -1;
     }
-    if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &t->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    /* A strided array (no contiguous buffer) takes the sequence path below. */
+    if (PyObject_CheckBuffer(o) &&
+        PyObject_GetBuffer(o, &t->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        /* numpy says ValueError ("ndarray is not C-contiguous") */
+        if (!PyErr_ExceptionMatches(PyExc_BufferError) &&
+            !PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+    } else if (PyObject_CheckBuffer(o)) {
         t->has_view = 1;
         int sg = 0;
         Py_buffer *v = &t->view;
@@ -162,7 +185,9 @@ int pyx_tokens_get(PyObject *o, pyx_tokens *t)
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        PyObject *ix = PyNumber_Index(items[i]); /* ints, numpy integer scalars */
+        unsigned long long v = ix ? PyLong_AsUnsignedLongLong(ix) : 0;
+        Py_XDECREF(ix);
         if (PyErr_Occurred() || v > UINT32_MAX) {
             if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError)) {
                 Py_DECREF(seq);
@@ -360,6 +385,11 @@ static PyObject *m_strerror(PyObject *self, PyObject *arg)
 static PyObject *m_set_slot_type(PyObject *self, PyObject *arg)
 {
     (void)self;
+    if (!PyType_Check(arg) || !PyType_IsSubtype((PyTypeObject *)arg, &PyTuple_Type) ||
+        ((PyTypeObject *)arg)->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "_set_slot_type: a NamedTuple class");
+        return NULL;
+    }
     Py_XSETREF(pyx_slot_type, Py_NewRef(arg));
     Py_RETURN_NONE;
 }

@@ -36,11 +36,13 @@ typedef struct {
     pkv_cache_info info;   /* immutable geometry, read at open */
     pkv_kv_view kv;        /* the arena's layout */
     int remote;            /* from pkv_connect: no inspection API */
+    int rdonly;            /* PKV_OPEN_RDONLY: the arena may be mapped read-only */
     int closing;           /* close() began: new calls raise ValueError */
     Py_ssize_t exports;    /* buffers exported by this handle's views (under the GIL) */
     pthread_mutex_t mu;    /* guards inflight */
     pthread_cond_t idle;   /* signalled when inflight drops to 0 */
     long inflight;         /* library calls running with the GIL released */
+    PyObject *weakrefs;
 } HandleObject;
 
 extern PyTypeObject pyx_HandleType;
