@@ -305,6 +305,8 @@ class PagedCache(Cache):
         Errors: ValueError as above; pagedkv.FullError when the cache has no
         room (nothing stored then); other pagedkv errors from append/commit.
         Blocks: pagedkv append and commit (lock, log)."""
+        if self._seq is None:
+            raise ValueError("this PagedCache is closed")
         ids = _ids_list(sequences)
         n_kv = self.get_seq_length()
         if n_kv < len(self._ids):
@@ -388,28 +390,33 @@ class PagedCache(Cache):
 class GenerateResult:
     """What `generate` did: the output ids (generate()'s `sequences`), how many
     prompt tokens came from pagedkv, how many were stored, and the time from
-    the call to the first generated token (TTFT, prefix load included)."""
+    the call to the first generated token (TTFT, prefix load included), also
+    in CPU seconds of this process (all its threads; less sensitive to other
+    load on the machine than the wall-clock time)."""
 
     sequences: torch.Tensor
     n_cached: int
     n_stored: int
     ttft_s: float
     total_s: float
+    ttft_cpu_s: float
 
 
 class _FirstTokenTimer:
     """A generate() streamer that notes when the first generated token arrives
     (the first put() is the prompt)."""
 
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
+    def __init__(self, t0: float, c0: float) -> None:
+        self.t0, self.c0 = t0, c0
         self.puts = 0
         self.first: float | None = None
+        self.first_cpu: float | None = None
 
     def put(self, value: Any) -> None:
         self.puts += 1
         if self.puts == 2 and self.first is None:
             self.first = time.perf_counter() - self.t0
+            self.first_cpu = time.process_time() - self.c0
 
     def end(self) -> None:
         pass
@@ -429,16 +436,19 @@ def generate(model: Any, store: pagedkv.Cache, input_ids: Any, *, salt: int = 0,
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     t0 = time.perf_counter()
-    timer = _FirstTokenTimer(t0)
+    timer = _FirstTokenTimer(t0, time.process_time())
     device = getattr(model, "device", None)
     with PagedCache(store, ids, config=model.config, salt=salt, device=device) as pc:
+        if device is not None:
+            ids = ids.to(device)
         kw = dict(generate_kwargs)
         kw.setdefault("attention_mask", torch.ones_like(ids))
-        out = model.generate(ids.to(device) if device is not None else ids, cache=pc,
-                             streamer=timer, **kw)
+        out = model.generate(ids, cache=pc, streamer=timer, **kw)
         seqs = out.sequences if hasattr(out, "sequences") else out
         total = time.perf_counter() - t0
         pc.store(seqs.cpu())
         return GenerateResult(sequences=seqs, n_cached=pc.n_cached, n_stored=pc.n_stored,
                               ttft_s=timer.first if timer.first is not None else total,
-                              total_s=total)
+                              total_s=total,
+                              ttft_cpu_s=timer.first_cpu if timer.first_cpu is not None
+                              else time.process_time() - timer.c0)
