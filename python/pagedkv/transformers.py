@@ -56,7 +56,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence as _Seq
+from typing import Any
 
 import numpy as np
 

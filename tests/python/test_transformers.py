@@ -79,7 +79,7 @@ def test_tiny_paged_matches_dynamic_and_stores_exact_kv(tiny: Any, tmp_path: Pat
         assert cold.n_stored == len(ref) - 1  # the last token's K/V is never computed
         # The stored K/V is the K/V a plain forward pass computes for the prompt.
         with torch.no_grad():
-            dc = tiny(torch.tensor([prompt]), use_cache=True).past_key_values
+            dc = tiny(torch.tensor([prompt]), use_cache=True).cache
         seq = store.open(7, prompt)
         assert seq.n_cached == 16  # (19 - 1) // 4 * 4: whole blocks, last token left out
         for j, b in enumerate(seq.blocks()[:4]):
