@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion bar
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/python-env.sh installs it)")
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (scripts/python-env.sh installs it)")
