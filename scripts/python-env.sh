@@ -6,6 +6,7 @@
 # build directory kept beside the venv.
 #   PKV_PY_VENV   the venv (default ~/.cache/pagedkv/py-venv, outside the clone)
 #   PKV_PY_EXTRA  more pip requirements, space-separated
+#   PKV_PY_NO_HF  1: skip the Hugging Face step (torch, transformers; ~5.6 GB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${PKV_PY_VENV:-$HOME/.cache/pagedkv/py-venv}
@@ -29,6 +30,23 @@ py=$venv/bin/python
   || { echo "python-env.sh: the venv's python is older than 3.10" >&2; exit 1; }
 # shellcheck disable=SC2086
 "$py" -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}" ${PKV_PY_EXTRA:-} >&2
+# ---- Hugging Face transformers step (pagedkv.transformers, issue 26) -----------
+# torch from PyPI is the CUDA build (~540 MB wheel, ~5.6 GB installed with its
+# nvidia/triton dependencies and these; ~4 min the first time, runs on CPU).
+# Kept out of the package's dependencies (extra "transformers" in pyproject.toml).
+# accelerate: transformers needs it to load a GGUF; gguf: the GGUF reader.
+# PKV_PY_NO_HF=1 skips this step (tests/python/test_transformers.py then skips).
+PY_HF_PACKAGES=(
+  torch
+  transformers
+  gguf
+  safetensors
+  accelerate
+)
+if [ "${PKV_PY_NO_HF:-0}" != 1 ]; then
+  "$py" -m pip install --quiet --disable-pip-version-check "${PY_HF_PACKAGES[@]}" >&2
+fi
+# -------------------------------------------------------------------------------
 # The package itself: no build isolation (meson-python and meson come from the
 # venv), and a persistent build directory, so a rerun recompiles only what
 # changed (one per clone: a meson build directory belongs to one source tree).
