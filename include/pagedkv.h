@@ -268,6 +268,17 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * Blocks: connects and waits for the daemon's first reply; maps the arena. */
 int pkv_connect(const char *socket_path, pkv_cache **out);
 
+/* pkv_connect for a reader: pkvd passes the arena opened O_RDONLY, mapped here
+ * PROT_READ, so this process cannot write K/V (a store through pkv_kv faults; a
+ * writable mapping of the descriptor fails). pkv_prefix_lookup, pkv_seq_open
+ * (attaching cached blocks), pkv_seq_close, pkv_seq_get_info, pkv_seq_blocks,
+ * pkv_seq_tokens, pkv_get_stats, pkv_info and pkv_kv work; append,
+ * commit, commit_append, step_batch, fork, truncate and pkv_sync return
+ * PKV_ERDONLY (from the daemon, which enforces it). A plain pkv_connect from a uid
+ * that pkvd names with --allow-uid-ro gets the same read-only handle.
+ * Errors and blocking: as pkv_connect. */
+int pkv_connect_rdonly(const char *socket_path, pkv_cache **out);
+
 /* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine.
  * Cannot fail: an I/O error of its last flush is lost, as in a crash. Blocks: log
  * and I/O (a last group commit, synced in every mode; a checkpoint if one is

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1197,4 +1198,165 @@ Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
     int st = 0;
     cr_assert_eq(waitpid(f, &st, 0), f);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+}
+
+/* ---- Read-only clients ---------------------------------------------------------------- */
+
+/* The descriptors of this process that name the arena of dir_path, as a bit set. */
+static uint64_t arena_fds(void)
+{
+    char want[320], link[400], path[64];
+    snprintf(want, sizeof want, "%s/arena", dir_path);
+    uint64_t set = 0;
+    for (int fd = 0; fd < 64; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = '\0';
+        if (!strcmp(link, want)) set |= 1ull << fd;
+    }
+    return set;
+}
+
+/* The kernel enforces a reader's read-only access: its arena descriptor is
+ * O_RDONLY, so it cannot be mapped writable, written, or the handle's mapping made
+ * writable; a store through pkv_kv faults. The daemon refuses every call that
+ * hands out slots or changes a sequence with PKV_ERDONLY (a step batch with
+ * done 0), and what a reader needs works: lookup, open (attach), read K/V in place,
+ * info, blocks, tokens, stats, close. */
+Test(pkvd, a_read_only_client_cannot_write_the_arena_and_gets_erdonly)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    uint32_t p[25];
+    prompt(p, 25, 1717);
+    pkv_cache *w = connect_ok();
+    open_fill(w, 1, p, 25);
+    pkv_stats s0 = pt_stats(w);
+    uint64_t before = arena_fds();
+    pkv_cache *ro = NULL;
+    int rc = pkv_connect_rdonly(sock_path, &ro);
+    cr_assert_eq(rc, 0, "pkv_connect_rdonly -> %d (%s)", rc, pkv_last_error());
+    uint64_t mine = arena_fds() & ~before;
+    cr_assert(mine && !(mine & (mine - 1)), "one new arena descriptor (set 0x%llx)",
+              (unsigned long long)mine);
+    int afd = __builtin_ctzll(mine);
+    cr_assert_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDONLY, "the reader's arena is O_RDONLY");
+    pkv_cache_info inf = pt_info(ro);
+    void *m = mmap(NULL, 4096 + inf.slot_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    cr_assert(m == MAP_FAILED && errno == EACCES, "a writable shared mapping of it failed");
+    cr_assert(write(afd, "x", 1) < 0 && errno == EBADF, "a write through it failed");
+    cr_assert(ftruncate(afd, 0) < 0, "so did a truncate");
+    /* the reader's work: lookup, attach, read the K/V in place */
+    size_t nc = 0;
+    PT_OK(pkv_prefix_lookup(ro, 0, p, 25, &nc));
+    cr_assert_eq(nc, 24);
+    cr_assert_eq(SOPEN(ro, 1, p, 25), 24);
+    uint32_t tab[8];
+    cr_assert_eq(PT_BLOCKS(ro, 1, tab, 8), 6);
+    char err[256];
+    uint64_t h = pt_h0(0);
+    for (size_t t = 0; t < 24; t++) {
+        h = pt_hstep(h, p[t]);
+        cr_assert(pt_token_ok(ro, &inf, tab[t / BS], (uint32_t)(t % BS), h, err, sizeof err),
+                  "token %zu: %s", t, err);
+    }
+    uint8_t *kv = pkv_kv(ro, tab[0], 0, PKV_K, 0);
+    cr_assert_not_null(kv);
+    uint8_t *page = (uint8_t *)((uintptr_t)kv & ~(uintptr_t)4095);
+    cr_assert(mprotect(page, 4096, PROT_READ | PROT_WRITE) < 0 && errno == EACCES,
+              "the handle's mapping cannot be made writable");
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        *(volatile uint8_t *)kv ^= 1; /* must fault */
+        _exit(0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "a store through pkv_kv "
+              "faulted (status 0x%x)", st);
+    /* the calls that would hand out slots or change a sequence */
+    pkv_slot sl[2];
+    PT_ERR(pkv_seq_append(ro, 1, &p[24], 1, sl), PKV_ERDONLY);
+    PT_ERR(pkv_seq_commit(ro, 1, 1), PKV_ERDONLY);
+    PT_ERR(pkv_seq_commit_append(ro, 1, 0, &p[24], 1, sl), PKV_ERDONLY);
+    pkv_step one = {.id = 1, .token = p[24]};
+    size_t done = 7;
+    PT_ERR(pkv_seq_step_batch(ro, &one, 1, &done), PKV_ERDONLY);
+    cr_assert_eq(done, 0);
+    PT_ERR(pkv_seq_fork(ro, 1, 2), PKV_ERDONLY);
+    PT_ERR(pkv_seq_truncate(ro, 1, 4), PKV_ERDONLY);
+    PT_ERR(pkv_sync(ro), PKV_ERDONLY);
+    cr_assert(strstr(pkv_last_error(), "read-only"), "message '%s'", pkv_last_error());
+    pkv_seq_info si = PT_SEQ_INFO(ro, 1);
+    cr_assert(si.len == 24 && si.committed == 24, "the refused calls changed nothing");
+    pkv_stats s = pt_stats(ro);
+    cr_assert_eq(s.sequences, s0.sequences + 1);
+    PT_OK(pkv_seq_close(ro, 1));
+    pkv_close(ro);
+    s = wait_sequences(w, s0.sequences);
+    cr_assert(s.sequences == s0.sequences && s.blocks_used == s0.blocks_used);
+    PT_VERIFY(w, 1, 0, p, 25, 25);
+    pkv_close(w);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* --allow-uid-ro: every connection of that uid is read-only, with no request from
+ * it; and since that uid cannot open the 0600 arena itself, it cannot reopen its
+ * descriptor writable either (/proc/self/fd). A uid that can already write the
+ * arena (the daemon's own) is refused as a read-only uid, at startup. */
+Test(pkvd, a_read_only_uid_gets_only_a_read_only_arena)
+{
+    daemon_paths();
+    char own[32];
+    snprintf(own, sizeof own, "%u", (unsigned)getuid());
+    pid_t b = fork();
+    cr_assert(b >= 0);
+    if (b == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execl(getenv("PKVD"), "pkvd", "--allow-uid-ro", own, "--dir", dir_path, "--socket",
+              sock_path, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(b, &st, 0), b);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--allow-uid-ro of its own uid: 0x%x", st);
+    if (geteuid() != 0) cr_skip_test("needs root to run a client as another uid");
+    cr_assert_eq(chmod(pt_dir, 0711), 0);
+    pid_t d = daemon_start_with("--socket-mode", "666", "--allow-uid-ro", "65534");
+    uint32_t p[13];
+    prompt(p, 13, 3131);
+    pkv_cache *w = connect_ok();
+    open_fill(w, 1, p, 13);
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        if (setgid(65534) || setuid(65534)) _exit(100);
+        uint64_t before = arena_fds();
+        pkv_cache *c = NULL;
+        if (pkv_connect(sock_path, &c)) _exit(1); /* a plain connect */
+        uint64_t mine = arena_fds() & ~before;
+        if (!mine) _exit(2);
+        int afd = __builtin_ctzll(mine);
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", afd);
+        if ((fcntl(afd, F_GETFL) & O_ACCMODE) != O_RDONLY) _exit(3);
+        if (open(path, O_RDWR) >= 0 || errno != EACCES) _exit(4); /* no way back to write */
+        size_t nc = 0;
+        pkv_slot sl;
+        if (pkv_prefix_lookup(c, 0, p, 13, &nc) || nc != 12) _exit(5);
+        if (pkv_seq_open(c, 1, 0, p, 13, &nc) || nc != 12) _exit(6);
+        if (pkv_seq_append(c, 1, &p[12], 1, &sl) != PKV_ERDONLY) _exit(7);
+        pkv_close(c);
+        _exit(0);
+    }
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the read-only uid's client: status 0x%x "
+              "(100: no setuid; 1: connect; 2-4: descriptor; 5-7: calls)", st);
+    pkv_close(w);
+    daemon_stop(d, SIGTERM);
 }

@@ -52,10 +52,17 @@
 static pkv_cache *cache;
 static pkv_cache_info info;
 static int arena_fd = -1;
+/* The arena opened O_RDONLY, the descriptor read-only connections get: a
+ * MAP_SHARED PROT_WRITE mapping or a write through it fails in the kernel. It
+ * holds flock(LOCK_SH) too (rule W3: a reader of a dead daemon still reads the
+ * blocks it attached, so a restart must not reuse them under it). */
+static int arena_ro_fd = -1;
 static atomic_uint_fast64_t next_id = 1;
 #define MAX_UIDS 64
 static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
 static size_t n_uids;
+static uid_t ro_uids[MAX_UIDS]; /* --allow-uid-ro: accepted, read-only connections */
+static size_t n_ro_uids;
 
 /* --salts UID=S1,S2,...: the salts (trust domains) a uid's connections may
  * name in a lookup or an open; a uid without a rule may name any. */
@@ -76,6 +83,12 @@ static const salt_rule *rule_of(uid_t u) {
 static bool uid_allowed(uid_t u) {
     for (size_t i = 0; i < n_uids; i++)
         if (allow_uids[i] == u) return true;
+    return false;
+}
+
+static bool uid_ro(uid_t u) {
+    for (size_t i = 0; i < n_ro_uids; i++)
+        if (ro_uids[i] == u) return true;
     return false;
 }
 
@@ -161,6 +174,7 @@ typedef struct conn {
     const salt_rule *salts; /* NULL: every salt */
     uid_t uid;
     pid_t pid;
+    bool rdonly; /* read-only: O_RDONLY arena, no call that hands out slots */
     atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
     bool hello;
     atomic_bool finished;
@@ -266,10 +280,35 @@ static int salt_check(const conn *k, uint64_t salt) {
                    (unsigned long long)salt);
 }
 
+/* The calls a read-only connection may not make: those that hand out slots to
+ * write (append, commit_append, step_batch), change what a sequence stands for
+ * (commit, truncate, fork: a fork's open tail block could be appended to by
+ * the fork) or make the daemon sync. A reader looks up, opens (attaches sealed
+ * blocks), reads K/V in its read-only mapping, asks about its sequences, closes. */
+static bool read_only_refused(uint16_t op) {
+    switch (op) {
+    case PKVD_APPEND:
+    case PKVD_COMMIT:
+    case PKVD_COMMIT_APPEND:
+    case PKVD_STEP_BATCH:
+    case PKVD_FORK:
+    case PKVD_TRUNCATE:
+    case PKVD_SYNC:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Carry out one decoded request; results go to res. Returns the rc to send. */
 static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     int rc = 0;
     size_t i;
+    if (k->rdonly && read_only_refused(r->op)) {
+        if (r->op == PKVD_STEP_BATCH) pkvd_put_u32(res, 0); /* done: none */
+        return pkv_err(PKV_ERDONLY, "a read-only pkvd connection may look up, open, read "
+                       "and close, not op %u", r->op);
+    }
     switch (r->op) {
     case PKVD_LOOKUP: {
         if ((rc = salt_check(k, r->salt))) return rc;
@@ -471,6 +510,8 @@ static void *conn_main(void *arg) {
         if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION))
             rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u)", r.vmin,
                          r.vmax);
+        if (!rc && hd.op == PKVD_HELLO && (r.flags & ~PKVD_HELLO_RDONLY))
+            rc = pkv_err(PKV_EINVAL, "unknown HELLO flags 0x%x", r.flags);
         if (rc) { /* malformed: answer, then end the connection */
             reply(k, hd.op, hd.req, rc, NULL, -1);
             break;
@@ -479,8 +520,9 @@ static void *conn_main(void *arg) {
         bool ok;
         if (hd.op == PKVD_HELLO) {
             k->hello = true;
+            if (r.flags & PKVD_HELLO_RDONLY) k->rdonly = true;
             hello_results(&res);
-            ok = reply(k, hd.op, hd.req, 0, &res, arena_fd);
+            ok = reply(k, hd.op, hd.req, 0, &res, k->rdonly ? arena_ro_fd : arena_fd);
         } else {
             rc = serve(k, &r, &res);
             ok = reply(k, hd.op, hd.req, rc, rc && hd.op != PKVD_STEP_BATCH &&
@@ -608,6 +650,7 @@ static void usage(void) {
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
+            "            [--allow-uid-ro UID]...   (read-only clients: lookup, open, read, close)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
@@ -794,6 +837,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--allow-uid"))
             ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
                  (allow_uids[n_uids++] = (uid_t)v, 1);
+        else if (!strcmp(a, "--allow-uid-ro"))
+            ok = num(val, &v) && v < UINT32_MAX && n_ro_uids < MAX_UIDS &&
+                 (ro_uids[n_ro_uids++] = (uid_t)v, 1);
         else if (!strcmp(a, "--salts")) ok = parse_salts(val);
         else if (!strcmp(a, "--socket-mode")) {
             char *end;
@@ -825,6 +871,16 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
+    /* A read-only descriptor confines only a uid that cannot open the arena
+     * itself (docs/pkvd.md, "What the data plane trusts"). */
+    for (size_t i = 0; i < n_ro_uids; i++)
+        if (uid_allowed(ro_uids[i])) {
+            logf_("--allow-uid-ro %u: that uid is already allowed read-write (%s)",
+                  (unsigned)ro_uids[i],
+                  ro_uids[i] == getuid() ? "it is pkvd's own uid, which owns the arena"
+                                         : "--allow-uid");
+            return 2;
+        }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(sock) >= sizeof sa.sun_path) {
         logf_("socket path longer than %zu bytes", sizeof sa.sun_path - 1);
@@ -871,6 +927,15 @@ int main(int argc, char **argv) {
         else if (arena_fd == -2) logf_("%s: missing after pkv_open", apath);
         pkv_close(cache);
         if (arena_fd >= 0) close(arena_fd);
+        return 1;
+    }
+    /* The read-only description, locked like the read-write one (rule W3). */
+    struct stat s_ro;
+    arena_ro_fd = open(apath, O_RDONLY | O_CLOEXEC);
+    if (arena_ro_fd < 0 || flock(arena_ro_fd, LOCK_SH) || fstat(arena_ro_fd, &s_ro) ||
+        fstat(arena_fd, &s_lock) || s_ro.st_ino != s_lock.st_ino || s_ro.st_dev != s_lock.st_dev) {
+        logf_("read-only open of %s: %s", apath, arena_ro_fd < 0 ? strerror(errno) : "not the arena");
+        pkv_close(cache);
         return 1;
     }
     if ((rc = pkv_info(cache, &info)) || (rc = close_recovered())) {
@@ -928,8 +993,10 @@ int main(int argc, char **argv) {
         if (fd < 0) continue;
         struct ucred cr;
         socklen_t cl = sizeof cr;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || !uid_allowed(cr.uid)) {
-            logf_("refused a connection from uid %d (not in --allow-uid)", (int)cr.uid);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) ||
+            (!uid_allowed(cr.uid) && !uid_ro(cr.uid))) {
+            logf_("refused a connection from uid %d (not in --allow-uid or --allow-uid-ro)",
+                  (int)cr.uid);
             close(fd);
             continue;
         }
@@ -942,6 +1009,7 @@ int main(int argc, char **argv) {
         k->salts = rule_of(cr.uid);
         k->uid = cr.uid;
         k->pid = cr.pid;
+        k->rdonly = uid_ro(cr.uid);
         pthread_mutex_lock(&conns_mu);
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
@@ -962,6 +1030,7 @@ int main(int argc, char **argv) {
     pkv_metrics_stop(msrv);
     pkv_close(cache);
     close(arena_fd);
+    close(arena_ro_fd);
     for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
     return 0;
 }
