@@ -1360,3 +1360,256 @@ Test(pkvd, a_read_only_uid_gets_only_a_read_only_arena)
     pkv_close(w);
     daemon_stop(d, SIGTERM);
 }
+
+/* ---- Daemon death under load: what each durability mode keeps ------------------------- */
+
+/* What a client reports to the test, one record per acknowledged call, written
+ * after the reply (a pipe write this small is atomic, and ordered per client). */
+typedef struct ack {
+    uint32_t client, conn; /* conn: the client's connection (one daemon life) */
+    uint32_t iter, n;      /* iter's prompt has n tokens, all committed */
+    uint32_t kind;         /* ACK_COMMIT, ACK_SYNC (everything before it on conn) */
+} ack;
+enum { ACK_COMMIT = 1, ACK_SYNC = 2 };
+
+/* The prompt of (client, iter): one of four stems of 12 tokens, then a tail of
+ * tokens from {0, 1, 2}, 2 to 38 tokens in all. A pure function, so the test
+ * regenerates what a client committed. */
+static size_t ack_prompt(uint32_t client, uint32_t iter, uint32_t *p)
+{
+    pt_rng r = {.s = ((uint64_t)client << 32 | iter) * 0x9E3779B97F4A7C15ull + 1};
+    size_t n = 2 + pt_below(&r, 37);
+    uint32_t stem = pt_below(&r, 4);
+    for (size_t i = 0; i < n; i++) p[i] = i < 12 ? 100 * stem + (uint32_t)i : pt_below(&r, 3);
+    return n;
+}
+
+/* Check the K/V of every attached token of `id` (prompt p, nc cached): 0, 1 and
+ * a message on the first wrong one, or pkv_seq_blocks' error. */
+static int attached_check(pkv_cache *c, const pkv_cache_info *inf, uint64_t id,
+                          const uint32_t *p, size_t nc, char *err, size_t cap)
+{
+    uint32_t tab[16];
+    size_t nb = 0;
+    int rc = pkv_seq_blocks(c, id, tab, 16, &nb);
+    if (rc) {
+        snprintf(err, cap, "pkv_seq_blocks: %s", pkv_last_error());
+        return rc;
+    }
+    uint64_t h = pt_h0(0);
+    for (size_t t = 0; t < nc; t++) {
+        h = pt_hstep(h, p[t]);
+        if (!pt_token_ok(c, inf, tab[t / BS], (uint32_t)(t % BS), h, err, cap)) return 1;
+    }
+    return 0;
+}
+
+/* A client that works across daemon restarts until *stop: it opens a prompt,
+ * checks the K/V of every attached token, appends and writes the rest, commits,
+ * now and then syncs, closes; it reports each acknowledged commit and sync on
+ * `acks`. On PKV_EDISCONNECTED it closes its handle (rule W3: the restarted
+ * daemon waits for that) and connects again, for 30 s at most. Exit 0 when
+ * stopped, 1 on wrong K/V, 2 on an undocumented error, 3 when no daemon came
+ * back. */
+static void reconnecting_client(uint32_t id, int acks, const volatile int *stop)
+{
+    uint32_t p[40], conn = 0, iter = 0;
+    pkv_slot slots[40];
+    char err[256];
+    while (!*stop) {
+        pkv_cache *c = NULL;
+        for (int t = 0; pkv_connect(sock_path, &c); t++) {
+            if (*stop) _exit(0);
+            if (t > 15000) _exit(3);
+            struct timespec w = {0, 2000000L};
+            nanosleep(&w, NULL);
+        }
+        conn++;
+        pkv_cache_info inf;
+        pkv_info(c, &inf);
+        int rc = 0;
+        for (; !*stop; iter++) {
+            size_t n = ack_prompt(id, iter, p), nc = 0;
+            if ((rc = pkv_seq_open(c, 1, 0, p, n, &nc))) break;
+            if ((rc = attached_check(c, &inf, 1, p, nc, err, sizeof err)) == 1) {
+                fprintf(stderr, "client %u: wrong K/V (%zu attached): %s\n", id, nc, err);
+                _exit(1);
+            }
+            if (rc) break;
+            uint64_t h = pt_hprefix(0, p, nc);
+            if (n > nc && !(rc = pkv_seq_append(c, 1, p + nc, n - nc, slots))) {
+                for (size_t i = 0; i < n - nc; i++) {
+                    h = pt_hstep(h, p[nc + i]);
+                    pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+                }
+                rc = pkv_seq_commit(c, 1, n - nc);
+            }
+            if (rc) break;
+            ack a = {id, conn, iter, (uint32_t)n, ACK_COMMIT};
+            if (write(acks, &a, sizeof a) != (ssize_t)sizeof a) _exit(2);
+            if (iter % 5 == 4) {
+                if ((rc = pkv_sync(c))) break;
+                a.kind = ACK_SYNC;
+                if (write(acks, &a, sizeof a) != (ssize_t)sizeof a) _exit(2);
+            }
+            if ((rc = pkv_seq_close(c, 1))) break;
+        }
+        pkv_close(c);
+        if (rc && rc != PKV_EDISCONNECTED) {
+            fprintf(stderr, "client %u: %s (%s)\n", id, pkv_strerror(rc), pkv_last_error());
+            _exit(2);
+        }
+    }
+    _exit(0);
+}
+
+/* The test's record of the acknowledged commits: which are guaranteed to
+ * survive a daemon crash in `mode` (always: every one; group and none: those a
+ * later sync of the same connection acknowledged), and which of those were
+ * checked after the last restart. */
+typedef struct ack_book {
+    ack *a;
+    bool *sure, *checked;
+    size_t n, cap;
+} ack_book;
+
+static void book_drain(ack_book *b, int fd, bool always)
+{
+    ack x;
+    while (read(fd, &x, sizeof x) == (ssize_t)sizeof x) {
+        if (x.kind == ACK_SYNC) { /* makes this connection's earlier commits sure */
+            for (size_t i = b->n; i-- > 0;)
+                if (b->a[i].client == x.client && b->a[i].conn == x.conn) b->sure[i] = true;
+            continue;
+        }
+        if (b->n == b->cap) {
+            b->cap = b->cap ? 2 * b->cap : 1024;
+            b->a = realloc(b->a, b->cap * sizeof *b->a);
+            b->sure = realloc(b->sure, b->cap);
+            b->checked = realloc(b->checked, b->cap);
+            cr_assert(b->a && b->sure && b->checked);
+        }
+        b->a[b->n] = x;
+        b->sure[b->n] = always;
+        b->checked[b->n] = false;
+        b->n++;
+    }
+}
+
+/* After a restart: every sure commit not yet checked (all: every sure one) is
+ * found again by prefix, with its K/V. Returns how many were checked. */
+static size_t book_check(ack_book *b, bool all, const char *mode, int round)
+{
+    pkv_cache *c = connect_ok();
+    pkv_cache_info inf = pt_info(c);
+    uint32_t p[40];
+    char err[256];
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->sure[i] || (b->checked[i] && !all)) continue;
+        size_t n = ack_prompt(b->a[i].client, b->a[i].iter, p), nc = 0;
+        cr_assert_eq(n, b->a[i].n);
+        size_t want = (n - 1) / BS * BS; /* whole sealed blocks, n-1 cap */
+        PT_OK(pkv_seq_open(c, 1, 0, p, n, &nc));
+        cr_assert(nc >= want, "%s, round %d: client %u's acknowledged commit %u (%zu tokens, "
+                  "connection %u) lost: %zu cached, %zu expected", mode, round, b->a[i].client,
+                  b->a[i].iter, n, b->a[i].conn, nc, want);
+        cr_assert_eq(attached_check(c, &inf, 1, p, nc, err, sizeof err), 0, "%s, round %d: %s",
+                     mode, round, err);
+        PT_OK(pkv_seq_close(c, 1));
+        b->checked[i] = true;
+        k++;
+    }
+    pkv_stats s = pt_stats(c);
+    cr_assert_eq(s.evictions, 0, "%s: evictions make the check inexact (raise --capacity)", mode);
+    pkv_close(c);
+    return k;
+}
+
+/* pkvd SIGKILLed at random points (1-30 ms into the work) under two client
+ * processes that reconnect after each restart, in each durability mode: no
+ * client ever attaches K/V that is not its prefix's (checked on every open), and
+ * every acknowledged commit the mode promises survives (always: every one;
+ * group, none: every one before an acknowledged pkv_sync of its connection), found
+ * by prefix after the restart with its K/V. PKV_PKVD_MODE_KILLS kills per mode
+ * (20). */
+Test(pkvd, killing_the_daemon_keeps_what_its_durability_mode_promises)
+{
+    static const char *const big[] = {"--capacity", "8192", NULL};
+    static const char *const modes[] = {"always", "group", "none"};
+    int kills = (int)pt_env_u64("PKV_PKVD_MODE_KILLS", 20);
+    pt_rng r = {.s = 0xacdcu};
+    volatile int *stop = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                              -1, 0);
+    cr_assert(stop != MAP_FAILED);
+    for (size_t m = 0; m < 3; m++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "cache-%s", modes[m]);
+        pt_path(dir_path, sizeof dir_path, sub);
+        pt_path(sock_path, sizeof sock_path, "pkvd.sock");
+        geometry = big;
+        bool always = m == 0;
+        *stop = 0;
+        int ap[2];
+        cr_assert_eq(pipe(ap), 0);
+        cr_assert_eq(fcntl(ap[0], F_SETFL, O_NONBLOCK), 0);
+        pid_t d = daemon_start_with("--durability", modes[m], NULL, NULL);
+        pid_t cl[2];
+        for (int i = 0; i < 2; i++) {
+            cl[i] = fork();
+            cr_assert(cl[i] >= 0);
+            if (cl[i] == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                close(ap[0]);
+                reconnecting_client((uint32_t)i + 1, ap[1], stop);
+            }
+        }
+        close(ap[1]);
+        ack_book b = {0};
+        size_t checked = 0;
+        for (int k = 0; k < kills; k++) {
+            struct timespec ts = {0, (long)(1 + pt_below(&r, 30)) * 1000000L};
+            nanosleep(&ts, NULL);
+            daemon_stop(d, SIGKILL);
+            for (int i = 0; i < 2; i++) {
+                int st = 0;
+                cr_assert_eq(waitpid(cl[i], &st, WNOHANG), 0, "%s, kill %d: client %d ended, "
+                             "status 0x%x (1: wrong K/V, 2: an undocumented error)",
+                             modes[m], k, i, st);
+            }
+            /* Ready only once both clients closed their handles (rule W3), so
+             * every acknowledgement of the killed daemon is in the pipe. */
+            d = daemon_start_with("--durability", modes[m], NULL, NULL);
+            book_drain(&b, ap[0], always);
+            checked += book_check(&b, false, modes[m], k);
+        }
+        *stop = 1;
+        for (int i = 0; i < 2; i++) {
+            int st = 0;
+            cr_assert_eq(waitpid(cl[i], &st, 0), cl[i]);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: client %d status 0x%x",
+                      modes[m], i, st);
+        }
+        /* Once more, a last kill with no client: every sure commit of the mode's
+         * whole run is still there after all those crashes. */
+        daemon_stop(d, SIGKILL);
+        d = daemon_start_with("--durability", modes[m], NULL, NULL);
+        book_drain(&b, ap[0], always);
+        size_t sure = book_check(&b, true, modes[m], kills);
+        cr_log_info("%s: %d kills, %zu acknowledged commits, %zu of them promised and "
+                    "checked at their restart, %zu re-checked at the end", modes[m], kills, b.n,
+                    checked, sure);
+        cr_assert(sure >= (size_t)kills, "%s: too few promised commits (%zu) to mean much",
+                  modes[m], sure);
+        daemon_stop(d, SIGTERM);
+        geometry = NULL;
+        close(ap[0]);
+        free(b.a), free(b.sure), free(b.checked);
+        pkv_options o;
+        pt_opts(&o, 2, 2, 4, BS, PKV_F32, 8192);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        PT_CHECK(c);
+        pt_close(c);
+    }
+    munmap((void *)stop, 4096);
+}
