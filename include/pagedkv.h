@@ -86,7 +86,8 @@ enum {
     PKV_EGEOMETRY = -31010, /* on-disk geometry differs from the requested one        */
     PKV_EMODEL    = -31011, /* on-disk model identity differs from the requested one  */
     PKV_ECORRUPT  = -31012, /* a file or an in-memory invariant is corrupted          */
-    PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held)    */
+    PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held);
+                                 pkv_connect: pkvd is at its --max-clients         */
     PKV_EVERSION  = -31014, /* on-disk format version not supported                   */
     PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
     PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
@@ -262,7 +263,8 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * pkv_kv must not be read after that. At most 4 Mi tokens per call, 2 Mi appended
  * tokens per append (PKV_ERANGE).
  * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
- * daemon, or it closed the connection), PKV_EGEOMETRY (a geometry this library
+ * daemon, or it closed the connection), PKV_EBUSY (the daemon serves its
+ * --max-clients connections already), PKV_EGEOMETRY (a geometry this library
  * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,
  * PKV_EIO. On failure *out is NULL.
  * Blocks: connects and waits for the daemon's first reply; maps the arena. */

@@ -24,6 +24,7 @@
 #include "pkv_test.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -36,6 +37,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1612,4 +1614,115 @@ Test(pkvd, killing_the_daemon_keeps_what_its_durability_mode_promises)
         pt_close(c);
     }
     munmap((void *)stop, 4096);
+}
+
+/* ---- Limits ------------------------------------------------------------------------------ */
+
+/* --max-clients: a connection past the limit gets PKV_EBUSY from pkv_connect at
+ * once, with a message naming the option, not a hang; once a client closes, a new
+ * one is served. */
+Test(pkvd, a_client_past_max_clients_is_refused_clearly)
+{
+    daemon_paths();
+    pid_t d = daemon_start_with("--max-clients", "2", NULL, NULL);
+    pkv_cache *a = connect_ok(), *b = connect_ok(), *x = (pkv_cache *)&x;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    PT_ERR(pkv_connect(sock_path, &x), PKV_EBUSY);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_null(x);
+    cr_assert(strstr(pkv_last_error(), "--max-clients"), "message '%s'", pkv_last_error());
+    cr_assert(t1.tv_sec - t0.tv_sec < 2, "the refusal took %ld s", (long)(t1.tv_sec - t0.tv_sec));
+    uint32_t p[13];
+    prompt(p, 13, 4545);
+    open_fill(b, 1, p, 13); /* the served ones are unaffected */
+    pkv_close(a);
+    int rc = PKV_EBUSY;
+    for (int t = 0; t < 2000 && rc == PKV_EBUSY; t++) { /* the daemon sees a's close */
+        rc = pkv_connect(sock_path, &x);
+        if (rc == PKV_EBUSY) usleep(1000);
+    }
+    cr_assert_eq(rc, 0, "a client after one closed: %d (%s)", rc, pkv_last_error());
+    size_t nc = 0;
+    PT_OK(pkv_prefix_lookup(x, 0, p, 13, &nc));
+    cr_assert_eq(nc, 12);
+    pkv_close(x);
+    pkv_close(b);
+    daemon_stop(d, SIGTERM);
+}
+
+/* --client-timeout: a client that stops in the middle of a frame gets an error
+ * reply naming the option and its connection ends, within about the timeout; a
+ * client that only rests between frames is not affected. */
+Test(pkvd, a_client_stalled_mid_frame_is_ended_after_the_timeout)
+{
+    daemon_paths();
+    pid_t d = daemon_start_with("--client-timeout", "1", NULL, NULL);
+    pkv_cache *idle = connect_ok();
+    int fd = raw_connect();
+    struct timeval tv = {.tv_sec = 15}; /* fail, not hang, if the daemon never ends it */
+    cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    uint8_t f[64];
+    hdr(f, 0x44564B50u, 1, 1, 8);
+    memset(f + 16, 0, 8);
+    f[16] = 1, f[18] = 1;
+    cr_assert_eq(send(fd, f, 24, MSG_NOSIGNAL), 24);
+    cr_assert_eq(read_reply(fd), 0);
+    hdr(f, 0x44564B50u, 1, 2, 8 + 4 + 4 * 100); /* a LOOKUP of 100 tokens, 3 sent */
+    memset(f + 16, 0, 24);
+    put32(f + 24, 100);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(send(fd, f, 16 + 12 + 12, MSG_NOSIGNAL), 40);
+    cr_assert_eq(read_reply(fd), PKV_EINVAL, "the stalled frame's error reply");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert(s >= 0.9 && s < 10, "ended after %.2f s (timeout 1 s)", s);
+    cr_assert_eq(read_reply(fd), 1, "the connection ends");
+    close(fd);
+    sleep(2); /* longer than the timeout, between frames */
+    uint32_t p[13];
+    prompt(p, 13, 8080);
+    size_t nc = 9;
+    PT_OK(pkv_prefix_lookup(idle, 0, p, 13, &nc));
+    cr_assert_eq(nc, 0);
+    pkv_close(idle);
+    daemon_stop(d, SIGTERM);
+}
+
+/* --socket-group NAME: the socket file gets that group and mode 0660; an unknown
+ * group stops the daemon before it listens (status 2). */
+Test(pkvd, socket_group_sets_the_group_and_mode_0660)
+{
+    daemon_paths();
+    struct group *g = getgrgid(getgid()); /* one this process may chgrp to */
+    cr_assert_not_null(g);
+    char name[64];
+    snprintf(name, sizeof name, "%s", g->gr_name);
+    pid_t d = daemon_start_with("--socket-group", name, NULL, NULL);
+    struct stat st;
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0660, "the socket is 0%o", st.st_mode & 0777);
+    cr_assert_eq(st.st_gid, getgid());
+    pkv_close(connect_ok());
+    daemon_stop(d, SIGTERM);
+    if (geteuid() == 0 && getgrnam("nogroup")) { /* another group than the daemon's */
+        d = daemon_start_with("--socket-group", "nogroup", NULL, NULL);
+        cr_assert_eq(stat(sock_path, &st), 0);
+        cr_assert_eq(st.st_gid, getgrnam("nogroup")->gr_gid);
+        cr_assert_eq(st.st_mode & 0777, 0660);
+        daemon_stop(d, SIGTERM);
+    }
+    pid_t b = fork();
+    cr_assert(b >= 0);
+    if (b == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execl(getenv("PKVD"), "pkvd", "--socket-group", "no-such-group-pkvd", "--dir",
+              dir_path, "--socket", sock_path, (char *)NULL);
+        _exit(127);
+    }
+    int stt = 0;
+    cr_assert_eq(waitpid(b, &stt, 0), b);
+    cr_assert(WIFEXITED(stt) && WEXITSTATUS(stt) == 2, "unknown group: status 0x%x", stt);
 }

@@ -45,6 +45,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/time.h>
+#include <grp.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +60,11 @@ static int arena_fd = -1;
  * blocks it attached, so a restart must not reuse them under it). */
 static int arena_ro_fd = -1;
 static atomic_uint_fast64_t next_id = 1;
+/* --max-clients: connections served at once; past it a client's HELLO gets
+ * PKV_EBUSY. --client-timeout: seconds a frame, once begun, may take to arrive
+ * (and a reply to be taken); 0: no bound. */
+static uint64_t max_clients = 1024, client_timeout = 30;
+#define REFUSING_MAX 64 /* connections being refused at once; past it, closed unanswered */
 #define MAX_UIDS 64
 static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
 static size_t n_uids;
@@ -175,6 +182,7 @@ typedef struct conn {
     uid_t uid;
     pid_t pid;
     bool rdonly; /* read-only: O_RDONLY arena, no call that hands out slots */
+    bool refuse; /* over --max-clients: its HELLO gets PKV_EBUSY */
     atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
     bool hello;
     atomic_bool finished;
@@ -195,6 +203,27 @@ static bool read_all(int fd, uint8_t *p, size_t n) {
         p += k, n -= (size_t)k;
     }
     return true;
+}
+
+/* A connection's read of n bytes of a frame: 0, READ_END (end of stream or an
+ * error) or READ_STALLED. A connection's socket has SO_RCVTIMEO set to
+ * --client-timeout, so a wait that long fails with EAGAIN: allowed while none of
+ * the n bytes came yet when `idle` (a client may rest between frames), a stall
+ * otherwise (part of a frame came and the rest did not). */
+enum { READ_END = 1, READ_STALLED = 2 };
+static int read_in(int fd, uint8_t *p, size_t n, bool idle) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, p + got, n - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (idle && got == 0) continue;
+            return READ_STALLED;
+        }
+        if (k <= 0) return READ_END;
+        got += (size_t)k;
+    }
+    return 0;
 }
 
 static bool write_all(int fd, const uint8_t *p, size_t n, int pass_fd) {
@@ -498,12 +527,35 @@ static void *conn_main(void *arg) {
     conn *k = arg;
     uint8_t h[PKVD_HDR];
     uint8_t *payload = NULL;
-    while (read_all(k->fd, h, sizeof h)) {
+    int e;
+    if (k->refuse) { /* over --max-clients: answer the HELLO, serve nothing */
+        pkvd_hdr hd;
+        uint8_t hello[64];
+        /* the whole HELLO is read first: a close with unread data would reset
+         * the stream before the client reads the refusal */
+        if (read_in(k->fd, h, sizeof h, false) == 0 && !pkvd_hdr_get(h, &hd, false, 0) &&
+            hd.len <= sizeof hello && read_in(k->fd, hello, hd.len, false) == 0)
+            reply(k, hd.op, hd.req,
+                  pkv_err(PKV_EBUSY, "pkvd serves its maximum of %llu clients "
+                          "(--max-clients); try again later", (unsigned long long)max_clients),
+                  NULL, -1);
+        shutdown(k->fd, SHUT_WR);
+        atomic_store(&k->finished, true); /* it holds no sequence, no arena */
+        return NULL;
+    }
+    while (!(e = read_in(k->fd, h, sizeof h, true))) {
         pkvd_hdr hd;
         pkvd_req r;
         int rc = pkvd_hdr_get(h, &hd, false, 0);
         if (!rc && !(payload = malloc(hd.len ? hd.len : 1))) break;
-        if (!rc && !read_all(k->fd, payload, hd.len)) break;
+        if (!rc && (e = read_in(k->fd, payload, hd.len, false))) {
+            if (e == READ_STALLED)
+                reply(k, hd.op, hd.req,
+                      pkv_err(PKV_EINVAL, "a frame incomplete after %llu s (--client-timeout)",
+                              (unsigned long long)client_timeout),
+                      NULL, -1);
+            break;
+        }
         if (!rc) rc = pkvd_req_decode(hd.op, payload, hd.len, &r);
         if (!rc && (hd.op == PKVD_HELLO) == k->hello)
             rc = pkv_err(PKV_EINVAL, k->hello ? "HELLO twice" : "the first frame must be HELLO");
@@ -534,6 +586,10 @@ static void *conn_main(void *arg) {
         if (!ok) break;
     }
     free(payload);
+    if (e == READ_STALLED)
+        logf_("uid %u pid %d stalled in the middle of a frame for %llu s (--client-timeout): "
+              "connection ended, its sequences held until it closes (rule W1)",
+              (unsigned)k->uid, (int)k->pid, (unsigned long long)client_timeout);
     /* Rule W1 (docs/pkvd.md): the client may still write the slots it was handed
      * until its end of the socket is closed (pkv_close unmaps the arena first;
      * process exit unmaps it too). Unless that close is what ended the loop, the
@@ -544,7 +600,9 @@ static void *conn_main(void *arg) {
     uint8_t sink[4096];
     for (;;) {
         ssize_t got = recv(k->fd, sink, sizeof sink, 0);
-        if (got > 0 || (got < 0 && errno == EINTR)) continue;
+        /* EAGAIN: the receive timeout; only the end of the stream releases */
+        if (got > 0 || (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)))
+            continue;
         break;
     }
     /* Rule W2: at shutdown (the recv above was ended by reap, not by the
@@ -651,6 +709,9 @@ static void usage(void) {
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
             "            [--allow-uid-ro UID]...   (read-only clients: lookup, open, read, close)\n"
+            "            [--socket-group NAME]     (the socket's group, mode 0660)\n"
+            "            [--max-clients N]         (connections at once, default 1024)\n"
+            "            [--client-timeout S]      (a begun frame's bound, default 30; 0: none)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
@@ -800,7 +861,8 @@ static void reap(bool all) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = NULL, *sock = NULL, *metrics_addr = NULL;
+    const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
+    bool mode_given = false;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
     allow_uids[n_uids++] = getuid();
@@ -841,11 +903,17 @@ int main(int argc, char **argv) {
             ok = num(val, &v) && v < UINT32_MAX && n_ro_uids < MAX_UIDS &&
                  (ro_uids[n_ro_uids++] = (uid_t)v, 1);
         else if (!strcmp(a, "--salts")) ok = parse_salts(val);
+        else if (!strcmp(a, "--socket-group")) sock_group = val;
+        else if (!strcmp(a, "--max-clients")) ok = num(val, &max_clients) && max_clients >= 1 &&
+                                                   max_clients <= 65536;
+        else if (!strcmp(a, "--client-timeout")) ok = num(val, &client_timeout) &&
+                                                      client_timeout <= 86400;
         else if (!strcmp(a, "--socket-mode")) {
             char *end;
             errno = 0;
             sock_mode = strtoull(val, &end, 8);
             ok = !errno && end != val && !*end && sock_mode <= 0777;
+            mode_given = true;
         }
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(val, "f32")) o.dtype = PKV_F32;
@@ -870,6 +938,16 @@ int main(int argc, char **argv) {
     if (!sock || (!dir && !status)) {
         usage();
         return 2;
+    }
+    gid_t sock_gid = (gid_t)-1;
+    if (sock_group) { /* a name, as chgrp takes */
+        struct group *g = getgrnam(sock_group);
+        if (!g) {
+            logf_("--socket-group %s: no such group", sock_group);
+            return 2;
+        }
+        sock_gid = g->gr_gid;
+        if (!mode_given) sock_mode = 0660;
     }
     /* A read-only descriptor confines only a uid that cannot open the arena
      * itself (docs/pkvd.md, "What the data plane trusts"). */
@@ -965,6 +1043,8 @@ int main(int argc, char **argv) {
     mode_t old = umask(0177); /* the socket file is created 0600 */
     int brc = bind(lfd, (struct sockaddr *)&sa, sizeof sa);
     umask(old);
+    /* the group first, so the group's bits never apply to another group */
+    if (!brc && sock_group) brc = chown(sock, (uid_t)-1, sock_gid);
     if (!brc && sock_mode != 0600) brc = chmod(sock, (mode_t)sock_mode);
     if (brc || listen(lfd, 64)) {
         logf_("listen on %s: %s", sock, strerror(errno));
@@ -1010,7 +1090,27 @@ int main(int argc, char **argv) {
         k->uid = cr.uid;
         k->pid = cr.pid;
         k->rdonly = uid_ro(cr.uid);
+        /* Bounded per-connection waits: a begun frame and a reply in
+         * --client-timeout; a refused client's HELLO in a second. */
+        struct timeval tv = {.tv_sec = (time_t)client_timeout};
+        if (client_timeout && (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
+                    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv)))
+            logf_("setsockopt timeouts: %s", strerror(errno));
         pthread_mutex_lock(&conns_mu);
+        size_t live = 0;
+        for (const conn *q = conns; q; q = q->next) live += !atomic_load(&q->finished);
+        if (live >= max_clients + REFUSING_MAX) { /* a flood: no thread for it */
+            pthread_mutex_unlock(&conns_mu);
+            close(fd);
+            free(k);
+            continue;
+        }
+        if (live >= max_clients) {
+            k->refuse = true;
+            struct timeval one = {.tv_sec = 1};
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &one, sizeof one);
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &one, sizeof one);
+        }
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
             close(fd);
