@@ -1731,3 +1731,75 @@ Test(pkvd, socket_group_sets_the_group_and_mode_0660)
     cr_assert_eq(waitpid(b, &stt, 0), b);
     cr_assert(WIFEXITED(stt) && WEXITSTATUS(stt) == 2, "unknown group: status 0x%x", stt);
 }
+
+/* ---- pkv-demo against a pkvd ---------------------------------------------------------- */
+
+/* Run $PKV_DEMO with the tiny workload and `extra` (a shell fragment); its
+ * stdout and stderr into out. Returns its exit status. */
+static int run_demo(const char *extra, char *out, size_t cap)
+{
+    const char *bin = getenv("PKV_DEMO");
+    cr_assert(bin && bin[0], "$PKV_DEMO is not set");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' --preset tiny --users 2 --turns 1 --samples 1 "
+             "--system-tokens 64 --message-tokens 16-32 --answer-tokens 4 --quiet %s 2>&1", bin,
+             extra);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The two-command way of docs/pkvd.md: pkvd started with the options
+ * `pkv-demo --pkvd-args` prints, then `pkv-demo --socket`: both runs are client
+ * processes of the daemon, the second finds the first's prompts cached, their
+ * outputs are identical, and nothing stays open. A demo of another model is
+ * refused with a message that says how to start the right pkvd. */
+Test(pkvd, the_demo_runs_against_a_pkvd_started_with_the_options_it_prints)
+{
+    daemon_paths();
+    static char line[1024];
+    char *out = malloc(1 << 16);
+    cr_assert_not_null(out);
+    cr_assert_eq(run_demo("--pkvd-args", line, sizeof line), 0, "--pkvd-args: %s", line);
+    static const char *args[32];
+    size_t na = 0;
+    for (char *save = NULL, *t = strtok_r(line, " \n", &save); t && na < 31;
+         t = strtok_r(NULL, " \n", &save))
+        args[na++] = t;
+    args[na] = NULL;
+    cr_assert(na >= 16 && !strcmp(args[na - 2], "--model-id"), "--pkvd-args printed %zu words", na);
+    geometry = args;
+    pid_t d = daemon_start();
+    geometry = NULL;
+    char sock[400];
+    snprintf(sock, sizeof sock, "--socket '%s'", sock_path);
+    int rc = run_demo(sock, out, 1 << 16);
+    cr_assert_eq(rc, 0, "pkv-demo --socket: status %d\n%s", rc, out);
+    cr_assert(strstr(out, "cold run: new client process of pkvd") &&
+                  strstr(out, "warm run: another new client process of pkvd") &&
+                  strstr(out, "identical in both runs: yes"),
+              "pkv-demo --socket printed:\n%s", out);
+    /* the first run found a new cache: it computed prompt tokens, the second far fewer */
+    unsigned cold_n = 0, warm_n = 0;
+    const char *pc = strstr(out, "prompt tokens"), *pw = pc ? strstr(pc + 1, "prompt tokens") : NULL;
+    cr_assert(pc && pw && sscanf(pc, "prompt tokens %u computed", &cold_n) == 1 &&
+                  sscanf(pw, "prompt tokens %u computed", &warm_n) == 1,
+              "no prompt-token lines:\n%s", out);
+    cr_assert(cold_n > 0 && warm_n < cold_n, "computed %u cold, %u warm", cold_n, warm_n);
+    pkv_cache *c = connect_ok();
+    pkv_stats s = wait_sequences(c, 0);
+    cr_assert_eq(s.sequences, 0, "the demo's sequences were released");
+    cr_assert(s.hit_tokens > 0);
+    pkv_close(c);
+    char other[512];
+    snprintf(other, sizeof other, "--socket '%s' --seed 2", sock_path); /* other weights */
+    rc = run_demo(other, out, 1 << 16);
+    cr_assert_eq(rc, 1, "a demo of another model: status %d\n%s", rc, out);
+    cr_assert(strstr(out, "another geometry or model") && strstr(out, "--pkvd-args"),
+              "the refusal says how to start the right pkvd:\n%s", out);
+    free(out);
+    daemon_stop(d, SIGTERM);
+}
