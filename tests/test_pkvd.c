@@ -936,6 +936,9 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
     open_fill(a, 1, p, 13);
     open_fill(b, 1, p, 13);
     PT_OK(pkv_seq_fork(b, 1, 2));
+    pkv_cache *ro = NULL;
+    PT_OK(pkv_connect_rdonly(sock_path, &ro));
+    cr_assert_eq(SOPEN(ro, 77, p, 13), 12);
     char cmd[1024], out[4096] = "";
     snprintf(cmd, sizeof cmd, "'%s' --status --socket '%s'", getenv("PKVD"), sock_path);
     FILE *f = popen(cmd, "r");
@@ -946,9 +949,17 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
     char want1[64], want2[64];
     snprintf(want1, sizeof want1, "uid %u pid %d sequences 1\n", (unsigned)getuid(), (int)getpid());
     snprintf(want2, sizeof want2, "uid %u pid %d sequences 2\n", (unsigned)getuid(), (int)getpid());
-    cr_assert(strstr(out, "3 connections (this one included)\n") && strstr(out, want1) &&
-                  strstr(out, want2),
+    char want3[80];
+    snprintf(want3, sizeof want3, "uid %u pid %d sequences 1 read-only\n", (unsigned)getuid(),
+             (int)getpid());
+    cr_assert(strstr(out, "4 connections (this one included)\n") && strstr(out, want1) &&
+                  strstr(out, want2) && strstr(out, want3) &&
+                  strstr(out, "  sequence 2 (pkvd's ") &&
+                  strstr(out, "): 13 tokens, 13 committed\n") &&
+                  strstr(out, "  sequence 77 (pkvd's ") &&
+                  strstr(out, "): 12 tokens, 12 committed\n"),
               "pkvd --status printed:\n%s", out);
+    pkv_close(ro);
     pkv_close(a);
     pkv_close(b);
     daemon_stop(d, SIGTERM);

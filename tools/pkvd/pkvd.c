@@ -176,6 +176,9 @@ static void im_del(idmap *m, size_t i) {
 typedef struct conn {
     int fd;
     pthread_t th;
+    /* ids is written only by the connection's thread, under ids_mu (which it
+     * never holds across a library call); CLIENTS reads it under ids_mu. */
+    pthread_mutex_t ids_mu;
     idmap ids;
     uint64_t batch; /* STEP_BATCH counter (marks in ids) */
     const salt_rule *salts; /* NULL: every salt */
@@ -188,6 +191,16 @@ typedef struct conn {
     atomic_bool finished;
     struct conn *next;
 } conn;
+
+static void ids_free(conn *k) {
+    pthread_mutex_lock(&k->ids_mu);
+    free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+    memset(&k->ids, 0, sizeof k->ids);
+    pthread_mutex_unlock(&k->ids_mu);
+}
+
+/* At most this many sequences of a connection are listed by CLIENTS. */
+#define CLIENTS_SEQS 16
 
 static pthread_mutex_t conns_mu = PTHREAD_MUTEX_INITIALIZER;
 static conn *conns;
@@ -351,7 +364,10 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_SEQ_OPEN: {
         if (im_find(&k->ids, r->id) != SIZE_MAX) return exists(r->id);
         if ((rc = salt_check(k, r->salt))) return rc;
-        if (im_reserve(&k->ids)) return oom();
+        pthread_mutex_lock(&k->ids_mu);
+        int grown = im_reserve(&k->ids);
+        pthread_mutex_unlock(&k->ids_mu);
+        if (grown) return oom();
         uint32_t *t = tokens_of(r);
         if (!t) return oom();
         uint64_t did = atomic_fetch_add(&next_id, 1);
@@ -359,7 +375,9 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         rc = pkv_seq_open(cache, did, r->salt, t, r->n, &nc);
         free(t);
         if (rc) return rc;
+        pthread_mutex_lock(&k->ids_mu);
         im_put(&k->ids, r->id, did);
+        pthread_mutex_unlock(&k->ids_mu);
         atomic_fetch_add(&k->nseq, 1);
         pkvd_put_u64(res, nc);
         return 0;
@@ -426,12 +444,17 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_FORK: {
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
         if (im_find(&k->ids, r->id2) != SIZE_MAX) return exists(r->id2);
-        if (im_reserve(&k->ids)) return oom();
+        pthread_mutex_lock(&k->ids_mu);
+        int grown = im_reserve(&k->ids);
+        pthread_mutex_unlock(&k->ids_mu);
+        if (grown) return oom();
         i = im_find(&k->ids, r->id); /* the reserve may have rehashed */
         uint64_t did = atomic_fetch_add(&next_id, 1);
         rc = pkv_seq_fork(cache, k->ids.val[i], did);
         if (!rc) {
+            pthread_mutex_lock(&k->ids_mu);
             im_put(&k->ids, r->id2, did);
+            pthread_mutex_unlock(&k->ids_mu);
             atomic_fetch_add(&k->nseq, 1);
         }
         return rc;
@@ -443,7 +466,9 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
         rc = pkv_seq_close(cache, k->ids.val[i]);
         if (!rc) {
+            pthread_mutex_lock(&k->ids_mu);
             im_del(&k->ids, i);
+            pthread_mutex_unlock(&k->ids_mu);
             atomic_fetch_sub(&k->nseq, 1);
         }
         return rc;
@@ -486,16 +511,38 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     }
     case PKVD_SYNC:
         return pkv_sync(cache);
-    case PKVD_CLIENTS: { /* u32 count, then (u32 uid, u32 pid, u64 sequences) each */
+    case PKVD_CLIENTS: {
+        /* u32 count, then per connection: u32 uid, u32 pid, u64 sequences, u32
+         * flags (1: read-only), u32 listed, listed x (u64 client id, u64 daemon id,
+         * u64 len, u64 committed), the first CLIENTS_SEQS in its map. Lock order:
+         * conns_mu, a connection's ids_mu, the cache's (pkv_seq_get_info). */
         pthread_mutex_lock(&conns_mu);
         uint32_t n = 0;
         for (const conn *q = conns; q; q = q->next) n += !atomic_load(&q->finished);
         pkvd_put_u32(res, n);
-        for (const conn *q = conns; q; q = q->next) {
+        for (conn *q = conns; q; q = q->next) {
             if (atomic_load(&q->finished)) continue;
             pkvd_put_u32(res, (uint32_t)q->uid);
             pkvd_put_u32(res, (uint32_t)q->pid);
             pkvd_put_u64(res, atomic_load(&q->nseq));
+            pkvd_put_u32(res, q->rdonly ? 1u : 0u);
+            uint64_t cid[CLIENTS_SEQS], did[CLIENTS_SEQS];
+            uint32_t listed = 0;
+            pthread_mutex_lock(&q->ids_mu);
+            for (size_t j = 0; j < q->ids.cap && listed < CLIENTS_SEQS; j++) {
+                uint64_t v = q->ids.val[j];
+                if (v && v != UINT64_MAX) cid[listed] = q->ids.key[j], did[listed++] = v;
+            }
+            pkvd_put_u32(res, listed);
+            for (uint32_t j = 0; j < listed; j++) {
+                pkv_seq_info si = {0};
+                pkv_seq_get_info(cache, did[j], &si); /* closed meanwhile: zeros */
+                pkvd_put_u64(res, cid[j]);
+                pkvd_put_u64(res, did[j]);
+                pkvd_put_u64(res, si.len);
+                pkvd_put_u64(res, si.committed);
+            }
+            pthread_mutex_unlock(&q->ids_mu);
         }
         pthread_mutex_unlock(&conns_mu);
         return res->oom ? oom() : 0;
@@ -609,7 +656,7 @@ static void *conn_main(void *arg) {
      * client) the daemon exits as if it crashed: nothing is released, the next
      * start recovers it after the clients have unmapped the arena. */
     if (atomic_load(&stopping)) {
-        free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+        ids_free(k);
         atomic_store(&k->finished, true);
         return NULL;
     }
@@ -621,7 +668,7 @@ static void *conn_main(void *arg) {
             logf_("closing sequence %llu of a closed connection: %s", (unsigned long long)v,
                   pkv_last_error());
     }
-    free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+    ids_free(k);
     /* The descriptor is closed by reap() after the join, so its number cannot be
      * reused while reap() may still shut it down. */
     atomic_store(&k->finished, true);
@@ -690,7 +737,19 @@ static int status_main(const struct sockaddr_un *sa) {
         for (uint32_t i = 0; i < n && !rd.bad; i++) {
             uint32_t uid = pkvd_get_u32(&rd), pid = pkvd_get_u32(&rd);
             uint64_t ns = pkvd_get_u64(&rd);
-            if (!rd.bad) printf("uid %u pid %u sequences %llu\n", uid, pid, (unsigned long long)ns);
+            uint32_t flags = pkvd_get_u32(&rd), listed = pkvd_get_u32(&rd);
+            if (rd.bad) break;
+            printf("uid %u pid %u sequences %llu%s\n", uid, pid, (unsigned long long)ns,
+                   flags & 1 ? " read-only" : "");
+            for (uint32_t j = 0; j < listed && !rd.bad; j++) {
+                uint64_t cid = pkvd_get_u64(&rd), did = pkvd_get_u64(&rd);
+                uint64_t len = pkvd_get_u64(&rd), com = pkvd_get_u64(&rd);
+                if (!rd.bad)
+                    printf("  sequence %llu (pkvd's %llu): %llu tokens, %llu committed\n",
+                           (unsigned long long)cid, (unsigned long long)did,
+                           (unsigned long long)len, (unsigned long long)com);
+            }
+            if (listed < ns) printf("  (%llu more)\n", (unsigned long long)(ns - listed));
         }
         if (rd.bad) rc = -1;
     }
@@ -856,6 +915,7 @@ static void reap(bool all) {
         if (!atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
         pthread_join(k->th, NULL);
         close(k->fd);
+        pthread_mutex_destroy(&k->ids_mu);
         free(k);
     }
 }
@@ -1086,6 +1146,7 @@ int main(int argc, char **argv) {
             continue;
         }
         k->fd = fd;
+        pthread_mutex_init(&k->ids_mu, NULL);
         k->salts = rule_of(cr.uid);
         k->uid = cr.uid;
         k->pid = cr.pid;
@@ -1102,6 +1163,7 @@ int main(int argc, char **argv) {
         if (live >= max_clients + REFUSING_MAX) { /* a flood: no thread for it */
             pthread_mutex_unlock(&conns_mu);
             close(fd);
+            pthread_mutex_destroy(&k->ids_mu);
             free(k);
             continue;
         }
@@ -1114,6 +1176,7 @@ int main(int argc, char **argv) {
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
             close(fd);
+            pthread_mutex_destroy(&k->ids_mu);
             free(k);
             continue;
         }
