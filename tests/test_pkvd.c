@@ -1543,6 +1543,37 @@ static size_t book_check(ack_book *b, bool all, const char *mode, int round)
     return k;
 }
 
+/* Start the daemon in `mode`, draining the acknowledgements while it gets
+ * ready; on no READY in 20 s, say where each client is (its wchan). */
+static pid_t restart_draining(const char *mode, ack_book *b, int acks, bool always,
+                              const pid_t cl[2])
+{
+    int ready;
+    pid_t d = daemon_spawn("--durability", mode, NULL, NULL, NULL, &ready);
+    int r = 0;
+    for (int t = 0; t < 400 && r == 0; t++) {
+        book_drain(b, acks, always);
+        r = wait_ready(ready, 50);
+    }
+    close(ready);
+    if (r != 1) {
+        for (int i = 0; i < 2; i++) {
+            char path[64], w[128] = "?";
+            snprintf(path, sizeof path, "/proc/%d/wchan", (int)cl[i]);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                size_t n = fread(w, 1, sizeof w - 1, f);
+                w[n] = '\0';
+                fclose(f);
+            }
+            cr_log_info("%s: client %d (pid %d) waits in %s", mode, i, (int)cl[i], w);
+        }
+    }
+    cr_assert(r != 0, "%s: pkvd did not get ready in 20 s (clients: see the log)", mode);
+    cr_assert(r == 1, "%s: pkvd exited before it was ready", mode);
+    return d;
+}
+
 /* pkvd SIGKILLed at random points (1-30 ms into the work) under two client
  * processes that reconnect after each restart, in each durability mode: no
  * client ever attaches K/V that is not its prefix's (checked on every open), and
@@ -1595,9 +1626,10 @@ Test(pkvd, killing_the_daemon_keeps_what_its_durability_mode_promises)
                              modes[m], k, i, st);
             }
             /* Ready only once both clients closed their handles (rule W3), so
-             * every acknowledgement of the killed daemon is in the pipe. */
-            d = daemon_start_with("--durability", modes[m], NULL, NULL);
-            book_drain(&b, ap[0], always);
+             * every acknowledgement of the killed daemon is in the pipe; it is
+             * drained while the daemon waits, so a client never blocks on a full
+             * pipe with its handle open. */
+            d = restart_draining(modes[m], &b, ap[0], always, cl);
             checked += book_check(&b, false, modes[m], k);
         }
         *stop = 1;
