@@ -2,19 +2,30 @@
  * pkv-pkvdbench — the cost of a metadata call through pkvd against the same call
  * on an embedded handle, in one run (docs/pkvd.md, docs/benchmarks.md).
  *
- * Usage: pkv-pkvdbench PKVD_BINARY SCRATCH_DIR [rounds]
+ * Usage: pkv-pkvdbench PKVD_BINARY SCRATCH_DIR [rounds [throughput_seconds]]
  * Two caches of SmolLM2-135M's geometry (30 layers, 3 KV heads, head_dim 64, f16,
  * block 16, 4,096 blocks, group durability): one opened here, one served by a
  * pkvd started here. On each, 64 sequences of a 1,024-token prompt (64 blocks,
  * shared) decode; measured, alternating embedded and pkvd per round:
  *  - pkv_prefix_lookup of the 1,024-token prompt (63 cached blocks);
- *  - pkv_seq_step_batch of the 64 sequences (commit 1 + append 1 each).
+ *  - pkv_seq_step_batch of the 64 sequences (commit 1 + append 1 each);
+ *  - a bare round trip of a 16-byte request and a 20-byte reply on a Unix
+ *    socket pair to a forked echo process: the socket's own share.
+ * Then throughput, 3 rounds alternating: 4 client processes of the pkvd, each
+ * decoding 16 sequences of its own (a 16-step batch per call, as fast as it
+ * can, for throughput_seconds, default 1), against one embedded process with
+ * 4 threads doing the same work on its cache.
  * K/V bytes are not written (a decode step's cost here is the metadata's).
- * Prints the median of each round's per-call mean, in microseconds.
+ * Prints the median of each round's per-call mean, in microseconds, whether the
+ * issue-25 target (pkvd step <= 2 x embedded + one socket round trip, that round
+ * trip <= 15 us) is met, and the throughput medians in steps/s and tokens/s.
  */
 #include "pagedkv.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +103,157 @@ static double step_round(pkv_cache *c, int calls) {
     return total / calls;
 }
 
+/* ---- The socket's own round trip ------------------------------------------ */
+
+static int echo_fd = -1;
+
+static void echo_start(void) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) exit(1);
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(sv[0]);
+        uint8_t b[16], r[20] = {0};
+        for (;;) {
+            if (recv(sv[1], b, 16, MSG_WAITALL) != 16) _exit(0);
+            if (send(sv[1], r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) _exit(0);
+        }
+    }
+    close(sv[1]);
+    echo_fd = sv[0];
+}
+
+static double rtt_round(void) {
+    uint8_t b[16] = {0}, r[20];
+    double t0 = now_us();
+    for (int i = 0; i < CALLS; i++)
+        if (send(echo_fd, b, 16, MSG_NOSIGNAL) != 16 ||
+            recv(echo_fd, r, sizeof r, MSG_WAITALL) != (ssize_t)sizeof r)
+            die("echo", PKV_EIO);
+    return (now_us() - t0) / CALLS;
+}
+
+/* ---- Throughput: 4 decoders of 16 sequences ---------------------------------- */
+
+#define TP_DECODERS 4
+#define TP_SEQS 16
+static double tp_seconds = 1;
+
+/* Open TP_SEQS sequences (ids base+1..) over the prompt, each with one pending
+ * token. */
+static void tp_setup(pkv_cache *c, uint64_t base) {
+    pkv_slot *slots = malloc(PROMPT * sizeof *slots);
+    for (uint64_t s = base + 1; s <= base + TP_SEQS; s++) {
+        size_t nc = 0;
+        uint32_t t = 7;
+        int rc = pkv_seq_open(c, s, 0, prompt, PROMPT, &nc);
+        if (!rc && nc < PROMPT && !(rc = pkv_seq_append(c, s, prompt + nc, PROMPT - nc, slots)))
+            rc = pkv_seq_commit(c, s, PROMPT - nc);
+        if (rc || (rc = pkv_seq_append(c, s, &t, 1, slots))) die("throughput setup", rc);
+    }
+    free(slots);
+}
+
+static void tp_teardown(pkv_cache *c, uint64_t base) {
+    for (uint64_t s = base + 1; s <= base + TP_SEQS; s++) pkv_seq_close(c, s);
+}
+
+/* Decode until `until` (now_us), cutting back every 256 steps as step_round
+ * does; returns the batches done. */
+static uint64_t tp_run(pkv_cache *c, uint64_t base, double until) {
+    pkv_step st[TP_SEQS];
+    uint64_t n = 0;
+    while (now_us() < until) {
+        if (n % 256 == 255) {
+            for (uint64_t s = base + 1; s <= base + TP_SEQS; s++) {
+                uint32_t t = 7;
+                pkv_slot sl;
+                int rc = pkv_seq_truncate(c, s, PROMPT);
+                if (rc || (rc = pkv_seq_append(c, s, &t, 1, &sl))) die("tp truncate", rc);
+            }
+        }
+        for (int s = 0; s < TP_SEQS; s++)
+            st[s] = (pkv_step){.id = base + (uint64_t)s + 1, .n_commit = 1, .token = (uint32_t)n};
+        size_t done = 0;
+        int rc = pkv_seq_step_batch(c, st, TP_SEQS, &done);
+        if (rc) die("tp step_batch", rc);
+        n++;
+    }
+    return n;
+}
+
+typedef struct tp_thread {
+    pkv_cache *c;
+    uint64_t base, batches;
+    double until;
+} tp_thread;
+
+static void *tp_main(void *arg) {
+    tp_thread *t = arg;
+    t->batches = tp_run(t->c, t->base, t->until);
+    return NULL;
+}
+
+/* One embedded process, TP_DECODERS threads: batches per second. */
+static double tp_embedded(pkv_cache *e) {
+    tp_thread t[TP_DECODERS];
+    pthread_t th[TP_DECODERS];
+    for (int i = 0; i < TP_DECODERS; i++) tp_setup(e, 1000 + 100 * (uint64_t)i);
+    double until = now_us() + tp_seconds * 1e6;
+    for (int i = 0; i < TP_DECODERS; i++) {
+        t[i] = (tp_thread){.c = e, .base = 1000 + 100 * (uint64_t)i, .until = until};
+        if (pthread_create(&th[i], NULL, tp_main, &t[i])) die("pthread_create", PKV_ENOMEM);
+    }
+    uint64_t sum = 0;
+    for (int i = 0; i < TP_DECODERS; i++) {
+        pthread_join(th[i], NULL);
+        sum += t[i].batches;
+        tp_teardown(e, 1000 + 100 * (uint64_t)i);
+    }
+    return (double)sum / tp_seconds;
+}
+
+/* TP_DECODERS client processes of the pkvd: batches per second. Each connects,
+ * sets up, says so, waits for the start, decodes until a deadline it is sent,
+ * and writes its batch count. */
+static double tp_served(const char *sock) {
+    int ready[2], go[2], res[2];
+    if (pipe(ready) || pipe(go) || pipe(res)) die("pipe", PKV_EIO);
+    pid_t kid[TP_DECODERS];
+    for (int i = 0; i < TP_DECODERS; i++) {
+        if ((kid[i] = fork()) == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            pkv_cache *c = NULL;
+            int rc = pkv_connect(sock, &c);
+            if (rc) die("tp connect", rc);
+            tp_setup(c, 0);
+            if (write(ready[1], "r", 1) != 1) _exit(1);
+            double until;
+            if (read(go[0], &until, sizeof until) != (ssize_t)sizeof until) _exit(1);
+            uint64_t n = tp_run(c, 0, until);
+            if (write(res[1], &n, sizeof n) != (ssize_t)sizeof n) _exit(1);
+            pkv_close(c);
+            _exit(0);
+        }
+    }
+    char r;
+    for (int i = 0; i < TP_DECODERS; i++)
+        if (read(ready[0], &r, 1) != 1) die("tp client start", PKV_EIO);
+    double until = now_us() + tp_seconds * 1e6; /* CLOCK_MONOTONIC is system-wide */
+    for (int i = 0; i < TP_DECODERS; i++)
+        if (write(go[1], &until, sizeof until) != (ssize_t)sizeof until) die("tp go", PKV_EIO);
+    uint64_t sum = 0;
+    for (int i = 0; i < TP_DECODERS; i++) {
+        uint64_t n;
+        if (read(res[0], &n, sizeof n) != (ssize_t)sizeof n) die("tp result", PKV_EIO);
+        sum += n;
+    }
+    for (int i = 0; i < TP_DECODERS; i++) waitpid(kid[i], NULL, 0);
+    close(ready[0]), close(ready[1]), close(go[0]), close(go[1]), close(res[0]), close(res[1]);
+    return (double)sum / tp_seconds;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -104,6 +266,8 @@ int main(int argc, char **argv) {
     }
     int rounds = argc > 3 ? atoi(argv[3]) : 7;
     if (rounds < 1 || rounds > 100) rounds = 7;
+    if (argc > 4) tp_seconds = atof(argv[4]);
+    if (!(tp_seconds > 0 && tp_seconds <= 60)) tp_seconds = 1;
     for (int i = 0; i < PROMPT; i++) prompt[i] = 100 + (uint32_t)i * 13 % 40000;
     char emb[4096], srv[4096], sock[4096];
     snprintf(emb, sizeof emb, "%s/embedded", argv[2]);
@@ -140,23 +304,44 @@ int main(int argc, char **argv) {
     if ((rc = pkv_connect(sock, &r))) die("pkv_connect", rc);
     setup(e);
     setup(r);
-    double le[100], lr[100], se[100], sr[100];
+    echo_start();
+    double le[100], lr[100], se[100], sr[100], rt[100];
     for (int k = 0; k < rounds; k++) { /* alternating, so drifts hit both */
         le[k] = lookup_round(e);
         lr[k] = lookup_round(r);
         se[k] = step_round(e, 512);
         sr[k] = step_round(r, 512);
+        rt[k] = rtt_round();
     }
     qsort(le, rounds, sizeof *le, cmp);
     qsort(lr, rounds, sizeof *lr, cmp);
     qsort(se, rounds, sizeof *se, cmp);
     qsort(sr, rounds, sizeof *sr, cmp);
+    qsort(rt, rounds, sizeof *rt, cmp);
     int m = rounds / 2;
     printf("median of %d rounds, microseconds per call (embedded / pkvd / difference)\n",
            rounds);
     printf("prefix_lookup 1024 tokens   %8.2f %8.2f %8.2f\n", le[m], lr[m], lr[m] - le[m]);
     printf("step_batch 64 sequences     %8.2f %8.2f %8.2f\n", se[m], sr[m], sr[m] - se[m]);
     printf("  per sequence-step         %8.3f %8.3f\n", se[m] / NSEQ, sr[m] / NSEQ);
+    printf("socket round trip (16 B / 20 B, socketpair, echo process)  %8.2f\n", rt[m]);
+    double bound = 2 * se[m] + rt[m];
+    printf("target: step_batch via pkvd <= 2 x embedded + one round trip = %.2f us: %s; "
+           "round trip <= 15 us: %s\n", bound, sr[m] <= bound ? "met" : "NOT met",
+           rt[m] <= 15 ? "met" : "NOT met");
+    double te[3], tr[3];
+    for (int k = 0; k < 3; k++) {
+        te[k] = tp_embedded(e);
+        tr[k] = tp_served(sock);
+    }
+    qsort(te, 3, sizeof *te, cmp);
+    qsort(tr, 3, sizeof *tr, cmp);
+    printf("throughput, %d decoders x %d sequences, %.1f s, median of 3 (steps/s, tokens/s)\n",
+           TP_DECODERS, TP_SEQS, tp_seconds);
+    printf("  embedded, 1 process x %d threads  %10.0f %12.0f\n", TP_DECODERS, te[1],
+           te[1] * TP_SEQS);
+    printf("  pkvd, %d client processes         %10.0f %12.0f  (%.2fx embedded)\n",
+           TP_DECODERS, tr[1], tr[1] * TP_SEQS, tr[1] / te[1]);
     pkv_close(r);
     pkv_close(e);
     kill(d, SIGTERM);

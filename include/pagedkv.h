@@ -86,7 +86,8 @@ enum {
     PKV_EGEOMETRY = -31010, /* on-disk geometry differs from the requested one        */
     PKV_EMODEL    = -31011, /* on-disk model identity differs from the requested one  */
     PKV_ECORRUPT  = -31012, /* a file or an in-memory invariant is corrupted          */
-    PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held)    */
+    PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held);
+                                 pkv_connect: pkvd is at its --max-clients         */
     PKV_EVERSION  = -31014, /* on-disk format version not supported                   */
     PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
     PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
@@ -262,11 +263,23 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * pkv_kv must not be read after that. At most 4 Mi tokens per call, 2 Mi appended
  * tokens per append (PKV_ERANGE).
  * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
- * daemon, or it closed the connection), PKV_EGEOMETRY (a geometry this library
+ * daemon, or it closed the connection), PKV_EBUSY (the daemon serves its
+ * --max-clients connections already), PKV_EGEOMETRY (a geometry this library
  * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,
  * PKV_EIO. On failure *out is NULL.
  * Blocks: connects and waits for the daemon's first reply; maps the arena. */
 int pkv_connect(const char *socket_path, pkv_cache **out);
+
+/* pkv_connect for a reader: pkvd passes the arena opened O_RDONLY, mapped here
+ * PROT_READ, so this process cannot write K/V (a store through pkv_kv faults; a
+ * writable mapping of the descriptor fails). pkv_prefix_lookup, pkv_seq_open
+ * (attaching cached blocks), pkv_seq_close, pkv_seq_get_info, pkv_seq_blocks,
+ * pkv_seq_tokens, pkv_get_stats, pkv_info and pkv_kv work; append,
+ * commit, commit_append, step_batch, fork, truncate and pkv_sync return
+ * PKV_ERDONLY (from the daemon, which enforces it). A plain pkv_connect from a uid
+ * that pkvd names with --allow-uid-ro gets the same read-only handle.
+ * Errors and blocking: as pkv_connect. */
+int pkv_connect_rdonly(const char *socket_path, pkv_cache **out);
 
 /* Unmap and close. Every pointer returned by pkv_kv() becomes invalid. NULL is fine.
  * Cannot fail: an I/O error of its last flush is lost, as in a crash. Blocks: log

@@ -25,6 +25,7 @@
 #include "wire.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -37,6 +38,7 @@ struct pkv_remote {
     pthread_mutex_t mu;
     uint32_t req;
     bool dead;
+    bool rdonly; /* the daemon passed an O_RDONLY arena: mapped PROT_READ */
 };
 
 static int dead(pkv_remote *r, const char *what, int err) {
@@ -179,11 +181,11 @@ static int too_many(size_t n, const char *what, uint32_t limit) {
 
 /* ---- Connecting ----------------------------------------------------------- */
 
-static int hello(pkv_cache *c, pkv_remote *r) {
+static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
     pkvd_wr w = {0};
     pkvd_put_u16(&w, PKVD_VERSION);
     pkvd_put_u16(&w, PKVD_VERSION);
-    pkvd_put_u32(&w, 0);
+    pkvd_put_u32(&w, want_ro ? PKVD_HELLO_RDONLY : 0);
     uint8_t *buf;
     pkvd_rd rd;
     int afd = -1;
@@ -230,7 +232,20 @@ static int hello(pkv_cache *c, pkv_remote *r) {
                      (unsigned long long)need);
         goto out;
     }
-    void *m = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    /* The descriptor's access mode says whether this connection is read-only
+     * (asked for, or pkvd --allow-uid-ro): then the mapping is PROT_READ, the
+     * only one the kernel allows. A read-write descriptor after a read-only
+     * request means the daemon did not honour it: refused. */
+    int fl = fcntl(afd, F_GETFL);
+    r->rdonly = fl >= 0 && (fl & O_ACCMODE) == O_RDONLY;
+    if (want_ro && !r->rdonly) {
+        r->dead = true;
+        rc = pkv_err(PKV_EDISCONNECTED, "pkvd passed a writable arena to a read-only "
+                     "connect (a daemon without read-only connections)");
+        goto out;
+    }
+    void *m = mmap(NULL, need, r->rdonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                   afd, 0);
     if (m == MAP_FAILED) {
         rc = pkv_err(errno == ENOMEM ? PKV_ENOMEM : PKV_EIO, "mmap of the arena: %s",
                      strerror(errno));
@@ -248,7 +263,7 @@ out:
     return rc;
 }
 
-int pkv_connect(const char *path, pkv_cache **out) {
+static int connect_as(const char *path, pkv_cache **out, bool want_ro) {
     if (!out) return pkv_err(PKV_EINVAL, "out is NULL");
     *out = NULL;
     pkv_err_clear();
@@ -276,7 +291,7 @@ int pkv_connect(const char *path, pkv_cache **out) {
     } else if (connect(r->fd, (struct sockaddr *)&sa, sizeof sa)) {
         rc = pkv_err(PKV_EDISCONNECTED, "connect to %s: %s", path, strerror(errno));
     } else {
-        rc = hello(c, r);
+        rc = hello(c, r, want_ro);
     }
     if (rc) {
         pkv_remote_close(c);
@@ -284,6 +299,12 @@ int pkv_connect(const char *path, pkv_cache **out) {
     }
     *out = c;
     return 0;
+}
+
+int pkv_connect(const char *path, pkv_cache **out) { return connect_as(path, out, false); }
+
+int pkv_connect_rdonly(const char *path, pkv_cache **out) {
+    return connect_as(path, out, true);
 }
 
 void pkv_remote_close(pkv_cache *c) {

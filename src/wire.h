@@ -111,6 +111,12 @@ typedef struct pkvd_req {
 
 #define PKVD_STEP_BYTES 16u
 
+/* HELLO flags. RDONLY: the client asks for a read-only connection (its arena
+ * descriptor is opened O_RDONLY and the calls that hand out slots are refused
+ * with PKV_ERDONLY); pkvd --allow-uid-ro makes every connection of a uid one.
+ * Other bits are refused. */
+#define PKVD_HELLO_RDONLY 1u
+
 /* Decode the payload of request `op` (a checked header's). 0 or PKV_EINVAL
  * with the reason in the message: wrong length for the op, counts over the
  * limits, unknown op. */

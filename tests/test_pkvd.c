@@ -24,6 +24,7 @@
 #include "pkv_test.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -32,9 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -933,6 +936,9 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
     open_fill(a, 1, p, 13);
     open_fill(b, 1, p, 13);
     PT_OK(pkv_seq_fork(b, 1, 2));
+    pkv_cache *ro = NULL;
+    PT_OK(pkv_connect_rdonly(sock_path, &ro));
+    cr_assert_eq(SOPEN(ro, 77, p, 13), 12);
     char cmd[1024], out[4096] = "";
     snprintf(cmd, sizeof cmd, "'%s' --status --socket '%s'", getenv("PKVD"), sock_path);
     FILE *f = popen(cmd, "r");
@@ -943,9 +949,17 @@ Test(pkvd, status_lists_the_connections_and_their_sequences)
     char want1[64], want2[64];
     snprintf(want1, sizeof want1, "uid %u pid %d sequences 1\n", (unsigned)getuid(), (int)getpid());
     snprintf(want2, sizeof want2, "uid %u pid %d sequences 2\n", (unsigned)getuid(), (int)getpid());
-    cr_assert(strstr(out, "3 connections (this one included)\n") && strstr(out, want1) &&
-                  strstr(out, want2),
+    char want3[80];
+    snprintf(want3, sizeof want3, "uid %u pid %d sequences 1 read-only\n", (unsigned)getuid(),
+             (int)getpid());
+    cr_assert(strstr(out, "4 connections (this one included)\n") && strstr(out, want1) &&
+                  strstr(out, want2) && strstr(out, want3) &&
+                  strstr(out, "  sequence 2 (pkvd's ") &&
+                  strstr(out, "): 13 tokens, 13 committed\n") &&
+                  strstr(out, "  sequence 77 (pkvd's ") &&
+                  strstr(out, "): 12 tokens, 12 committed\n"),
               "pkvd --status printed:\n%s", out);
+    pkv_close(ro);
     pkv_close(a);
     pkv_close(b);
     daemon_stop(d, SIGTERM);
@@ -1197,4 +1211,656 @@ Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
     int st = 0;
     cr_assert_eq(waitpid(f, &st, 0), f);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+}
+
+/* ---- Read-only clients ---------------------------------------------------------------- */
+
+/* The descriptors of this process that name the arena of dir_path, as a bit set. */
+static uint64_t arena_fds(void)
+{
+    char want[320], link[400], path[64];
+    snprintf(want, sizeof want, "%s/arena", dir_path);
+    uint64_t set = 0;
+    for (int fd = 0; fd < 64; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = '\0';
+        if (!strcmp(link, want)) set |= 1ull << fd;
+    }
+    return set;
+}
+
+/* The kernel enforces a reader's read-only access: its arena descriptor is
+ * O_RDONLY, so it cannot be mapped writable, written, or the handle's mapping made
+ * writable; a store through pkv_kv faults. The daemon refuses every call that
+ * hands out slots or changes a sequence with PKV_ERDONLY (a step batch with
+ * done 0), and what a reader needs works: lookup, open (attach), read K/V in place,
+ * info, blocks, tokens, stats, close. */
+Test(pkvd, a_read_only_client_cannot_write_the_arena_and_gets_erdonly)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    uint32_t p[25];
+    prompt(p, 25, 1717);
+    pkv_cache *w = connect_ok();
+    open_fill(w, 1, p, 25);
+    pkv_stats s0 = pt_stats(w);
+    uint64_t before = arena_fds();
+    pkv_cache *ro = NULL;
+    int rc = pkv_connect_rdonly(sock_path, &ro);
+    cr_assert_eq(rc, 0, "pkv_connect_rdonly -> %d (%s)", rc, pkv_last_error());
+    uint64_t mine = arena_fds() & ~before;
+    cr_assert(mine && !(mine & (mine - 1)), "one new arena descriptor (set 0x%llx)",
+              (unsigned long long)mine);
+    int afd = __builtin_ctzll(mine);
+    cr_assert_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDONLY, "the reader's arena is O_RDONLY");
+    pkv_cache_info inf = pt_info(ro);
+    void *m = mmap(NULL, 4096 + inf.slot_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    cr_assert(m == MAP_FAILED && errno == EACCES, "a writable shared mapping of it failed");
+    cr_assert(write(afd, "x", 1) < 0 && errno == EBADF, "a write through it failed");
+    cr_assert(ftruncate(afd, 0) < 0, "so did a truncate");
+    /* the reader's work: lookup, attach, read the K/V in place */
+    size_t nc = 0;
+    PT_OK(pkv_prefix_lookup(ro, 0, p, 25, &nc));
+    cr_assert_eq(nc, 24);
+    cr_assert_eq(SOPEN(ro, 1, p, 25), 24);
+    uint32_t tab[8];
+    cr_assert_eq(PT_BLOCKS(ro, 1, tab, 8), 6);
+    char err[256];
+    uint64_t h = pt_h0(0);
+    for (size_t t = 0; t < 24; t++) {
+        h = pt_hstep(h, p[t]);
+        cr_assert(pt_token_ok(ro, &inf, tab[t / BS], (uint32_t)(t % BS), h, err, sizeof err),
+                  "token %zu: %s", t, err);
+    }
+    uint8_t *kv = pkv_kv(ro, tab[0], 0, PKV_K, 0);
+    cr_assert_not_null(kv);
+    uint8_t *page = (uint8_t *)((uintptr_t)kv & ~(uintptr_t)4095);
+    cr_assert(mprotect(page, 4096, PROT_READ | PROT_WRITE) < 0 && errno == EACCES,
+              "the handle's mapping cannot be made writable");
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        *(volatile uint8_t *)kv ^= 1; /* must fault */
+        _exit(0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "a store through pkv_kv "
+              "faulted (status 0x%x)", st);
+    /* the calls that would hand out slots or change a sequence */
+    pkv_slot sl[2];
+    PT_ERR(pkv_seq_append(ro, 1, &p[24], 1, sl), PKV_ERDONLY);
+    PT_ERR(pkv_seq_commit(ro, 1, 1), PKV_ERDONLY);
+    PT_ERR(pkv_seq_commit_append(ro, 1, 0, &p[24], 1, sl), PKV_ERDONLY);
+    pkv_step one = {.id = 1, .token = p[24]};
+    size_t done = 7;
+    PT_ERR(pkv_seq_step_batch(ro, &one, 1, &done), PKV_ERDONLY);
+    cr_assert_eq(done, 0);
+    PT_ERR(pkv_seq_fork(ro, 1, 2), PKV_ERDONLY);
+    PT_ERR(pkv_seq_truncate(ro, 1, 4), PKV_ERDONLY);
+    PT_ERR(pkv_sync(ro), PKV_ERDONLY);
+    cr_assert(strstr(pkv_last_error(), "read-only"), "message '%s'", pkv_last_error());
+    pkv_seq_info si = PT_SEQ_INFO(ro, 1);
+    cr_assert(si.len == 24 && si.committed == 24, "the refused calls changed nothing");
+    pkv_stats s = pt_stats(ro);
+    cr_assert_eq(s.sequences, s0.sequences + 1);
+    PT_OK(pkv_seq_close(ro, 1));
+    pkv_close(ro);
+    s = wait_sequences(w, s0.sequences);
+    cr_assert(s.sequences == s0.sequences && s.blocks_used == s0.blocks_used);
+    PT_VERIFY(w, 1, 0, p, 25, 25);
+    pkv_close(w);
+    daemon_stop(d, SIGTERM);
+    offline_check();
+}
+
+/* --allow-uid-ro: every connection of that uid is read-only, with no request from
+ * it; and since that uid cannot open the 0600 arena itself, it cannot reopen its
+ * descriptor writable either (/proc/self/fd). A uid that can already write the
+ * arena (the daemon's own) is refused as a read-only uid, at startup. */
+Test(pkvd, a_read_only_uid_gets_only_a_read_only_arena)
+{
+    daemon_paths();
+    char own[32];
+    snprintf(own, sizeof own, "%u", (unsigned)getuid());
+    pid_t b = fork();
+    cr_assert(b >= 0);
+    if (b == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execl(getenv("PKVD"), "pkvd", "--allow-uid-ro", own, "--dir", dir_path, "--socket",
+              sock_path, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(b, &st, 0), b);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--allow-uid-ro of its own uid: 0x%x", st);
+    if (geteuid() != 0) cr_skip_test("needs root to run a client as another uid");
+    cr_assert_eq(chmod(pt_dir, 0711), 0);
+    pid_t d = daemon_start_with("--socket-mode", "666", "--allow-uid-ro", "65534");
+    uint32_t p[13];
+    prompt(p, 13, 3131);
+    pkv_cache *w = connect_ok();
+    open_fill(w, 1, p, 13);
+    pid_t ch = fork();
+    cr_assert(ch >= 0);
+    if (ch == 0) {
+        if (setgid(65534) || setuid(65534)) _exit(100);
+        uint64_t before = arena_fds();
+        pkv_cache *c = NULL;
+        if (pkv_connect(sock_path, &c)) _exit(1); /* a plain connect */
+        uint64_t mine = arena_fds() & ~before;
+        if (!mine) _exit(2);
+        int afd = __builtin_ctzll(mine);
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", afd);
+        if ((fcntl(afd, F_GETFL) & O_ACCMODE) != O_RDONLY) _exit(3);
+        if (open(path, O_RDWR) >= 0 || errno != EACCES) _exit(4); /* no way back to write */
+        size_t nc = 0;
+        pkv_slot sl;
+        if (pkv_prefix_lookup(c, 0, p, 13, &nc) || nc != 12) _exit(5);
+        if (pkv_seq_open(c, 1, 0, p, 13, &nc) || nc != 12) _exit(6);
+        if (pkv_seq_append(c, 1, &p[12], 1, &sl) != PKV_ERDONLY) _exit(7);
+        pkv_close(c);
+        _exit(0);
+    }
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the read-only uid's client: status 0x%x "
+              "(100: no setuid; 1: connect; 2-4: descriptor; 5-7: calls)", st);
+    pkv_close(w);
+    daemon_stop(d, SIGTERM);
+}
+
+/* ---- Daemon death under load: what each durability mode keeps ------------------------- */
+
+/* What a client reports to the test, one record per acknowledged call, written
+ * after the reply (a pipe write this small is atomic, and ordered per client). */
+typedef struct ack {
+    uint32_t client, conn; /* conn: the client's connection (one daemon life) */
+    uint32_t iter, n;      /* iter's prompt has n tokens, all committed */
+    uint32_t kind;         /* ACK_COMMIT, ACK_SYNC (everything before it on conn) */
+} ack;
+enum { ACK_COMMIT = 1, ACK_SYNC = 2 };
+
+/* The prompt of (client, iter): one of four stems of 12 tokens, then a tail of
+ * tokens from {0, 1, 2}, 2 to 38 tokens in all. A pure function, so the test
+ * regenerates what a client committed. A client's prompts repeat after 512
+ * (later rounds attach what earlier ones committed), which bounds the blocks the
+ * run needs (2 x 512 x 10) below the capacity: nothing is evicted, so a prefix
+ * not found again was lost, not evicted. */
+static size_t ack_prompt(uint32_t client, uint32_t iter, uint32_t *p)
+{
+    iter %= 512;
+    pt_rng r = {.s = ((uint64_t)client << 32 | iter) * 0x9E3779B97F4A7C15ull + 1};
+    size_t n = 2 + pt_below(&r, 37);
+    uint32_t stem = pt_below(&r, 4);
+    for (size_t i = 0; i < n; i++) p[i] = i < 12 ? 100 * stem + (uint32_t)i : pt_below(&r, 3);
+    return n;
+}
+
+/* Check the K/V of every attached token of `id` (prompt p, nc cached): 0, 1 and
+ * a message on the first wrong one, or pkv_seq_blocks' error. */
+static int attached_check(pkv_cache *c, const pkv_cache_info *inf, uint64_t id,
+                          const uint32_t *p, size_t nc, char *err, size_t cap)
+{
+    uint32_t tab[16];
+    size_t nb = 0;
+    int rc = pkv_seq_blocks(c, id, tab, 16, &nb);
+    if (rc) {
+        snprintf(err, cap, "pkv_seq_blocks: %s", pkv_last_error());
+        return rc;
+    }
+    uint64_t h = pt_h0(0);
+    for (size_t t = 0; t < nc; t++) {
+        h = pt_hstep(h, p[t]);
+        if (!pt_token_ok(c, inf, tab[t / BS], (uint32_t)(t % BS), h, err, cap)) return 1;
+    }
+    return 0;
+}
+
+/* A client that works across daemon restarts until *stop: it opens a prompt,
+ * checks the K/V of every attached token, appends and writes the rest, commits,
+ * now and then syncs, closes; it reports each acknowledged commit and sync on
+ * `acks`. On PKV_EDISCONNECTED it closes its handle (rule W3: the restarted
+ * daemon waits for that) and connects again, for 30 s at most. Exit 0 when
+ * stopped, 1 on wrong K/V, 2 on an undocumented error, 3 when no daemon came
+ * back. */
+static void reconnecting_client(uint32_t id, int acks, const volatile int *stop)
+{
+    uint32_t p[40], conn = 0, iter = 0;
+    pkv_slot slots[40];
+    char err[256];
+    while (!*stop) {
+        pkv_cache *c = NULL;
+        for (int t = 0; pkv_connect(sock_path, &c); t++) {
+            if (*stop) _exit(0);
+            if (t > 15000) _exit(3);
+            struct timespec w = {0, 2000000L};
+            nanosleep(&w, NULL);
+        }
+        conn++;
+        pkv_cache_info inf;
+        pkv_info(c, &inf);
+        int rc = 0;
+        for (; !*stop; iter++) {
+            size_t n = ack_prompt(id, iter, p), nc = 0;
+            if ((rc = pkv_seq_open(c, 1, 0, p, n, &nc))) break;
+            if ((rc = attached_check(c, &inf, 1, p, nc, err, sizeof err)) == 1) {
+                fprintf(stderr, "client %u: wrong K/V (%zu attached): %s\n", id, nc, err);
+                _exit(1);
+            }
+            if (rc) break;
+            uint64_t h = pt_hprefix(0, p, nc);
+            if (n > nc && !(rc = pkv_seq_append(c, 1, p + nc, n - nc, slots))) {
+                for (size_t i = 0; i < n - nc; i++) {
+                    h = pt_hstep(h, p[nc + i]);
+                    pt_write_token(c, &inf, slots[i].block, slots[i].offset, h);
+                }
+                rc = pkv_seq_commit(c, 1, n - nc);
+            }
+            if (rc) break;
+            ack a = {id, conn, iter, (uint32_t)n, ACK_COMMIT};
+            if (write(acks, &a, sizeof a) != (ssize_t)sizeof a) _exit(2);
+            if (iter % 5 == 4) {
+                if ((rc = pkv_sync(c))) break;
+                a.kind = ACK_SYNC;
+                if (write(acks, &a, sizeof a) != (ssize_t)sizeof a) _exit(2);
+            }
+            if ((rc = pkv_seq_close(c, 1))) break;
+        }
+        pkv_close(c);
+        if (rc && rc != PKV_EDISCONNECTED) {
+            fprintf(stderr, "client %u: %s (%s)\n", id, pkv_strerror(rc), pkv_last_error());
+            _exit(2);
+        }
+    }
+    _exit(0);
+}
+
+/* The test's record of the acknowledged commits: which are guaranteed to
+ * survive a daemon crash in `mode` (always: every one; group and none: those a
+ * later sync of the same connection acknowledged), and which of those were
+ * checked after the last restart. */
+typedef struct ack_book {
+    ack *a;
+    bool *sure, *checked;
+    size_t n, cap;
+} ack_book;
+
+static void book_drain(ack_book *b, int fd, bool always)
+{
+    ack x;
+    while (read(fd, &x, sizeof x) == (ssize_t)sizeof x) {
+        if (x.kind == ACK_SYNC) { /* makes this connection's earlier commits sure */
+            for (size_t i = b->n; i-- > 0;)
+                if (b->a[i].client == x.client && b->a[i].conn == x.conn) b->sure[i] = true;
+            continue;
+        }
+        if (b->n == b->cap) {
+            b->cap = b->cap ? 2 * b->cap : 1024;
+            b->a = realloc(b->a, b->cap * sizeof *b->a);
+            b->sure = realloc(b->sure, b->cap);
+            b->checked = realloc(b->checked, b->cap);
+            cr_assert(b->a && b->sure && b->checked);
+        }
+        b->a[b->n] = x;
+        b->sure[b->n] = always;
+        b->checked[b->n] = false;
+        b->n++;
+    }
+}
+
+/* After a restart: every sure commit not yet checked (all: every sure one) is
+ * found again by prefix, with its K/V. Returns how many were checked. */
+static size_t book_check(ack_book *b, bool all, const char *mode, int round)
+{
+    pkv_cache *c = connect_ok();
+    pkv_cache_info inf = pt_info(c);
+    uint32_t p[40];
+    char err[256];
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->sure[i] || (b->checked[i] && !all)) continue;
+        size_t n = ack_prompt(b->a[i].client, b->a[i].iter, p), nc = 0;
+        cr_assert_eq(n, b->a[i].n);
+        size_t want = (n - 1) / BS * BS; /* whole sealed blocks, n-1 cap */
+        /* The side-effect-free lookup for each (an open and a close are two
+         * durable records in `always`: two syncs each); the K/V of every 8th
+         * read back (the clients check it on every open). */
+        if (k++ % 8) {
+            PT_OK(pkv_prefix_lookup(c, 0, p, n, &nc));
+            cr_assert(nc >= want, "%s, round %d: client %u's acknowledged commit %u (%zu "
+                      "tokens, connection %u) lost: %zu cached, %zu expected", mode, round,
+                      b->a[i].client, b->a[i].iter, n, b->a[i].conn, nc, want);
+            b->checked[i] = true;
+            continue;
+        }
+        PT_OK(pkv_seq_open(c, 1, 0, p, n, &nc));
+        cr_assert(nc >= want, "%s, round %d: client %u's acknowledged commit %u (%zu tokens, "
+                  "connection %u) lost: %zu cached, %zu expected", mode, round, b->a[i].client,
+                  b->a[i].iter, n, b->a[i].conn, nc, want);
+        cr_assert_eq(attached_check(c, &inf, 1, p, nc, err, sizeof err), 0, "%s, round %d: %s",
+                     mode, round, err);
+        PT_OK(pkv_seq_close(c, 1));
+        b->checked[i] = true;
+    }
+    pkv_stats s = pt_stats(c);
+    cr_assert_eq(s.evictions, 0, "%s: evictions make the check inexact (raise --capacity)", mode);
+    pkv_close(c);
+    return k;
+}
+
+/* Start the daemon in `mode`, draining the acknowledgements while it gets
+ * ready (it waits for both clients to notice the kill and close, rule W3:
+ * seconds on a loaded machine); on no READY in 60 s, say where each client is
+ * (its wchan). */
+static pid_t restart_draining(const char *mode, ack_book *b, int acks, bool always,
+                              const pid_t cl[2])
+{
+    int ready;
+    pid_t d = daemon_spawn("--durability", mode, NULL, NULL, NULL, &ready);
+    int r = 0;
+    for (int t = 0; t < 1200 && r == 0; t++) {
+        book_drain(b, acks, always);
+        r = wait_ready(ready, 50);
+    }
+    close(ready);
+    if (r != 1) {
+        for (int i = 0; i < 2; i++) {
+            char path[64], w[128] = "?";
+            snprintf(path, sizeof path, "/proc/%d/wchan", (int)cl[i]);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                size_t n = fread(w, 1, sizeof w - 1, f);
+                w[n] = '\0';
+                fclose(f);
+            }
+            cr_log_info("%s: client %d (pid %d) waits in %s", mode, i, (int)cl[i], w);
+        }
+    }
+    cr_assert(r != 0, "%s: pkvd did not get ready in 60 s (clients: see the log)", mode);
+    cr_assert(r == 1, "%s: pkvd exited before it was ready", mode);
+    return d;
+}
+
+/* pkvd SIGKILLed at random points (1-30 ms into the work) under two client
+ * processes that reconnect after each restart, in each durability mode: no
+ * client ever attaches K/V that is not its prefix's (checked on every open), and
+ * every acknowledged commit the mode promises survives (always: every one;
+ * group, none: every one before an acknowledged pkv_sync of its connection), found
+ * by prefix after the restart with its K/V. PKV_PKVD_MODE_KILLS kills per mode
+ * (20). */
+Test(pkvd, killing_the_daemon_keeps_what_its_durability_mode_promises)
+{
+    static const char *const big[] = {"--capacity", "12288", NULL};
+    static const char *const modes[] = {"always", "group", "none"};
+    int kills = (int)pt_env_u64("PKV_PKVD_MODE_KILLS", 20);
+    pt_rng r = {.s = 0xacdcu};
+    volatile int *stop = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                              -1, 0);
+    cr_assert(stop != MAP_FAILED);
+    for (size_t m = 0; m < 3; m++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "cache-%s", modes[m]);
+        pt_path(dir_path, sizeof dir_path, sub);
+        pt_path(sock_path, sizeof sock_path, "pkvd.sock");
+        geometry = big;
+        bool always = m == 0;
+        *stop = 0;
+        int ap[2];
+        cr_assert_eq(pipe(ap), 0);
+        cr_assert_eq(fcntl(ap[0], F_SETFL, O_NONBLOCK), 0);
+        fcntl(ap[0], F_SETPIPE_SZ, 1 << 20); /* best effort: fewer waits on a full pipe */
+        pid_t d = daemon_start_with("--durability", modes[m], NULL, NULL);
+        pid_t cl[2];
+        for (int i = 0; i < 2; i++) {
+            cl[i] = fork();
+            cr_assert(cl[i] >= 0);
+            if (cl[i] == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                close(ap[0]);
+                reconnecting_client((uint32_t)i + 1, ap[1], stop);
+            }
+        }
+        close(ap[1]);
+        ack_book b = {0};
+        size_t checked = 0;
+        for (int k = 0; k < kills; k++) {
+            struct timespec ts = {0, (long)(1 + pt_below(&r, 30)) * 1000000L};
+            nanosleep(&ts, NULL);
+            daemon_stop(d, SIGKILL);
+            for (int i = 0; i < 2; i++) {
+                int st = 0;
+                cr_assert_eq(waitpid(cl[i], &st, WNOHANG), 0, "%s, kill %d: client %d ended, "
+                             "status 0x%x (1: wrong K/V, 2: an undocumented error)",
+                             modes[m], k, i, st);
+            }
+            /* Ready only once both clients closed their handles (rule W3), so
+             * every acknowledgement of the killed daemon is in the pipe; it is
+             * drained while the daemon waits, so a client never blocks on a full
+             * pipe with its handle open. */
+            d = restart_draining(modes[m], &b, ap[0], always, cl);
+            checked += book_check(&b, false, modes[m], k);
+        }
+        *stop = 1;
+        for (int i = 0; i < 2; i++) { /* draining: a client may wait on a full pipe */
+            int st = 0;
+            pid_t got = 0;
+            for (int t = 0; t < 6000 && (got = waitpid(cl[i], &st, WNOHANG)) == 0; t++) {
+                book_drain(&b, ap[0], always);
+                usleep(10000);
+            }
+            cr_assert_eq(got, cl[i], "%s: client %d did not stop in 60 s", modes[m], i);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: client %d status 0x%x",
+                      modes[m], i, st);
+        }
+        /* Once more, a last kill with no client: every sure commit of the mode's
+         * whole run is still there after all those crashes. */
+        daemon_stop(d, SIGKILL);
+        d = daemon_start_with("--durability", modes[m], NULL, NULL);
+        book_drain(&b, ap[0], always);
+        size_t sure = book_check(&b, true, modes[m], kills);
+        cr_log_info("%s: %d kills, %zu acknowledged commits, %zu of them promised and "
+                    "checked at their restart, %zu re-checked at the end", modes[m], kills, b.n,
+                    checked, sure);
+        cr_assert(sure >= (size_t)kills, "%s: too few promised commits (%zu) to mean much",
+                  modes[m], sure);
+        daemon_stop(d, SIGTERM);
+        geometry = NULL;
+        close(ap[0]);
+        free(b.a), free(b.sure), free(b.checked);
+        pkv_options o;
+        pt_opts(&o, 2, 2, 4, BS, PKV_F32, 12288);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        PT_CHECK(c);
+        pt_close(c);
+        cr_assert_eq(pt_rmrf(dir_path), 0); /* 48 MiB of arena per mode */
+    }
+    munmap((void *)stop, 4096);
+}
+
+/* ---- Limits ------------------------------------------------------------------------------ */
+
+/* --max-clients: a connection past the limit gets PKV_EBUSY from pkv_connect at
+ * once, with a message naming the option, not a hang; once a client closes, a new
+ * one is served. */
+Test(pkvd, a_client_past_max_clients_is_refused_clearly)
+{
+    daemon_paths();
+    pid_t d = daemon_start_with("--max-clients", "2", NULL, NULL);
+    pkv_cache *a = connect_ok(), *b = connect_ok(), *x = (pkv_cache *)&x;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    PT_ERR(pkv_connect(sock_path, &x), PKV_EBUSY);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_null(x);
+    cr_assert(strstr(pkv_last_error(), "--max-clients"), "message '%s'", pkv_last_error());
+    cr_assert(t1.tv_sec - t0.tv_sec < 2, "the refusal took %ld s", (long)(t1.tv_sec - t0.tv_sec));
+    uint32_t p[13];
+    prompt(p, 13, 4545);
+    open_fill(b, 1, p, 13); /* the served ones are unaffected */
+    pkv_close(a);
+    int rc = PKV_EBUSY;
+    for (int t = 0; t < 2000 && rc == PKV_EBUSY; t++) { /* the daemon sees a's close */
+        rc = pkv_connect(sock_path, &x);
+        if (rc == PKV_EBUSY) usleep(1000);
+    }
+    cr_assert_eq(rc, 0, "a client after one closed: %d (%s)", rc, pkv_last_error());
+    size_t nc = 0;
+    PT_OK(pkv_prefix_lookup(x, 0, p, 13, &nc));
+    cr_assert_eq(nc, 12);
+    pkv_close(x);
+    pkv_close(b);
+    daemon_stop(d, SIGTERM);
+}
+
+/* --client-timeout: a client that stops in the middle of a frame gets an error
+ * reply naming the option and its connection ends, within about the timeout; a
+ * client that only rests between frames is not affected. */
+Test(pkvd, a_client_stalled_mid_frame_is_ended_after_the_timeout)
+{
+    daemon_paths();
+    pid_t d = daemon_start_with("--client-timeout", "1", NULL, NULL);
+    pkv_cache *idle = connect_ok();
+    int fd = raw_connect();
+    struct timeval tv = {.tv_sec = 15}; /* fail, not hang, if the daemon never ends it */
+    cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    uint8_t f[64];
+    hdr(f, 0x44564B50u, 1, 1, 8);
+    memset(f + 16, 0, 8);
+    f[16] = 1, f[18] = 1;
+    cr_assert_eq(send(fd, f, 24, MSG_NOSIGNAL), 24);
+    cr_assert_eq(read_reply(fd), 0);
+    hdr(f, 0x44564B50u, 1, 2, 8 + 4 + 4 * 100); /* a LOOKUP of 100 tokens, 3 sent */
+    memset(f + 16, 0, 24);
+    put32(f + 24, 100);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(send(fd, f, 16 + 12 + 12, MSG_NOSIGNAL), 40);
+    cr_assert_eq(read_reply(fd), PKV_EINVAL, "the stalled frame's error reply");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert(s >= 0.9 && s < 10, "ended after %.2f s (timeout 1 s)", s);
+    cr_assert_eq(read_reply(fd), 1, "the connection ends");
+    close(fd);
+    sleep(2); /* longer than the timeout, between frames */
+    uint32_t p[13];
+    prompt(p, 13, 8080);
+    size_t nc = 9;
+    PT_OK(pkv_prefix_lookup(idle, 0, p, 13, &nc));
+    cr_assert_eq(nc, 0);
+    pkv_close(idle);
+    daemon_stop(d, SIGTERM);
+}
+
+/* --socket-group NAME: the socket file gets that group and mode 0660; an unknown
+ * group stops the daemon before it listens (status 2). */
+Test(pkvd, socket_group_sets_the_group_and_mode_0660)
+{
+    daemon_paths();
+    struct group *g = getgrgid(getgid()); /* one this process may chgrp to */
+    cr_assert_not_null(g);
+    char name[64];
+    snprintf(name, sizeof name, "%s", g->gr_name);
+    pid_t d = daemon_start_with("--socket-group", name, NULL, NULL);
+    struct stat st;
+    cr_assert_eq(stat(sock_path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0660, "the socket is 0%o", st.st_mode & 0777);
+    cr_assert_eq(st.st_gid, getgid());
+    pkv_close(connect_ok());
+    daemon_stop(d, SIGTERM);
+    if (geteuid() == 0 && getgrnam("nogroup")) { /* another group than the daemon's */
+        d = daemon_start_with("--socket-group", "nogroup", NULL, NULL);
+        cr_assert_eq(stat(sock_path, &st), 0);
+        cr_assert_eq(st.st_gid, getgrnam("nogroup")->gr_gid);
+        cr_assert_eq(st.st_mode & 0777, 0660);
+        daemon_stop(d, SIGTERM);
+    }
+    pid_t b = fork();
+    cr_assert(b >= 0);
+    if (b == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execl(getenv("PKVD"), "pkvd", "--socket-group", "no-such-group-pkvd", "--dir",
+              dir_path, "--socket", sock_path, (char *)NULL);
+        _exit(127);
+    }
+    int stt = 0;
+    cr_assert_eq(waitpid(b, &stt, 0), b);
+    cr_assert(WIFEXITED(stt) && WEXITSTATUS(stt) == 2, "unknown group: status 0x%x", stt);
+}
+
+/* ---- pkv-demo against a pkvd ---------------------------------------------------------- */
+
+/* Run $PKV_DEMO with the tiny workload and `extra` (a shell fragment); its
+ * stdout and stderr into out. Returns its exit status. */
+static int run_demo(const char *extra, char *out, size_t cap)
+{
+    const char *bin = getenv("PKV_DEMO");
+    cr_assert(bin && bin[0], "$PKV_DEMO is not set");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' --preset tiny --users 2 --turns 1 --samples 1 "
+             "--system-tokens 64 --message-tokens 16-32 --answer-tokens 4 --quiet %s 2>&1", bin,
+             extra);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The two-command way of docs/pkvd.md: pkvd started with the options
+ * `pkv-demo --pkvd-args` prints, then `pkv-demo --socket`: both runs are client
+ * processes of the daemon, the second finds the first's prompts cached, their
+ * outputs are identical, and nothing stays open. A demo of another model is
+ * refused with a message that says how to start the right pkvd. */
+Test(pkvd, the_demo_runs_against_a_pkvd_started_with_the_options_it_prints)
+{
+    daemon_paths();
+    static char line[1024];
+    char *out = malloc(1 << 16);
+    cr_assert_not_null(out);
+    cr_assert_eq(run_demo("--pkvd-args", line, sizeof line), 0, "--pkvd-args: %s", line);
+    static const char *args[32];
+    size_t na = 0;
+    for (char *save = NULL, *t = strtok_r(line, " \n", &save); t && na < 31;
+         t = strtok_r(NULL, " \n", &save))
+        args[na++] = t;
+    args[na] = NULL;
+    cr_assert(na >= 16 && !strcmp(args[na - 2], "--model-id"), "--pkvd-args printed %zu words", na);
+    geometry = args;
+    pid_t d = daemon_start();
+    geometry = NULL;
+    char sock[400];
+    snprintf(sock, sizeof sock, "--socket '%s'", sock_path);
+    int rc = run_demo(sock, out, 1 << 16);
+    cr_assert_eq(rc, 0, "pkv-demo --socket: status %d\n%s", rc, out);
+    cr_assert(strstr(out, "cold run: new client process of pkvd") &&
+                  strstr(out, "warm run: another new client process of pkvd") &&
+                  strstr(out, "identical in both runs: yes"),
+              "pkv-demo --socket printed:\n%s", out);
+    /* the first run found a new cache: it computed prompt tokens, the second far fewer */
+    unsigned cold_n = 0, warm_n = 0;
+    const char *pc = strstr(out, "prompt tokens"), *pw = pc ? strstr(pc + 1, "prompt tokens") : NULL;
+    cr_assert(pc && pw && sscanf(pc, "prompt tokens %u computed", &cold_n) == 1 &&
+                  sscanf(pw, "prompt tokens %u computed", &warm_n) == 1,
+              "no prompt-token lines:\n%s", out);
+    cr_assert(cold_n > 0 && warm_n < cold_n, "computed %u cold, %u warm", cold_n, warm_n);
+    pkv_cache *c = connect_ok();
+    pkv_stats s = wait_sequences(c, 0);
+    cr_assert_eq(s.sequences, 0, "the demo's sequences were released");
+    cr_assert(s.hit_tokens > 0);
+    pkv_close(c);
+    char other[512];
+    snprintf(other, sizeof other, "--socket '%s' --seed 2", sock_path); /* other weights */
+    rc = run_demo(other, out, 1 << 16);
+    cr_assert_eq(rc, 1, "a demo of another model: status %d\n%s", rc, out);
+    cr_assert(strstr(out, "another geometry or model") && strstr(out, "--pkvd-args"),
+              "the refusal says how to start the right pkvd:\n%s", out);
+    free(out);
+    daemon_stop(d, SIGTERM);
 }

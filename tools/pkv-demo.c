@@ -72,6 +72,8 @@ static struct opts {
     const char *prompt_file;
     const char *arena_dir;
     const char *metrics_addr; /* --metrics: serve /metrics there during each pass */
+    const char *socket;       /* --socket: each pass is a client of this pkvd */
+    bool pkvd_args;           /* --pkvd-args: print the pkvd options this demo needs */
     uint32_t metrics_linger;  /* --metrics-linger: seconds to keep serving after it */
     pkv_durability durability;
     pkv_dtype kv;
@@ -168,6 +170,11 @@ static void usage(FILE *f) {
             "                        e.g. 127.0.0.1:9464) while each run has the cache open\n"
             "  --metrics-linger S    keep serving S seconds after each run's work (default 0),\n"
             "                        so a scraper sees the final values\n"
+            "  --socket PATH         run each pass as a client of the pkvd on PATH (pkv_connect)\n"
+            "                        instead of opening a cache directory; start that pkvd\n"
+            "                        with the options --pkvd-args prints (docs/pkvd.md)\n"
+            "  --pkvd-args           print the pkvd geometry options this model and workload\n"
+            "                        need (--layers ... --model-id ...) and exit\n"
             "  --run cold|warm       run one pass only, in this process\n"
             "  --json                print the summary as JSON on stdout\n"
             "  --quiet               no progress on stderr\n"
@@ -241,6 +248,7 @@ static void parse_args(int argc, char **argv) {
         {"result-fd", 1, 0, 'R'},      {"help", 0, 0, 'h'},          {"arena-dir", 1, 0, 'A'},
         {"model", 1, 0, 'M'},          {"questions-file", 1, 0, 'Q'},   {"kernel", 1, 0, 'K'},
         {"metrics", 1, 0, 'X'},        {"metrics-linger", 1, 0, 'L'},
+        {"socket", 1, 0, 'P'},         {"pkvd-args", 0, 0, 'G'},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -316,6 +324,11 @@ static void parse_args(int argc, char **argv) {
             if (!optarg[0]) bad_usage("bad --metrics ''");
             opt.metrics_addr = optarg;
             break;
+        case 'P':
+            if (!optarg[0]) bad_usage("bad --socket ''");
+            opt.socket = optarg;
+            break;
+        case 'G': opt.pkvd_args = true; break;
         case 'L': opt.metrics_linger = (uint32_t)parse_num(optarg, "--metrics-linger", 0, 3600); break;
         case 'R': opt.result_fd = (int)parse_num(optarg, "--result-fd", 3, 1 << 20); break;
         case 'h': usage(stdout); exit(0);
@@ -325,9 +338,12 @@ static void parse_args(int argc, char **argv) {
     }
     if (optind < argc) bad_usage("unexpected argument '%s'", argv[optind]);
     if (opt.preset && opt.model_path) bad_usage("--model and --preset exclude each other");
+    if (opt.socket && (opt.cache_dir[0] || opt.arena_dir || opt.metrics_addr))
+        bad_usage("--socket: the cache is pkvd's (its --dir, its --metrics), so --cache-dir, "
+                  "--arena-dir and --metrics do not apply");
     if (opt.preset && opt.questions_file) bad_usage("--questions-file needs the GGUF model, not --preset");
     resolve_defaults();
-    if (!opt.cache_dir[0] && opt.run == RUN_WARM)
+    if (!opt.cache_dir[0] && opt.run == RUN_WARM && !opt.socket)
         bad_usage("--run warm needs --cache-dir DIR, the directory of an earlier --run cold");
 }
 
@@ -788,35 +804,62 @@ static uint64_t cache_capacity(const workload *w) {
     return tokens / opt.block_size * 2 + 64;
 }
 
-static void run_pass(int which, const workload *w, pass_result *r) {
-    memset(r, 0, sizeof *r);
-    snprintf(r->name, sizeof r->name, "%s", which == RUN_COLD ? "cold" : "warm");
-    r->pid = (long)getpid();
-    const uint64_t t_start = now_ns();
-    if (which == RUN_COLD) wipe_cache_dir(opt.cache_dir);
-
-    pkvm_model *m;
-    char model_id[PKV_MODEL_ID_MAX + 1];
+/* The model of a pass and its cache identity (model_id: PKV_MODEL_ID_MAX + 1
+ * bytes): the seeded preset, or the GGUF with the kernel named in its id. */
+static void make_model(pkvm_model **mp, char *model_id) {
     if (opt.preset) {
         pkvm_config pc;
         PKVM(pkvm_preset(opt.preset, &pc));
         pc.seed = opt.seed;
-        PKVM(pkvm_create(&pc, &m));
-        pkvm_model_id(m, opt.kv, model_id, sizeof model_id);
+        PKVM(pkvm_create(&pc, mp));
+        pkvm_model_id(*mp, opt.kv, model_id, PKV_MODEL_ID_MAX + 1);
     } else {
-        PKVM(pkvm_create_gguf(g_gguf, &m));
-        PKVM(pkvm_set_kernel(m, opt.kernel));
-        const int rc = pkv_tok_model_id(g_gguf, g_tok, model_id, sizeof model_id);
+        PKVM(pkvm_create_gguf(g_gguf, mp));
+        PKVM(pkvm_set_kernel(*mp, opt.kernel));
+        const int rc = pkv_tok_model_id(g_gguf, g_tok, model_id, PKV_MODEL_ID_MAX + 1);
         if (rc) die("pkv_tok_model_id: %s (%s)", pkv_strerror(rc), pkv_tok_last_error());
         /* The kernel's rounding is part of what the K/V is, and sealing relies
          * on K/V being a function of (model, token prefix) (docs/design.md,
          * sealing, step 3): a cache built with the other kernel is refused
          * (PKV_EMODEL), never mixed in. */
         const size_t len = strlen(model_id);
-        if (snprintf(model_id + len, sizeof model_id - len, ";kernel=%s",
-                     pkvm_kernel_name(opt.kernel)) >= (int)(sizeof model_id - len))
+        if (snprintf(model_id + len, PKV_MODEL_ID_MAX + 1 - len, ";kernel=%s",
+                     pkvm_kernel_name(opt.kernel)) >= (int)(PKV_MODEL_ID_MAX + 1 - len))
             die("the model id is too long");
     }
+}
+
+/* pkv_connect to --socket, and the check that the daemon's cache is this model's:
+ * its geometry and model identity (else its K/V would be another model's). */
+static pkv_cache *connect_pkvd(const pkv_options *o) {
+    pkv_cache *c = NULL;
+    int rc = pkv_connect(opt.socket, &c);
+    if (rc)
+        die("pkv_connect(%s): %s (%s). Start pkvd first: pkvd --dir DIR --socket %s "
+            "$(pkv-demo --pkvd-args ...same model options...)", opt.socket, pkv_strerror(rc),
+            pkv_last_error(), opt.socket);
+    pkv_cache_info in;
+    PKV(pkv_info(c, &in));
+    if (in.num_layers != o->num_layers || in.num_kv_heads != o->num_kv_heads ||
+        in.head_dim != o->head_dim || in.block_size != o->block_size || in.dtype != o->dtype ||
+        strcmp(in.model_id, o->model_id))
+        die("the pkvd on %s serves another geometry or model (%u layers, %u K/V heads, "
+            "head_dim %u, blocks of %u, model id %s), not this demo's: restart it with the "
+            "options pkv-demo --pkvd-args prints", opt.socket, in.num_layers, in.num_kv_heads,
+            in.head_dim, in.block_size, in.model_id);
+    return c;
+}
+
+static void run_pass(int which, const workload *w, pass_result *r) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", which == RUN_COLD ? "cold" : "warm");
+    r->pid = (long)getpid();
+    const uint64_t t_start = now_ns();
+    if (which == RUN_COLD && !opt.socket) wipe_cache_dir(opt.cache_dir);
+
+    pkvm_model *m;
+    char model_id[PKV_MODEL_ID_MAX + 1];
+    make_model(&m, model_id);
     const pkvm_config cfg = *pkvm_config_of(m);
     pkvm_set_threads(m, opt.threads);
     r->model_ns = now_ns() - t_start;
@@ -830,7 +873,7 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     o.model_id = model_id;
     o.durability = opt.durability;
     o.arena_dir = opt.arena_dir;
-    if (which == RUN_WARM) { /* do not create anything: there must be a cache */
+    if (which == RUN_WARM && !opt.socket) { /* do not create anything: there must be a cache */
         char arena[PATH_MAX];
         struct stat sb;
         snprintf(arena, sizeof arena, "%s/arena", opt.cache_dir);
@@ -838,8 +881,10 @@ static void run_pass(int which, const workload *w, pass_result *r) {
             die("no cache in %s to restart from (run the cold pass first)", opt.cache_dir);
     }
     const uint64_t t_open = now_ns();
-    pkv_cache *c;
-    int rc = pkv_open(opt.cache_dir, &o, &c);
+    pkv_cache *c = NULL;
+    int rc = 0;
+    if (opt.socket) c = connect_pkvd(&o); /* pkvd owns the cache: its recovery, its log */
+    else rc = pkv_open(opt.cache_dir, &o, &c);
     if (rc == PKV_EBUSY) die_busy(opt.cache_dir, pkv_last_error());
     if (rc == PKV_EMODEL)
         die("the cache in %s was built with another model, so its K/V is refused rather than "
@@ -856,7 +901,8 @@ static void run_pass(int which, const workload *w, pass_result *r) {
             fprintf(stderr, "  [%s] metrics at http://%s/metrics\n", r->name, opt.metrics_addr);
     }
     pkv_recovery rec;
-    PKV(pkv_get_recovery(c, &rec));
+    memset(&rec, 0, sizeof rec);
+    if (!opt.socket) PKV(pkv_get_recovery(c, &rec)); /* local only: pkvd recovered */
     pkv_stats st0;
     PKV(pkv_get_stats(c, &st0));
     r->rec_blocks = rec.blocks_sealed;
@@ -865,8 +911,9 @@ static void run_pass(int which, const workload *w, pass_result *r) {
     r->rec_ms = rec.ms_checkpoint + rec.ms_replay + rec.ms_rebuild + rec.ms_verify;
     if (!opt.quiet) {
         char a[32], b[32];
-        fprintf(stderr, "  [%s] pid %ld: model ready in %s; cache %s opened in %s", r->name,
-                r->pid, fmt_time(a, (double)r->model_ns), opt.cache_dir,
+        fprintf(stderr, "  [%s] pid %ld: model ready in %s; cache %s%s %s in %s", r->name,
+                r->pid, fmt_time(a, (double)r->model_ns), opt.socket ? "of the pkvd on " : "",
+                opt.socket ? opt.socket : opt.cache_dir, opt.socket ? "connected" : "opened",
                 fmt_time(b, (double)r->open_ns));
         if (rec.blocks_sealed || rec.records_replayed || rec.checkpoint_lsn)
             fprintf(stderr, ", recovered %" PRIu64 " cached blocks (%" PRIu64
@@ -875,8 +922,8 @@ static void run_pass(int which, const workload *w, pass_result *r) {
         if (rec.note[0]) fprintf(stderr, "  [%s] recovery: %s\n", r->name, rec.note);
     }
     /* Sequences left open by an interrupted earlier run: an engine would resume or
-     * drop them; this workload drops them. */
-    {
+     * drop them; this workload drops them. (A pkvd closes a dead client's.) */
+    if (!opt.socket) {
         size_t n = 0;
         rc = pkv_seq_list(c, NULL, 0, &n);
         if (rc && rc != PKV_ERANGE) die("pkv_seq_list: %s", pkv_strerror(rc));
@@ -1121,8 +1168,10 @@ static void run_child(int which, char **argv, int argc, pass_result *r) {
         int k = 0;
         av[k++] = argv[0];
         for (int i = 1; i < argc; i++) av[k++] = argv[i];
-        av[k++] = "--cache-dir"; /* the last one given wins: this run's directory */
-        av[k++] = opt.cache_dir;
+        if (!opt.socket) {
+            av[k++] = "--cache-dir"; /* the last one given wins: this run's directory */
+            av[k++] = opt.cache_dir;
+        }
         av[k++] = "--run";
         av[k++] = which == RUN_COLD ? "cold" : "warm";
         av[k++] = "--result-fd";
@@ -1199,7 +1248,7 @@ static void print_pass(FILE *f, const pass_result *r, const summary *s, const ch
     size_t forked = 0;
     for (size_t i = 0; i < r->n_req; i++) forked += r->req[i].samples > 1;
     fprintf(f, "%s (pid %ld)\n", title, r->pid);
-    if (!strcmp(r->name, "warm"))
+    if (!strcmp(r->name, "warm") && !opt.socket) /* with pkvd, the daemon recovered */
         fprintf(f, "  recovered           %s cached blocks, %s log records replayed, in %.1f ms%s\n",
                 fmt_int(a, r->rec_blocks), fmt_int(b, r->rec_records), r->rec_ms,
                 r->leftover ? " (open sequences from an earlier run dropped)" : "");
@@ -1351,9 +1400,11 @@ static int report(const workload *w, const pass_result *cold, const pass_result 
     } else {
         char a[32], b[32];
         printf("\n");
-        print_pass(stdout, cold, &sc, "cold run: new process, empty cache");
+        print_pass(stdout, cold, &sc, opt.socket ? "cold run: new client process of pkvd"
+                                                 : "cold run: new process, empty cache");
         printf("\n");
-        print_pass(stdout, warm, &sw, "warm run: new process, restarted on the same cache");
+        print_pass(stdout, warm, &sw, opt.socket ? "warm run: another new client process of pkvd"
+                                                 : "warm run: new process, restarted on the same cache");
         printf("\nwarm vs cold\n");
         /* The target is the seeded workload's, whose user messages are hundreds of
          * tokens; a real chat's short questions are computed in both runs. */
@@ -1431,10 +1482,25 @@ static void print_answers(const workload *w, const pass_result *cold, const pass
 int main(int argc, char **argv) {
     parse_args(argc, argv);
     if (!opt.preset) open_gguf();
-    if (!opt.cache_dir[0]) make_own_dir();
+    if (!opt.cache_dir[0] && !opt.socket && !opt.pkvd_args) make_own_dir();
     workload w;
     build_workload(&w);
     g_sys_tokens = w.system.n;
+    if (opt.pkvd_args) { /* what `pkvd` needs to serve this demo's K/V */
+        pkvm_model *m;
+        char model_id[PKV_MODEL_ID_MAX + 1];
+        make_model(&m, model_id);
+        pkv_options o;
+        pkv_options_init(&o);
+        pkvm_cache_geometry(m, &o);
+        printf("--layers %u --kv-heads %u --head-dim %u --block-size %u --dtype %s "
+               "--capacity %" PRIu64 " --durability %s --model-id %s\n", o.num_layers,
+               o.num_kv_heads, o.head_dim, opt.block_size, kv_name(), cache_capacity(&w),
+               dur_name(), model_id);
+        pkvm_free(m);
+        free_workload(&w);
+        return 0;
+    }
 
     if (opt.run != RUN_BOTH) { /* one pass, in this process */
         pass_result r;
@@ -1502,15 +1568,23 @@ int main(int argc, char **argv) {
                     "<|im_end|>), %u parallel samples on one request\n",
                     opt.users, opt.turns, fmt_int(b, w.system.n), opt.prompt_file,
                     opt.questions_file, opt.answer, opt.samples);
-        fprintf(info, "cache directory: %s%s\n\n", opt.cache_dir,
-                opt.own_dir ? " (new for this run)" : "");
+        if (opt.socket)
+            fprintf(info, "cache: served by the pkvd on %s (each run is a new client process)\n\n",
+                    opt.socket);
+        else
+            fprintf(info, "cache directory: %s%s\n\n", opt.cache_dir,
+                    opt.own_dir ? " (new for this run)" : "");
         fflush(info);
     }
     pass_result cold, warm;
-    if (!opt.quiet) fprintf(stderr, "cold run: a new process on an emptied cache directory\n");
+    if (!opt.quiet)
+        fprintf(stderr, opt.socket ? "cold run: a new client process (cold only if the pkvd's "
+                                     "cache is new)\n"
+                                   : "cold run: a new process on an emptied cache directory\n");
     run_child(RUN_COLD, argv, argc, &cold);
     if (!opt.quiet)
-        fprintf(stderr, "\nwarm run: a new process restarted on the same cache directory\n");
+        fprintf(stderr, opt.socket ? "\nwarm run: another new client process of the same pkvd\n"
+                                   : "\nwarm run: a new process restarted on the same cache directory\n");
     run_child(RUN_WARM, argv, argc, &warm);
     const int rc = report(&w, &cold, &warm);
     if (!opt.preset && !opt.json) print_answers(&w, &cold, &warm);

@@ -45,6 +45,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/time.h>
+#include <grp.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,10 +54,22 @@
 static pkv_cache *cache;
 static pkv_cache_info info;
 static int arena_fd = -1;
+/* The arena opened O_RDONLY, the descriptor read-only connections get: a
+ * MAP_SHARED PROT_WRITE mapping or a write through it fails in the kernel. It
+ * holds flock(LOCK_SH) too (rule W3: a reader of a dead daemon still reads the
+ * blocks it attached, so a restart must not reuse them under it). */
+static int arena_ro_fd = -1;
 static atomic_uint_fast64_t next_id = 1;
+/* --max-clients: connections served at once; past it a client's HELLO gets
+ * PKV_EBUSY. --client-timeout: seconds a frame, once begun, may take to arrive
+ * (and a reply to be taken); 0: no bound. */
+static uint64_t max_clients = 1024, client_timeout = 30;
+#define REFUSING_MAX 64 /* connections being refused at once; past it, closed unanswered */
 #define MAX_UIDS 64
 static uid_t allow_uids[MAX_UIDS]; /* SO_PEERCRED uids accepted */
 static size_t n_uids;
+static uid_t ro_uids[MAX_UIDS]; /* --allow-uid-ro: accepted, read-only connections */
+static size_t n_ro_uids;
 
 /* --salts UID=S1,S2,...: the salts (trust domains) a uid's connections may
  * name in a lookup or an open; a uid without a rule may name any. */
@@ -76,6 +90,12 @@ static const salt_rule *rule_of(uid_t u) {
 static bool uid_allowed(uid_t u) {
     for (size_t i = 0; i < n_uids; i++)
         if (allow_uids[i] == u) return true;
+    return false;
+}
+
+static bool uid_ro(uid_t u) {
+    for (size_t i = 0; i < n_ro_uids; i++)
+        if (ro_uids[i] == u) return true;
     return false;
 }
 
@@ -156,16 +176,31 @@ static void im_del(idmap *m, size_t i) {
 typedef struct conn {
     int fd;
     pthread_t th;
+    /* ids is written only by the connection's thread, under ids_mu (which it
+     * never holds across a library call); CLIENTS reads it under ids_mu. */
+    pthread_mutex_t ids_mu;
     idmap ids;
     uint64_t batch; /* STEP_BATCH counter (marks in ids) */
     const salt_rule *salts; /* NULL: every salt */
     uid_t uid;
     pid_t pid;
+    bool rdonly; /* read-only: O_RDONLY arena, no call that hands out slots */
+    bool refuse; /* over --max-clients: its HELLO gets PKV_EBUSY */
     atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
     bool hello;
     atomic_bool finished;
     struct conn *next;
 } conn;
+
+static void ids_free(conn *k) {
+    pthread_mutex_lock(&k->ids_mu);
+    free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+    memset(&k->ids, 0, sizeof k->ids);
+    pthread_mutex_unlock(&k->ids_mu);
+}
+
+/* At most this many sequences of a connection are listed by CLIENTS. */
+#define CLIENTS_SEQS 16
 
 static pthread_mutex_t conns_mu = PTHREAD_MUTEX_INITIALIZER;
 static conn *conns;
@@ -181,6 +216,27 @@ static bool read_all(int fd, uint8_t *p, size_t n) {
         p += k, n -= (size_t)k;
     }
     return true;
+}
+
+/* A connection's read of n bytes of a frame: 0, READ_END (end of stream or an
+ * error) or READ_STALLED. A connection's socket has SO_RCVTIMEO set to
+ * --client-timeout, so a wait that long fails with EAGAIN: allowed while none of
+ * the n bytes came yet when `idle` (a client may rest between frames), a stall
+ * otherwise (part of a frame came and the rest did not). */
+enum { READ_END = 1, READ_STALLED = 2 };
+static int read_in(int fd, uint8_t *p, size_t n, bool idle) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, p + got, n - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (idle && got == 0) continue;
+            return READ_STALLED;
+        }
+        if (k <= 0) return READ_END;
+        got += (size_t)k;
+    }
+    return 0;
 }
 
 static bool write_all(int fd, const uint8_t *p, size_t n, int pass_fd) {
@@ -266,10 +322,35 @@ static int salt_check(const conn *k, uint64_t salt) {
                    (unsigned long long)salt);
 }
 
+/* The calls a read-only connection may not make: those that hand out slots to
+ * write (append, commit_append, step_batch), change what a sequence stands for
+ * (commit, truncate, fork: a fork's open tail block could be appended to by
+ * the fork) or make the daemon sync. A reader looks up, opens (attaches sealed
+ * blocks), reads K/V in its read-only mapping, asks about its sequences, closes. */
+static bool read_only_refused(uint16_t op) {
+    switch (op) {
+    case PKVD_APPEND:
+    case PKVD_COMMIT:
+    case PKVD_COMMIT_APPEND:
+    case PKVD_STEP_BATCH:
+    case PKVD_FORK:
+    case PKVD_TRUNCATE:
+    case PKVD_SYNC:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Carry out one decoded request; results go to res. Returns the rc to send. */
 static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     int rc = 0;
     size_t i;
+    if (k->rdonly && read_only_refused(r->op)) {
+        if (r->op == PKVD_STEP_BATCH) pkvd_put_u32(res, 0); /* done: none */
+        return pkv_err(PKV_ERDONLY, "a read-only pkvd connection may look up, open, read "
+                       "and close, not op %u", r->op);
+    }
     switch (r->op) {
     case PKVD_LOOKUP: {
         if ((rc = salt_check(k, r->salt))) return rc;
@@ -283,7 +364,10 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_SEQ_OPEN: {
         if (im_find(&k->ids, r->id) != SIZE_MAX) return exists(r->id);
         if ((rc = salt_check(k, r->salt))) return rc;
-        if (im_reserve(&k->ids)) return oom();
+        pthread_mutex_lock(&k->ids_mu);
+        int grown = im_reserve(&k->ids);
+        pthread_mutex_unlock(&k->ids_mu);
+        if (grown) return oom();
         uint32_t *t = tokens_of(r);
         if (!t) return oom();
         uint64_t did = atomic_fetch_add(&next_id, 1);
@@ -291,7 +375,9 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         rc = pkv_seq_open(cache, did, r->salt, t, r->n, &nc);
         free(t);
         if (rc) return rc;
+        pthread_mutex_lock(&k->ids_mu);
         im_put(&k->ids, r->id, did);
+        pthread_mutex_unlock(&k->ids_mu);
         atomic_fetch_add(&k->nseq, 1);
         pkvd_put_u64(res, nc);
         return 0;
@@ -358,12 +444,17 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_FORK: {
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
         if (im_find(&k->ids, r->id2) != SIZE_MAX) return exists(r->id2);
-        if (im_reserve(&k->ids)) return oom();
+        pthread_mutex_lock(&k->ids_mu);
+        int grown = im_reserve(&k->ids);
+        pthread_mutex_unlock(&k->ids_mu);
+        if (grown) return oom();
         i = im_find(&k->ids, r->id); /* the reserve may have rehashed */
         uint64_t did = atomic_fetch_add(&next_id, 1);
         rc = pkv_seq_fork(cache, k->ids.val[i], did);
         if (!rc) {
+            pthread_mutex_lock(&k->ids_mu);
             im_put(&k->ids, r->id2, did);
+            pthread_mutex_unlock(&k->ids_mu);
             atomic_fetch_add(&k->nseq, 1);
         }
         return rc;
@@ -375,7 +466,9 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         if ((i = im_find(&k->ids, r->id)) == SIZE_MAX) return no_seq(r->id);
         rc = pkv_seq_close(cache, k->ids.val[i]);
         if (!rc) {
+            pthread_mutex_lock(&k->ids_mu);
             im_del(&k->ids, i);
+            pthread_mutex_unlock(&k->ids_mu);
             atomic_fetch_sub(&k->nseq, 1);
         }
         return rc;
@@ -418,16 +511,38 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     }
     case PKVD_SYNC:
         return pkv_sync(cache);
-    case PKVD_CLIENTS: { /* u32 count, then (u32 uid, u32 pid, u64 sequences) each */
+    case PKVD_CLIENTS: {
+        /* u32 count, then per connection: u32 uid, u32 pid, u64 sequences, u32
+         * flags (1: read-only), u32 listed, listed x (u64 client id, u64 daemon id,
+         * u64 len, u64 committed), the first CLIENTS_SEQS in its map. Lock order:
+         * conns_mu, a connection's ids_mu, the cache's (pkv_seq_get_info). */
         pthread_mutex_lock(&conns_mu);
         uint32_t n = 0;
         for (const conn *q = conns; q; q = q->next) n += !atomic_load(&q->finished);
         pkvd_put_u32(res, n);
-        for (const conn *q = conns; q; q = q->next) {
+        for (conn *q = conns; q; q = q->next) {
             if (atomic_load(&q->finished)) continue;
             pkvd_put_u32(res, (uint32_t)q->uid);
             pkvd_put_u32(res, (uint32_t)q->pid);
             pkvd_put_u64(res, atomic_load(&q->nseq));
+            pkvd_put_u32(res, q->rdonly ? 1u : 0u);
+            uint64_t cid[CLIENTS_SEQS], did[CLIENTS_SEQS];
+            uint32_t listed = 0;
+            pthread_mutex_lock(&q->ids_mu);
+            for (size_t j = 0; j < q->ids.cap && listed < CLIENTS_SEQS; j++) {
+                uint64_t v = q->ids.val[j];
+                if (v && v != UINT64_MAX) cid[listed] = q->ids.key[j], did[listed++] = v;
+            }
+            pkvd_put_u32(res, listed);
+            for (uint32_t j = 0; j < listed; j++) {
+                pkv_seq_info si = {0};
+                pkv_seq_get_info(cache, did[j], &si); /* closed meanwhile: zeros */
+                pkvd_put_u64(res, cid[j]);
+                pkvd_put_u64(res, did[j]);
+                pkvd_put_u64(res, si.len);
+                pkvd_put_u64(res, si.committed);
+            }
+            pthread_mutex_unlock(&q->ids_mu);
         }
         pthread_mutex_unlock(&conns_mu);
         return res->oom ? oom() : 0;
@@ -459,18 +574,43 @@ static void *conn_main(void *arg) {
     conn *k = arg;
     uint8_t h[PKVD_HDR];
     uint8_t *payload = NULL;
-    while (read_all(k->fd, h, sizeof h)) {
+    int e;
+    if (k->refuse) { /* over --max-clients: answer the HELLO, serve nothing */
+        pkvd_hdr hd;
+        uint8_t hello[64];
+        /* the whole HELLO is read first: a close with unread data would reset
+         * the stream before the client reads the refusal */
+        if (read_in(k->fd, h, sizeof h, false) == 0 && !pkvd_hdr_get(h, &hd, false, 0) &&
+            hd.len <= sizeof hello && read_in(k->fd, hello, hd.len, false) == 0)
+            reply(k, hd.op, hd.req,
+                  pkv_err(PKV_EBUSY, "pkvd serves its maximum of %llu clients "
+                          "(--max-clients); try again later", (unsigned long long)max_clients),
+                  NULL, -1);
+        shutdown(k->fd, SHUT_WR);
+        atomic_store(&k->finished, true); /* it holds no sequence, no arena */
+        return NULL;
+    }
+    while (!(e = read_in(k->fd, h, sizeof h, true))) {
         pkvd_hdr hd;
         pkvd_req r;
         int rc = pkvd_hdr_get(h, &hd, false, 0);
         if (!rc && !(payload = malloc(hd.len ? hd.len : 1))) break;
-        if (!rc && !read_all(k->fd, payload, hd.len)) break;
+        if (!rc && (e = read_in(k->fd, payload, hd.len, false))) {
+            if (e == READ_STALLED)
+                reply(k, hd.op, hd.req,
+                      pkv_err(PKV_EINVAL, "a frame incomplete after %llu s (--client-timeout)",
+                              (unsigned long long)client_timeout),
+                      NULL, -1);
+            break;
+        }
         if (!rc) rc = pkvd_req_decode(hd.op, payload, hd.len, &r);
         if (!rc && (hd.op == PKVD_HELLO) == k->hello)
             rc = pkv_err(PKV_EINVAL, k->hello ? "HELLO twice" : "the first frame must be HELLO");
         if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION))
             rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u)", r.vmin,
                          r.vmax);
+        if (!rc && hd.op == PKVD_HELLO && (r.flags & ~PKVD_HELLO_RDONLY))
+            rc = pkv_err(PKV_EINVAL, "unknown HELLO flags 0x%x", r.flags);
         if (rc) { /* malformed: answer, then end the connection */
             reply(k, hd.op, hd.req, rc, NULL, -1);
             break;
@@ -479,8 +619,9 @@ static void *conn_main(void *arg) {
         bool ok;
         if (hd.op == PKVD_HELLO) {
             k->hello = true;
+            if (r.flags & PKVD_HELLO_RDONLY) k->rdonly = true;
             hello_results(&res);
-            ok = reply(k, hd.op, hd.req, 0, &res, arena_fd);
+            ok = reply(k, hd.op, hd.req, 0, &res, k->rdonly ? arena_ro_fd : arena_fd);
         } else {
             rc = serve(k, &r, &res);
             ok = reply(k, hd.op, hd.req, rc, rc && hd.op != PKVD_STEP_BATCH &&
@@ -492,6 +633,10 @@ static void *conn_main(void *arg) {
         if (!ok) break;
     }
     free(payload);
+    if (e == READ_STALLED)
+        logf_("uid %u pid %d stalled in the middle of a frame for %llu s (--client-timeout): "
+              "connection ended, its sequences held until it closes (rule W1)",
+              (unsigned)k->uid, (int)k->pid, (unsigned long long)client_timeout);
     /* Rule W1 (docs/pkvd.md): the client may still write the slots it was handed
      * until its end of the socket is closed (pkv_close unmaps the arena first;
      * process exit unmaps it too). Unless that close is what ended the loop, the
@@ -502,14 +647,16 @@ static void *conn_main(void *arg) {
     uint8_t sink[4096];
     for (;;) {
         ssize_t got = recv(k->fd, sink, sizeof sink, 0);
-        if (got > 0 || (got < 0 && errno == EINTR)) continue;
+        /* EAGAIN: the receive timeout; only the end of the stream releases */
+        if (got > 0 || (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)))
+            continue;
         break;
     }
     /* Rule W2: at shutdown (the recv above was ended by reap, not by the
      * client) the daemon exits as if it crashed: nothing is released, the next
      * start recovers it after the clients have unmapped the arena. */
     if (atomic_load(&stopping)) {
-        free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+        ids_free(k);
         atomic_store(&k->finished, true);
         return NULL;
     }
@@ -521,7 +668,7 @@ static void *conn_main(void *arg) {
             logf_("closing sequence %llu of a closed connection: %s", (unsigned long long)v,
                   pkv_last_error());
     }
-    free(k->ids.key), free(k->ids.val), free(k->ids.mark);
+    ids_free(k);
     /* The descriptor is closed by reap() after the join, so its number cannot be
      * reused while reap() may still shut it down. */
     atomic_store(&k->finished, true);
@@ -590,7 +737,19 @@ static int status_main(const struct sockaddr_un *sa) {
         for (uint32_t i = 0; i < n && !rd.bad; i++) {
             uint32_t uid = pkvd_get_u32(&rd), pid = pkvd_get_u32(&rd);
             uint64_t ns = pkvd_get_u64(&rd);
-            if (!rd.bad) printf("uid %u pid %u sequences %llu\n", uid, pid, (unsigned long long)ns);
+            uint32_t flags = pkvd_get_u32(&rd), listed = pkvd_get_u32(&rd);
+            if (rd.bad) break;
+            printf("uid %u pid %u sequences %llu%s\n", uid, pid, (unsigned long long)ns,
+                   flags & 1 ? " read-only" : "");
+            for (uint32_t j = 0; j < listed && !rd.bad; j++) {
+                uint64_t cid = pkvd_get_u64(&rd), did = pkvd_get_u64(&rd);
+                uint64_t len = pkvd_get_u64(&rd), com = pkvd_get_u64(&rd);
+                if (!rd.bad)
+                    printf("  sequence %llu (pkvd's %llu): %llu tokens, %llu committed\n",
+                           (unsigned long long)cid, (unsigned long long)did,
+                           (unsigned long long)len, (unsigned long long)com);
+            }
+            if (listed < ns) printf("  (%llu more)\n", (unsigned long long)(ns - listed));
         }
         if (rd.bad) rc = -1;
     }
@@ -608,6 +767,10 @@ static void usage(void) {
             "            [--block-size N] [--dtype f32|f16|bf16]\n"
             "            [--durability group|none|always]\n"
             "            [--socket-mode OCTAL] [--allow-uid UID]... [--salts UID=S,S...]...\n"
+            "            [--allow-uid-ro UID]...   (read-only clients: lookup, open, read, close)\n"
+            "            [--socket-group NAME]     (the socket's group, mode 0660)\n"
+            "            [--max-clients N]         (connections at once, default 1024)\n"
+            "            [--client-timeout S]      (a begun frame's bound, default 30; 0: none)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
@@ -752,12 +915,14 @@ static void reap(bool all) {
         if (!atomic_load(&k->finished)) shutdown(k->fd, SHUT_RDWR);
         pthread_join(k->th, NULL);
         close(k->fd);
+        pthread_mutex_destroy(&k->ids_mu);
         free(k);
     }
 }
 
 int main(int argc, char **argv) {
-    const char *dir = NULL, *sock = NULL, *metrics_addr = NULL;
+    const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
+    bool mode_given = false;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
     allow_uids[n_uids++] = getuid();
@@ -794,12 +959,21 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--allow-uid"))
             ok = num(val, &v) && v < UINT32_MAX && n_uids < MAX_UIDS &&
                  (allow_uids[n_uids++] = (uid_t)v, 1);
+        else if (!strcmp(a, "--allow-uid-ro"))
+            ok = num(val, &v) && v < UINT32_MAX && n_ro_uids < MAX_UIDS &&
+                 (ro_uids[n_ro_uids++] = (uid_t)v, 1);
         else if (!strcmp(a, "--salts")) ok = parse_salts(val);
+        else if (!strcmp(a, "--socket-group")) sock_group = val;
+        else if (!strcmp(a, "--max-clients")) ok = num(val, &max_clients) && max_clients >= 1 &&
+                                                   max_clients <= 65536;
+        else if (!strcmp(a, "--client-timeout")) ok = num(val, &client_timeout) &&
+                                                      client_timeout <= 86400;
         else if (!strcmp(a, "--socket-mode")) {
             char *end;
             errno = 0;
             sock_mode = strtoull(val, &end, 8);
             ok = !errno && end != val && !*end && sock_mode <= 0777;
+            mode_given = true;
         }
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(val, "f32")) o.dtype = PKV_F32;
@@ -825,6 +999,26 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
+    gid_t sock_gid = (gid_t)-1;
+    if (sock_group) { /* a name, as chgrp takes */
+        struct group *g = getgrnam(sock_group);
+        if (!g) {
+            logf_("--socket-group %s: no such group", sock_group);
+            return 2;
+        }
+        sock_gid = g->gr_gid;
+        if (!mode_given) sock_mode = 0660;
+    }
+    /* A read-only descriptor confines only a uid that cannot open the arena
+     * itself (docs/pkvd.md, "What the data plane trusts"). */
+    for (size_t i = 0; i < n_ro_uids; i++)
+        if (uid_allowed(ro_uids[i])) {
+            logf_("--allow-uid-ro %u: that uid is already allowed read-write (%s)",
+                  (unsigned)ro_uids[i],
+                  ro_uids[i] == getuid() ? "it is pkvd's own uid, which owns the arena"
+                                         : "--allow-uid");
+            return 2;
+        }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(sock) >= sizeof sa.sun_path) {
         logf_("socket path longer than %zu bytes", sizeof sa.sun_path - 1);
@@ -873,6 +1067,15 @@ int main(int argc, char **argv) {
         if (arena_fd >= 0) close(arena_fd);
         return 1;
     }
+    /* The read-only description, locked like the read-write one (rule W3). */
+    struct stat s_ro;
+    arena_ro_fd = open(apath, O_RDONLY | O_CLOEXEC);
+    if (arena_ro_fd < 0 || flock(arena_ro_fd, LOCK_SH) || fstat(arena_ro_fd, &s_ro) ||
+        fstat(arena_fd, &s_lock) || s_ro.st_ino != s_lock.st_ino || s_ro.st_dev != s_lock.st_dev) {
+        logf_("read-only open of %s: %s", apath, arena_ro_fd < 0 ? strerror(errno) : "not the arena");
+        pkv_close(cache);
+        return 1;
+    }
     if ((rc = pkv_info(cache, &info)) || (rc = close_recovered())) {
         logf_("startup: %s (%s)", pkv_strerror(rc), pkv_last_error());
         pkv_close(cache);
@@ -900,6 +1103,8 @@ int main(int argc, char **argv) {
     mode_t old = umask(0177); /* the socket file is created 0600 */
     int brc = bind(lfd, (struct sockaddr *)&sa, sizeof sa);
     umask(old);
+    /* the group first, so the group's bits never apply to another group */
+    if (!brc && sock_group) brc = chown(sock, (uid_t)-1, sock_gid);
     if (!brc && sock_mode != 0600) brc = chmod(sock, (mode_t)sock_mode);
     if (brc || listen(lfd, 64)) {
         logf_("listen on %s: %s", sock, strerror(errno));
@@ -928,8 +1133,10 @@ int main(int argc, char **argv) {
         if (fd < 0) continue;
         struct ucred cr;
         socklen_t cl = sizeof cr;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || !uid_allowed(cr.uid)) {
-            logf_("refused a connection from uid %d (not in --allow-uid)", (int)cr.uid);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) ||
+            (!uid_allowed(cr.uid) && !uid_ro(cr.uid))) {
+            logf_("refused a connection from uid %d (not in --allow-uid or --allow-uid-ro)",
+                  (int)cr.uid);
             close(fd);
             continue;
         }
@@ -939,13 +1146,37 @@ int main(int argc, char **argv) {
             continue;
         }
         k->fd = fd;
+        pthread_mutex_init(&k->ids_mu, NULL);
         k->salts = rule_of(cr.uid);
         k->uid = cr.uid;
         k->pid = cr.pid;
+        k->rdonly = uid_ro(cr.uid);
+        /* Bounded per-connection waits: a begun frame and a reply in
+         * --client-timeout; a refused client's HELLO in a second. */
+        struct timeval tv = {.tv_sec = (time_t)client_timeout};
+        if (client_timeout && (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
+                    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv)))
+            logf_("setsockopt timeouts: %s", strerror(errno));
         pthread_mutex_lock(&conns_mu);
+        size_t live = 0;
+        for (const conn *q = conns; q; q = q->next) live += !atomic_load(&q->finished);
+        if (live >= max_clients + REFUSING_MAX) { /* a flood: no thread for it */
+            pthread_mutex_unlock(&conns_mu);
+            close(fd);
+            pthread_mutex_destroy(&k->ids_mu);
+            free(k);
+            continue;
+        }
+        if (live >= max_clients) {
+            k->refuse = true;
+            struct timeval one = {.tv_sec = 1};
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &one, sizeof one);
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &one, sizeof one);
+        }
         if (pthread_create(&k->th, NULL, conn_main, k)) {
             pthread_mutex_unlock(&conns_mu);
             close(fd);
+            pthread_mutex_destroy(&k->ids_mu);
             free(k);
             continue;
         }
@@ -962,6 +1193,7 @@ int main(int argc, char **argv) {
     pkv_metrics_stop(msrv);
     pkv_close(cache);
     close(arena_fd);
+    close(arena_ro_fd);
     for (size_t i = 0; i < n_rules; i++) free(rules[i].salts);
     return 0;
 }
