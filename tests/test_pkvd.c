@@ -5,6 +5,10 @@
  *  - two client processes share a prefix: the second attaches the first's blocks
  *    (the same block ids) and reads its K/V in place through its own mapping of
  *    the arena, equal to the K/V of the exact prefix;
+ *  - four client processes share a system prompt: every open after the first
+ *    attaches it, and through decode steps, forks, truncations inside a block
+ *    and new continuations every sequence's tokens and K/V stay those of its
+ *    exact prefix; afterwards the blocks used are back where they were;
  *  - the sequence calls on a connected handle behave as on a local one (open,
  *    append, commit, commit_append, step_batch, fork, truncate, info, blocks,
  *    tokens, stats, sync, lookup), K/V verified after each;
@@ -263,6 +267,367 @@ Test(pkvd, two_processes_share_a_prefix_and_read_its_kv_in_place)
     pkv_close(a);
     daemon_stop(d, SIGTERM);
     offline_check();
+}
+
+/* ---- Four processes, one system prompt ------------------------------------------------ */
+
+#define FOUR_SYS 16u /* the shared system prompt: four full blocks */
+#define FOUR_MAX 64u /* tokens a sequence of the four-client test reaches at most */
+
+/* What a four-client test client knows of one of its sequences: the tokens it
+ * put there and how many of them it committed. */
+typedef struct four_seq {
+    uint64_t id;
+    uint32_t t[FOUR_MAX];
+    size_t len, committed;
+} four_seq;
+
+/* A client's counts, sent to the test at its end: they must equal the daemon's
+ * hit and miss counters. */
+typedef struct four_report {
+    uint64_t opens, hit, miss;
+} four_report;
+
+static char four_who[64]; /* the client and iteration, for failure messages */
+
+/* A failing call ends the client with status 2, after saying which. */
+#define FOUR_TRY(expr)                                                                   \
+    do {                                                                                 \
+        int r_ = (expr);                                                                 \
+        if (r_) {                                                                        \
+            fprintf(stderr, "four: %s: line %d: %s -> %d (%s: %s)\n", four_who, __LINE__, \
+                    #expr, r_, pkv_strerror(r_), pkv_last_error());                      \
+            _exit(2);                                                                    \
+        }                                                                                \
+    } while (0)
+
+static void four_sys(uint32_t *p)
+{
+    for (uint32_t i = 0; i < FOUR_SYS; i++) p[i] = 1000 + 3 * i;
+}
+
+/* Whether the daemon's view of s (info, tokens, block table) is the client's and
+ * every position holds the K/V of its exact prefix, read in place through the
+ * client's mapping. Says what differs on stderr: a forked client must not
+ * cr_assert, it reports through its exit status. */
+static bool four_seq_ok(pkv_cache *c, const pkv_cache_info *inf, const four_seq *s,
+                        const char *step)
+{
+    pkv_seq_info si;
+    uint32_t toks[FOUR_MAX + 1], tab[FOUR_MAX / BS + 2];
+    size_t nt = 0, nb = 0, want_nb = (s->len + BS - 1) / BS;
+    char err[256] = "";
+    int rc = pkv_seq_get_info(c, s->id, &si);
+    if (!rc && (si.len != s->len || si.committed != s->committed || si.n_blocks != want_nb ||
+                si.salt != 0))
+        snprintf(err, sizeof err, "info: len %llu committed %llu blocks %llu salt %llu, "
+                 "expected %zu %zu %zu 0", (unsigned long long)si.len,
+                 (unsigned long long)si.committed, (unsigned long long)si.n_blocks,
+                 (unsigned long long)si.salt, s->len, s->committed, want_nb);
+    if (!rc && !err[0]) {
+        rc = pkv_seq_tokens(c, s->id, toks, FOUR_MAX + 1, &nt);
+        if (!rc && (nt != s->len || memcmp(toks, s->t, nt * sizeof *toks)))
+            snprintf(err, sizeof err, "tokens differ (%zu of %zu)", nt, s->len);
+    }
+    if (!rc && !err[0]) {
+        rc = pkv_seq_blocks(c, s->id, tab, FOUR_MAX / BS + 2, &nb);
+        if (!rc && nb != want_nb)
+            snprintf(err, sizeof err, "%zu blocks, expected %zu", nb, want_nb);
+    }
+    uint64_t h = pt_h0(0);
+    for (size_t p = 0; !rc && !err[0] && p < s->len; p++) {
+        h = pt_hstep(h, s->t[p]);
+        char why[200];
+        if (!pt_token_ok(c, inf, tab[p / BS], (uint32_t)(p % BS), h, why, sizeof why))
+            snprintf(err, sizeof err, "position %zu of %zu (committed %zu): %s", p, s->len,
+                     s->committed, why);
+    }
+    if (rc) snprintf(err, sizeof err, "reading it back -> %d (%s)", rc, pkv_strerror(rc));
+    if (!err[0]) return true;
+    fprintf(stderr, "four: %s: sequence %llu after %s: %s\n", four_who,
+            (unsigned long long)s->id, step, err);
+    return false;
+}
+
+#define FOUR_CHECK(s, step)                                                              \
+    do {                                                                                 \
+        if (!four_seq_ok(c, &inf, (s), (step))) _exit(1);                                \
+    } while (0)
+
+/* Write the K/V of s->t[from..from+n) into the slots the daemon handed out. */
+static void four_fill(pkv_cache *c, const pkv_cache_info *inf, const four_seq *s,
+                      size_t from, const pkv_slot *slots, size_t n)
+{
+    uint64_t h = pt_hprefix(0, s->t, from);
+    for (size_t i = 0; i < n; i++) {
+        h = pt_hstep(h, s->t[from + i]);
+        pt_write_token(c, inf, slots[i].block, slots[i].offset, h);
+    }
+}
+
+/* One of the four clients: `iters` times, open the system prompt plus a tail of
+ * its own (the first four tail tokens from a 2-letter alphabet, so clients also
+ * meet on tail blocks), check the attached K/V, write and commit the rest, decode
+ * 2-5 steps, fork, one more step of the parent (into the block it shares with the
+ * fork), one time in four close the parent, truncate the fork into the middle of
+ * a block, give it another continuation, one step batch over both, close both;
+ * every sequence checked after every step. Client 0 writes 3 bytes to go_w once its first prompt is
+ * committed; the others wait for one before their first open, so each of their
+ * opens, and every later one of client 0, must attach the whole system prompt.
+ * Exit status: 0 done (report written), 1 wrong K/V or state, 2 a call failed,
+ * 3 the system prompt missed, 4 never got to go. */
+static _Noreturn void four_client(uint32_t client, int go_r, int go_w, int report,
+                                  uint32_t iters)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    snprintf(four_who, sizeof four_who, "client %u", client);
+    close(client > 0 ? go_w : go_r); /* so a reader sees EOF if client 0 dies */
+    pkv_cache *c = NULL;
+    FOUR_TRY(pkv_connect(sock_path, &c));
+    pkv_cache_info inf;
+    FOUR_TRY(pkv_info(c, &inf));
+    if (client > 0) {
+        char g;
+        if (read(go_r, &g, 1) != 1) {
+            fprintf(stderr, "four: client %u: client 0 never committed the system prompt\n",
+                    client);
+            _exit(4);
+        }
+    }
+    pt_rng r = {.s = 0xf00du + client};
+    four_report rep = {0};
+    static four_seq a, b;
+    pkv_slot slots[FOUR_MAX];
+    for (uint32_t it = 0; it < iters; it++) {
+        snprintf(four_who, sizeof four_who, "client %u iteration %u", client, it);
+        bool first = client == 0 && it == 0;
+        a.id = 2 * (uint64_t)it + 1;
+        size_t n = FOUR_SYS + 2 + pt_below(&r, 11);
+        four_sys(a.t);
+        for (size_t j = FOUR_SYS; j < n; j++)
+            a.t[j] = j < FOUR_SYS + 4 ? 7000 + pt_below(&r, 2) : 40000 + pt_below(&r, 1u << 20);
+        size_t looked = 0, nc = 0;
+        FOUR_TRY(pkv_prefix_lookup(c, 0, a.t, n, &looked));
+        FOUR_TRY(pkv_seq_open(c, a.id, 0, a.t, n, &nc));
+        rep.opens++, rep.hit += nc, rep.miss += n - nc;
+        /* No eviction (the test sizes the capacity for that): what a lookup
+         * found is still there at the open. */
+        if (first ? nc != 0 || looked != 0
+                  : nc < FOUR_SYS || looked < FOUR_SYS || looked > nc || nc % BS || nc >= n) {
+            fprintf(stderr, "four: %s: open of %zu tokens attached %zu, lookup found %zu; "
+                    "expected %s\n", four_who, n, nc, looked,
+                    first ? "0 (the first open)" : "the system prompt at least");
+            _exit(3);
+        }
+        a.len = a.committed = nc;
+        FOUR_CHECK(&a, "open");
+        FOUR_TRY(pkv_seq_append(c, a.id, a.t + nc, n - nc, slots));
+        four_fill(c, &inf, &a, nc, slots, n - nc);
+        a.len = n;
+        FOUR_CHECK(&a, "append");
+        FOUR_TRY(pkv_seq_commit(c, a.id, n - nc));
+        a.committed = n;
+        FOUR_CHECK(&a, "commit");
+        if (first && write(go_w, "ggg", 3) != 3) _exit(2);
+        /* decode: commit the last token and append the next, one call a step */
+        uint32_t steps = 2 + pt_below(&r, 4);
+        for (uint32_t d = 0; d < steps; d++) {
+            size_t pend = a.len - a.committed;
+            a.t[a.len] = 20000 + pt_below(&r, 1000);
+            pkv_slot sl;
+            if ((d + it) % 2) {
+                FOUR_TRY(pkv_seq_commit_append(c, a.id, pend, &a.t[a.len], 1, &sl));
+            } else {
+                pkv_step st = {.id = a.id, .n_commit = (uint32_t)pend, .token = a.t[a.len]};
+                size_t done = 0;
+                FOUR_TRY(pkv_seq_step_batch(c, &st, 1, &done));
+                if (done != 1) _exit(2);
+                sl = st.slot;
+            }
+            a.committed = a.len++;
+            four_fill(c, &inf, &a, a.len - 1, &sl, 1);
+            FOUR_CHECK(&a, "a decode step");
+        }
+        FOUR_TRY(pkv_seq_commit(c, a.id, 1));
+        a.committed = a.len;
+        FOUR_CHECK(&a, "the last decode commit");
+        /* fork, then cut the fork inside a block (shared with the parent, so it
+         * is copied) and continue it differently */
+        b = a;
+        b.id = a.id + 1;
+        FOUR_TRY(pkv_seq_fork(c, a.id, b.id));
+        FOUR_CHECK(&a, "fork (parent)");
+        FOUR_CHECK(&b, "fork (child)");
+        /* the parent decodes into the partial block it shares with the fork */
+        pkv_slot sl;
+        a.t[a.len] = 20000 + pt_below(&r, 1000);
+        FOUR_TRY(pkv_seq_commit_append(c, a.id, 0, &a.t[a.len], 1, &sl));
+        a.len++;
+        four_fill(c, &inf, &a, a.len - 1, &sl, 1);
+        FOUR_CHECK(&a, "a step after the fork (parent)");
+        FOUR_CHECK(&b, "a step after the fork (child)");
+        FOUR_TRY(pkv_seq_commit(c, a.id, 1));
+        a.committed = a.len;
+        /* One time in four the parent goes first: the fork's cut block is then
+         * sealed but no longer shared. */
+        bool both = pt_below(&r, 4) != 0;
+        if (!both) {
+            FOUR_TRY(pkv_seq_close(c, a.id));
+            FOUR_CHECK(&b, "closing the parent");
+        }
+#define FOUR_CHECK_BOTH(step)                                                            \
+    do {                                                                                 \
+        if (both) FOUR_CHECK(&a, step " (parent)");                                      \
+        FOUR_CHECK(&b, step " (fork)");                                                  \
+    } while (0)
+        size_t cut = 1 + pt_below(&r, (uint32_t)b.len - 1);
+        if (cut % BS == 0) cut--;
+        FOUR_TRY(pkv_seq_truncate(c, b.id, cut));
+        b.len = b.committed = cut;
+        FOUR_CHECK_BOTH("truncating the fork");
+        size_t m = 1 + pt_below(&r, 2 * BS);
+        for (size_t j = 0; j < m; j++)
+            b.t[cut + j] = j == 0 ? a.t[cut] + 1 : 30000 + pt_below(&r, 1000);
+        FOUR_TRY(pkv_seq_append(c, b.id, b.t + cut, m, slots));
+        four_fill(c, &inf, &b, cut, slots, m);
+        b.len = cut + m;
+        FOUR_CHECK_BOTH("the fork's continuation");
+        /* one decode step of both in one batch, committing the continuation */
+        pkv_step st[2] = {{.id = b.id, .n_commit = (uint32_t)m,
+                           .token = 60000 + pt_below(&r, 1000)},
+                          {.id = a.id, .token = 50000 + pt_below(&r, 1000)}};
+        b.t[b.len] = st[0].token;
+        a.t[a.len] = st[1].token;
+        size_t done = 0, nst = both ? 2 : 1;
+        FOUR_TRY(pkv_seq_step_batch(c, st, nst, &done));
+        if (done != nst) _exit(2);
+        b.committed = b.len++;
+        four_fill(c, &inf, &b, b.len - 1, &st[0].slot, 1);
+        FOUR_TRY(pkv_seq_commit(c, b.id, 1));
+        b.committed = b.len;
+        if (both) {
+            a.len++;
+            four_fill(c, &inf, &a, a.len - 1, &st[1].slot, 1);
+            FOUR_TRY(pkv_seq_commit(c, a.id, 1));
+            a.committed = a.len;
+        }
+        FOUR_CHECK_BOTH("the step batch and its commit");
+#undef FOUR_CHECK_BOTH
+        if (both && pt_below(&r, 2)) {
+            FOUR_TRY(pkv_seq_close(c, a.id));
+            both = false;
+            FOUR_CHECK(&b, "closing the parent");
+        }
+        FOUR_TRY(pkv_seq_close(c, b.id));
+        if (both) {
+            FOUR_CHECK(&a, "closing the fork");
+            FOUR_TRY(pkv_seq_close(c, a.id));
+        }
+    }
+    pkv_close(c);
+    if (write(report, &rep, sizeof rep) != (ssize_t)sizeof rep) _exit(2);
+    _exit(0);
+}
+
+Test(pkvd, four_processes_share_a_system_prompt_fork_and_truncate_with_exact_kv)
+{
+    uint32_t iters = (uint32_t)pt_env_u64("PKV_PKVD_FOUR_ITERS", 100);
+    cr_assert(iters >= 1 && iters <= 100000, "PKV_PKVD_FOUR_ITERS %u (1 to 100000)", iters);
+    /* Room for every block the run leaves cached (at most 16 per client and
+     * iteration), so nothing is evicted and every hit below is exact. */
+    uint64_t cap = 64 + (uint64_t)iters * 4 * 16;
+    char capstr[24];
+    snprintf(capstr, sizeof capstr, "%llu", (unsigned long long)cap);
+    const char *const big[] = {"--capacity", capstr, NULL};
+    daemon_paths();
+    geometry = big;
+    pid_t d = daemon_start();
+    geometry = NULL;
+    pkv_cache *obs = connect_ok();
+    pkv_stats s0 = pt_stats(obs);
+    int go[2];
+    cr_assert_eq(pipe(go), 0);
+    pid_t cl[4];
+    int rep[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        int rp[2];
+        cr_assert_eq(pipe(rp), 0);
+        cl[i] = fork();
+        cr_assert(cl[i] >= 0);
+        if (cl[i] == 0) {
+            close(rp[0]);
+            four_client(i, go[0], go[1], rp[1], iters);
+        }
+        close(rp[1]);
+        rep[i] = rp[0];
+    }
+    close(go[0]), close(go[1]);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int st[4];
+    uint64_t peak = 0; /* the most sequences seen open at once: how much the clients overlap */
+    for (int i = 0; i < 4; i++) {
+        pid_t got = 0;
+        for (long t = 0; t < (60 + (long)iters) * 100; t++) {
+            if ((got = waitpid(cl[i], &st[i], WNOHANG)) != 0) break;
+            pkv_stats x;
+            if (pkv_get_stats(obs, &x) == 0 && x.sequences > peak) peak = x.sequences;
+            usleep(10000);
+        }
+        if (got != cl[i])
+            for (int j = 0; j < 4; j++) kill(cl[j], SIGKILL); /* none outlives the test */
+        cr_assert_eq(got, cl[i], "client %d did not finish %u iterations in %u s", i, iters,
+                     60 + iters);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    four_report sum = {0};
+    for (int i = 0; i < 4; i++) {
+        cr_assert(WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == 0,
+                  "client %d: status 0x%x (1: wrong K/V or state, 2: a call failed, 3: the "
+                  "system prompt missed, 4: never started; its stderr says more)", i, st[i]);
+        four_report one;
+        cr_assert_eq(read(rep[i], &one, sizeof one), (ssize_t)sizeof one);
+        close(rep[i]);
+        sum.opens += one.opens, sum.hit += one.hit, sum.miss += one.miss;
+    }
+    cr_assert_eq(sum.opens, 4 * (uint64_t)iters);
+    /* The daemon releases each client's sequences when it sees the stream end. */
+    pkv_stats s = wait_sequences(obs, s0.sequences);
+    for (int t = 0; t < 1000 && s.blocks_used != s0.blocks_used; t++) {
+        usleep(1000);
+        s = pt_stats(obs);
+    }
+    cr_assert(s.sequences == s0.sequences && s.blocks_used == s0.blocks_used,
+              "after the clients: %llu sequences, %llu blocks used; %llu and %llu before",
+              (unsigned long long)s.sequences, (unsigned long long)s.blocks_used,
+              (unsigned long long)s0.sequences, (unsigned long long)s0.blocks_used);
+    cr_assert_eq(s.capacity, s.blocks_free + s.blocks_cached + s.blocks_used);
+    cr_assert_eq(s.evictions, s0.evictions, "evictions make the hit checks inexact");
+    cr_assert_eq(s.hit_tokens - s0.hit_tokens, sum.hit, "the daemon counted %llu hit tokens, "
+                 "the clients attached %llu", (unsigned long long)(s.hit_tokens - s0.hit_tokens),
+                 (unsigned long long)sum.hit);
+    cr_assert_eq(s.miss_tokens - s0.miss_tokens, sum.miss);
+    cr_assert(sum.hit >= (sum.opens - 1) * FOUR_SYS);
+    cr_assert(s.cow_copies - s0.cow_copies >= sum.opens, "each truncation of a fork copies "
+              "its cut block: %llu copies", (unsigned long long)(s.cow_copies - s0.cow_copies));
+    /* After it all, the system prompt is still cached with its K/V. */
+    uint32_t p[FOUR_SYS + 1];
+    four_sys(p);
+    p[FOUR_SYS] = 1;
+    cr_assert_eq(open_fill(obs, 1, p, FOUR_SYS + 1), FOUR_SYS);
+    PT_OK(pkv_seq_close(obs, 1));
+    pkv_close(obs);
+    daemon_stop(d, SIGTERM);
+    pkv_options o;
+    pt_opts(&o, 2, 2, 4, BS, PKV_F32, cap);
+    pkv_cache *c = pt_open_sub("cache", &o);
+    PT_CHECK(c);
+    pt_close(c);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_log_info("4 clients x %u iterations in %.2f s: %llu hit tokens, %llu missed, %llu "
+                "copies, at most %llu sequences open at once (of 8)", iters, secs,
+                (unsigned long long)sum.hit, (unsigned long long)sum.miss,
+                (unsigned long long)(s.cow_copies - s0.cow_copies), (unsigned long long)peak);
 }
 
 /* ---- The calls through a connected handle ---------------------------------------- */
