@@ -691,7 +691,11 @@ enum {
 /* Attach the tier to an open, writable cache. Connects to nothing yet beyond
  * reading the slot map (a seed that does not answer is skipped; none
  * answering is not an error: the tier reconnects with backoff). Starts the
- * publishing thread. One tier per cache.
+ * publishing thread. One tier per cache. Like pkv_close, pkv_tier_attach and
+ * pkv_tier_detach must not run while any other call on the same cache runs
+ * (attach before the cache is shared between threads, detach after they
+ * stopped); each tier holds max_inflight + 1 connections with a 1 MiB
+ * receive buffer each.
  * Errors: PKV_EINVAL (cache or opt NULL, nodes or secret missing or malformed,
  * secret_len outside 16..256), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
  * read-only or pkv_connect handle), PKV_ENOTSUP (built without hiredis: meson

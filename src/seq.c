@@ -209,7 +209,7 @@ uint32_t pkv_prefix_match(pkv_cache *c, uint64_t salt, const uint32_t *prompt, u
     return (uint32_t)maxb;
 }
 
-static int tier_import(pkv_cache *c, uint64_t id, const uint32_t *prompt,
+static int tier_import(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                        const pkv_tier_got *got);
 static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
                               const uint32_t *prompt, size_t n, size_t *n_cached);
@@ -218,29 +218,34 @@ int pkv_seq_open(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *promp
                  size_t n, size_t *n_cached) {
     if (n && !prompt) return pkv_err(PKV_EINVAL, "prompt is NULL with n = %zu", n);
     PKV_REMOTE(c, pkv_remote_seq_open(c, id, salt, prompt, n, n_cached));
-    /* The shared tier (docs/remote.md) is asked without the lock; what it
-     * brought is imported below, under the lock, after matching again. */
+    if (pkv_likely(!c || c->tier == NULL || n < 2))
+        return pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
+    /* The shared tier (docs/remote.md, rule T1) is asked without the lock; what
+     * it brought is imported under the lock, after matching again. The fetch,
+     * the local open and the import all read one private copy of the prompt:
+     * the caller's buffer may change while the lock is released (another
+     * thread, a zero-copy Python buffer), and the records were verified
+     * against exactly these tokens. */
+    uint32_t *own = malloc(n * sizeof *own);
+    if (!own) return pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
+    memcpy(own, prompt, n * sizeof *own);
     pkv_tier_got got = {0};
-    if (pkv_unlikely(c && c->tier != NULL)) pkv_tier_fetch(c, salt, prompt, n, &got);
-    if (pkv_unlikely(got.n != 0)) {
-        int rc = pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
-        if (!rc) {
-            pkv_lock(c);
-            rc = tier_import(c, id, prompt, &got);
-            if (n_cached && !rc) {
-                pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
-                if (s) *n_cached = s->len;
-            }
-            pkv_unlock(c);
-            rc = rc > 0 ? 0 : rc;
-        }
-        pkv_tier_got_free(&got);
-        return rc;
+    pkv_tier_fetch(c, salt, own, n, &got);
+    int rc = pkv_seq_open_local(c, id, salt, own, n, n_cached);
+    if (!rc && got.n != 0) {
+        /* The sequence exists now: a failed import is a miss, never an error
+         * of this call (all-or-nothing: the open took effect). */
+        pkv_lock(c);
+        (void)tier_import(c, id, salt, own, &got);
+        pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
+        if (n_cached && s) *n_cached = s->committed;
+        pkv_unlock(c);
     }
-    return pkv_seq_open_local(c, id, salt, prompt, n, n_cached);
+    pkv_tier_got_free(&got);
+    free(own);
+    return rc;
 }
 
-/* pkv_seq_open on the local tier alone. */
 static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
                               const uint32_t *prompt, size_t n, size_t *n_cached) {
     MUTATING_ENTRY(c);
@@ -684,13 +689,21 @@ static void release_from(pkv_cache *c, pkv_seq *s, uint32_t keep);
  * state may have changed while the lock was released for the fetch. Returns
  * 0 (nothing imported is not an error: the caller computes the rest) or the
  * commit point's error. */
-static int tier_import(pkv_cache *c, uint64_t id, const uint32_t *prompt,
+static int tier_import(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *prompt,
                        const pkv_tier_got *got) {
     const uint32_t bs = c->pool.block_size;
     pkv_seq *s = pkv_seqmap_get(&c->seqs, id);
     if (!s || pkv_wal_writable(c) || s->len != s->committed ||
-        s->len != (uint64_t)s->nblocks * bs)
+        s->len != (uint64_t)s->nblocks * bs || s->salt != salt)
         return 0;
+    /* The lock was released since the local open: another thread may have
+     * closed and reopened this id, or truncated and refilled it. The records
+     * continue exactly prompt[0, at * bs) under `salt`, so the sequence must
+     * hold exactly those tokens. */
+    for (uint32_t i = 0; i < s->nblocks; i++)
+        if (memcmp(pkv_pool_tokens(&c->pool, s->blocks[i]), prompt + (uint64_t)i * bs,
+                   bs * sizeof *prompt) != 0)
+            return 0;
     uint64_t at = s->nblocks;
     if (at < got->first || at >= (uint64_t)got->first + got->n) return 0;
     uint64_t k = (uint64_t)got->first + got->n - at, nt = k * bs;

@@ -475,7 +475,10 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     g_pid[2] = 0;
     redisFree(sl);
     cr_log_info("master killed mid-fetch: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
-    cr_assert(ns >= 30000000u && ns < 2500000000u, "open took %.2f ms: the kill, not the "
+    /* The killer's 30 ms count from its own start, which the parent's clock
+     * may see late (copy-on-write faults after the fork): 10 ms is the floor
+     * that still shows B waited on the sleeping master. */
+    cr_assert(ns >= 10000000u && ns < 2500000000u, "open took %.2f ms: the kill, not the "
               "deadline, ended the wait", ns / 1e6);
     cr_assert(got < (n - 1) / 16 * 16);
     cr_assert(stats(b).tier_errors > 0);
