@@ -11,13 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${PKV_PY_VENV:-$HOME/.cache/pagedkv/py-venv}
 
-# ---- The venv's packages: one place to add to (H2: torch, transformers) -------
+# ---- The venv's packages (versions the suite was last run with, 2026-12-05) ---
 PY_PACKAGES=(
-  numpy
-  pytest
-  meson-python
-  meson
-  ninja
+  numpy==2.4.6
+  pytest==9.2.0
+  meson-python==0.22.1
+  meson==1.12.1
+  ninja==1.13.2
 )
 # -------------------------------------------------------------------------------
 
@@ -37,11 +37,11 @@ py=$venv/bin/python
 # accelerate: transformers needs it to load a GGUF; gguf: the GGUF reader.
 # PKV_PY_NO_HF=1 skips this step (tests/python/test_transformers.py then skips).
 PY_HF_PACKAGES=(
-  torch
-  transformers
-  gguf
-  safetensors
-  accelerate
+  torch==2.15.0
+  transformers==5.25.0
+  gguf==0.19.0
+  safetensors==0.8.0
+  accelerate==1.16.0
 )
 if [ "${PKV_PY_NO_HF:-0}" != 1 ]; then
   "$py" -m pip install --quiet --disable-pip-version-check "${PY_HF_PACKAGES[@]}" >&2

@@ -130,7 +130,9 @@ int pyx_tokens_get(PyObject *o, pyx_tokens *t)
         }
         size_t n = (size_t)(v->len / v->itemsize);
         t->n = n;
-        if (!sg && v->itemsize == 4) { /* uint32: zero copy */
+        /* uint32, aligned: zero copy (a misaligned one, e.g. a sliced memoryview
+         * cast, is copied: the C API reads it as uint32_t) */
+        if (!sg && v->itemsize == 4 && ((uintptr_t)v->buf & 3) == 0) {
             t->p = v->buf;
             return 0;
         }

@@ -108,6 +108,11 @@ def test_token_inputs(tmp_path):
                     np.array(prompt * 2, dtype=np.uint32).reshape(2, 9)[0],
                     np.repeat(np.array(prompt, dtype=np.uint32), 2)[::2]):  # strided
             assert c.lookup(arr) == 8, type(arr)
+        # a misaligned uint32 buffer (offset 1 into bytes) is copied, not read in place
+        raw = b"\0" + np.array(prompt, dtype=np.uint32).tobytes()
+        mis = np.frombuffer(raw, dtype=np.uint32, offset=1)
+        assert not mis.flags.aligned
+        assert c.lookup(mis) == 8
         with pytest.raises(OverflowError):
             c.lookup([1, -2, 3])
         with pytest.raises(OverflowError):
