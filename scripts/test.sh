@@ -4,7 +4,7 @@
 # an ASan+UBSan build, a ThreadSanitizer build of the thread tests
 # (test_threads, test_stress, test_lock; see docs/testing.md), the cache lock's
 # model checked by spin (scripts/check-lock-model.sh), then each fuzz target for
-# 30 seconds (docs/testing-fuzz.md; PKV_SKIP_FUZZ=1 skips that,
+# 15 seconds (docs/testing-fuzz.md; PKV_SKIP_FUZZ=1 skips that,
 # PKV_FUZZ_TIME=S changes it).
 # Usage: scripts/test.sh [--quick | --tsan]
 #   --quick  gcc only (no fuzzing)
@@ -86,7 +86,7 @@ fi
 # tests (suite fuzz-replay) already ran in every pass above. PKV_SKIP_FUZZ=1
 # skips this step for quick local runs; CI leaves it unset.
 if [ $quick -eq 0 ] && [ "${PKV_SKIP_FUZZ:-0}" != 1 ]; then
-  echo "=== fuzz: ${PKV_FUZZ_TIME:-30}s per target"
-  scripts/fuzz.sh --time "${PKV_FUZZ_TIME:-30}" --jobs "$(nproc)"
+  echo "=== fuzz: ${PKV_FUZZ_TIME:-15}s per target"
+  scripts/fuzz.sh --time "${PKV_FUZZ_TIME:-15}" --jobs "$(nproc)"
 fi
 echo "all test suites passed"
