@@ -516,8 +516,8 @@ typedef struct pkv_stats {
     /* Waits for the log inside mutating calls, since open (each a wait with the
      * lock released until the log's safe LSN reached what the call needed):
      * an allocation waiting for limbo blocks (rule D2 of docs/format.md), an
-     * allocation waiting before it evicts a block whose SEAL is not yet safe
-     * (rule D3), a call held back while the log's buffer is over its backlog.
+     * allocation waiting before it evicts a block whose SEAL, or the truncation
+     * that released it, is not yet safe (rule D3), a call held back while the log's buffer is over its backlog.
      * Their total wall time in microseconds. */
     uint64_t waits_limbo, waits_seal, waits_backlog;
     uint64_t wait_limbo_us, wait_seal_us, wait_backlog_us;

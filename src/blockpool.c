@@ -125,7 +125,8 @@ static uint32_t evict(pkv_cache *c) {
     if (b == PKV_NONE) return PKV_NONE;
     pkv_block *x = &p->b[b];
     pkv_assert(x->state == BLK_SEALED && x->ref == 0 && x->nchild == 0);
-    /* rule D3: the caller waited until its SEAL is safe (seq.c ensure_blocks) */
+    /* rule D3: the caller waited until the records before its release (its SEAL,
+     * the TRUNC that released it) are safe (seq.c ensure_blocks) */
     pkv_assert(!c->wal.running || !(x->flags & BLKF_NAMED) ||
                x->rel_lsn <= pkv_wal_safe_lsn(&c->wal) + 1);
     pkv_index_remove(&c->index, x->hash.lo, b);

@@ -154,9 +154,12 @@ uint32_t pkv_evict_victim(pkv_cache *c) {
     return b;
 }
 
-/* Rule D3 (docs/format.md): a sealed block that some record named while it was
- * open (BLKF_NAMED) may still be named open by the durable state, with no
- * checksum to catch a rewrite, until its SEAL is safe; the SEAL came before its
+/* Rule D3 (docs/format.md): a sealed block marked BLKF_NAMED may still be named
+ * by the durable state until the records before its release are safe: as an
+ * open tail (some record named it while it was open) until its SEAL is safe,
+ * with no checksum to catch a rewrite; as a table entry (a truncation released
+ * it) until the TRUNC is safe, which would otherwise recover the table from
+ * before the truncation cut at this block's checksum. Both records precede the
  * release, whose LSN (rel_lsn) is the next one then. When the newest release is
  * safe, all are (the usual case, no walk: pkv_evict_wait_lsn, internal.h); else
  * walk the next k victims in the order pkv_evict_victim takes them. That order

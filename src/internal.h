@@ -216,7 +216,9 @@ enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its su
        BLKF_NAMED = 4,      /* a record named it while it was open (it held committed
                                tokens), so the durable state may name it open: freed
                                open, it waits in limbo (rule D2); sealed, its slot is
-                               not rewritten before its SEAL is safe (rule D3) */
+                               not rewritten before its SEAL is safe (rule D3). Also
+                               set on a sealed block a truncation releases: its slot
+                               waits for the TRUNC (rule D3) */
        BLKF_PRESUM = 8,     /* open, only inside the call that set it: payload_sum
                                holds its checksum, computed ahead (sealsum.c) */
        BLKF_REUSED = 16 };  /* leaf-SLRU: it or a descendant was reused while cached

@@ -366,10 +366,11 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     gauge(&w, "pagedkv_wal_durable_lsn", "Every record up to this LSN is durable.", st->durable_lsn);
     /* The request thread's waits for the log (design.md, "Free list, limbo and
      * the policy's lists"): an allocation waits for limbo only for what eviction
-     * cannot supply, for rule D3 before evicting a block whose SEAL is not safe,
+     * cannot supply, for rule D3 before evicting a block whose SEAL (or the
+     * truncation that released it) is not safe,
      * and any mutating call for the backlog. */
     head(&w, "pagedkv_log_waits_total", "counter",
-         "Calls that waited for the log since open, by reason: limbo (freed blocks not yet safe to reuse), seal (rule D3: a victim's SEAL not yet durable), backlog (the unflushed log buffer full).");
+         "Calls that waited for the log since open, by reason: limbo (freed blocks not yet safe to reuse), seal (rule D3: a victim's SEAL, or the truncation that released it, not yet safe), backlog (the unflushed log buffer full).");
     sample(&w, "pagedkv_log_waits_total", "reason=\"limbo\"", st->waits_limbo);
     sample(&w, "pagedkv_log_waits_total", "reason=\"seal\"", st->waits_seal);
     sample(&w, "pagedkv_log_waits_total", "reason=\"backlog\"", st->waits_backlog);

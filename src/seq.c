@@ -880,10 +880,19 @@ retry:
         c->ctr.cow_copies++;
         c->wal.arena_dirty = true;
     }
-    bool durable_change = new_len < s->committed;
     /* A batch's checksum computed ahead (sealsum.c) no longer holds for a block
      * whose cut slots a later append may rewrite. */
     if (off && !copy) p->b[cut].flags &= (uint8_t)~BLKF_PRESUM;
+    /* Cutting committed tokens: until the TRUNC is safe the durable table names
+     * the sealed blocks released here, so they are marked NAMED (rule D3 keeps
+     * their slots until the records before their release are safe) and the TRUNC
+     * goes first (the release LSN is the next one). */
+    if (new_len < s->committed) {
+        for (uint32_t i = keep - (copy ? 1 : 0); i < s->nblocks; i++)
+            if (p->b[s->blocks[i]].state == BLK_SEALED) p->b[s->blocks[i]].flags |= BLKF_NAMED;
+        s->committed = new_len;
+        pkv_log_trunc(c, s, nb);
+    }
     release_from(c, s, keep); /* tail-first: children before parents */
     if (copy) {
         s->blocks[keep - 1] = nb;
@@ -891,8 +900,6 @@ retry:
     }
     s->len = new_len;
     s->pf_ok = false;
-    if (s->committed > new_len) s->committed = new_len;
-    if (durable_change) pkv_log_trunc(c, s, nb);
     rc = finish(c);
 out:
     pkv_unlock(c);
