@@ -1800,6 +1800,39 @@ static void child_seal_reuse(const char *dir, int variant)
               (unsigned long long)st.durable_lsn, (unsigned long long)st.last_lsn);
 }
 
+/* The checks after a deterministic child: S (wu_wl's first id, 1000) was acknowledged
+ * with ack_n committed tokens of toks, then closed ('C') or truncated to `to` ('T'),
+ * and a sequence 1001 opened. The recovered state must follow the oracle (S's length,
+ * every committed position's K/V); toks[0, n) recomputed, every recovered sequence
+ * recomputed, and toks[0, n) attached, must read back their own K/V. */
+static void det_recovery_check(const char *dir, const char *what, const uint32_t *toks,
+                               size_t ack_n, size_t n, char kind, size_t to)
+{
+    wu_oracle orc;
+    wu_oracle_init(&orc);
+    wu_model ack = {0};
+    wu_model_add(&ack, 1000, 0, toks, ack_n, ack_n);
+    wu_oracle_ack(&orc, &ack);
+    wu_oracle_intent(&orc, kind, 1000, to);
+    wu_oracle_intent(&orc, 'O', 1001, 0);
+    pkv_options o;
+    det_opts(&o);
+    o.group_commit_us = 0;
+    pkv_cache *c = track(wu_open_ok(dir, &o));
+    wu_model rec;
+    wu_oracle_check(&orc, c, false, &rec, what);
+    cr_log_info("%s: %zu sequence(s) recovered%s", what, rec.n,
+                rec.n && rec.s[0].id == 1000 ? ", S among them" : "");
+    wu_recompute(c, 0, toks, n, what);
+    wu_recompute_all(c, NULL, &rec, NULL, NULL, what);
+    wu_probe(c, 0, toks, n, what);
+    WU_CHECK(c, what);
+    close_tracked(c);
+    wu_model_free(&rec);
+    wu_model_free(&ack);
+    wu_oracle_free(&orc);
+}
+
 static void seal_reuse_case(void *arg, int variant)
 {
     (void)arg;
@@ -1807,30 +1840,7 @@ static void seal_reuse_case(void *arg, int variant)
     snprintf(what, sizeof what, "S %s after sealing b", variant ? "truncated to 1 token" : "closed");
     pt_path(dir, sizeof dir, variant ? "reuse-trunc" : "reuse-close");
     det_child(dir, child_seal_reuse, variant);
-    /* The oracle: S acknowledged with 2 committed tokens, then closed or truncated. */
-    wu_oracle orc;
-    wu_oracle_init(&orc);
-    wu_model ack = {0};
-    wu_model_add(&ack, 1000, 0, det_s, 2, 2); /* wu_wl's first id */
-    wu_oracle_ack(&orc, &ack);
-    wu_oracle_intent(&orc, variant ? 'T' : 'C', 1000, 1);
-    wu_oracle_intent(&orc, 'O', 1001, 0);
-    pkv_options o;
-    det_opts(&o);
-    o.group_commit_us = 0;
-    pkv_cache *c = track(wu_open_ok(dir, &o));
-    wu_model rec;
-    wu_oracle_check(&orc, c, false, &rec, what); /* every committed position's K/V */
-    cr_log_info("%s: %zu sequence(s) recovered%s", what, rec.n,
-                rec.n && rec.s[0].id == 1000 ? ", S among them" : "");
-    wu_recompute(c, 0, det_s, 4, what);
-    wu_recompute_all(c, NULL, &rec, NULL, NULL, what);
-    wu_probe(c, 0, det_s, 4, what);
-    WU_CHECK(c, what);
-    close_tracked(c);
-    wu_model_free(&rec);
-    wu_model_free(&ack);
-    wu_oracle_free(&orc);
+    det_recovery_check(dir, what, det_s, 2, 4, variant ? 'T' : 'C', 1);
 }
 
 /* Violation (2) (issue 28): an open block that a durable COMMIT names as a sequence's
@@ -1893,28 +1903,8 @@ static void trunc_reuse_case(void *arg, int variant)
              mode[variant >> 1], to);
     snprintf(dir, sizeof dir, "%s/trunc-reuse-%d", pt_dir, variant);
     det_child(dir, child_trunc_reuse, variant);
-    /* The oracle: S acknowledged with 8 committed tokens, then truncated. Recovery must
-     * give S before the truncation (8 tokens) or after it, never less. */
-    wu_oracle orc;
-    wu_oracle_init(&orc);
-    wu_model ack = {0};
-    wu_model_add(&ack, 1000, 0, det_r, 8, 8); /* wu_wl's first id */
-    wu_oracle_ack(&orc, &ack);
-    wu_oracle_intent(&orc, 'T', 1000, to);
-    wu_oracle_intent(&orc, 'O', 1001, 0);
-    pkv_options o;
-    det_opts(&o);
-    o.group_commit_us = 0;
-    pkv_cache *c = track(wu_open_ok(dir, &o));
-    wu_model rec;
-    wu_oracle_check(&orc, c, false, &rec, what); /* S's length and every committed K/V */
-    wu_recompute(c, 0, det_r, 8, what);
-    wu_recompute_all(c, NULL, &rec, NULL, NULL, what);
-    WU_CHECK(c, what);
-    close_tracked(c);
-    wu_model_free(&rec);
-    wu_model_free(&ack);
-    wu_oracle_free(&orc);
+    /* Recovery must give S before the truncation (8 tokens) or after it, never less. */
+    det_recovery_check(dir, what, det_r, 8, 8, 'T', to);
 }
 
 /* A sealed block that a durable table still names is not rewritten before the record
