@@ -747,7 +747,7 @@ static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkv
     const uint8_t *msg = rc ? pkvd_get_bytes(rd, ml) : NULL;
     if (hd.version != PKVD_VERSION) { /* only a HELLO's reply gets here (wire.h) */
         logf_("--status: pkvd speaks protocol version %u, expected %u (a pkvd of another "
-              "pagedkv release; pkvd said: %.*s)", hd.version, PKVD_VERSION,
+              "pagedkv release%s%.*s)", hd.version, PKVD_VERSION, msg ? "; it said: " : "",
               msg ? (int)ml : 0, msg ? (const char *)msg : "");
         return -1;
     }
