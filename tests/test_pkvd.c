@@ -22,7 +22,10 @@
  *  - malformed frames (bad magic, version, length, op, payload size, no HELLO,
  *    HELLO twice, a truncated frame) get an error reply and end only their own
  *    connection; well-formed hostile requests (another client's ids, a
- *    sequence twice in a batch) get the documented errors.
+ *    sequence twice in a batch) get the documented errors;
+ *  - peers of another protocol version are refused with PKV_EVERSION and
+ *    "protocol version X, expected Y" on both sides, never misparsed
+ *    (docs/pkvd.md, "Versions").
  * K/V follows pkv_test.h's convention: a pure function of (salt, prefix). */
 #include "http_get.h"
 #include "pkv_test.h"
