@@ -79,6 +79,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (pkvd_hdr_get(data, &h, false, 0)) return 0; /* refused: pkvd hangs up */
         FZ_ASSERT(h.len <= PKVD_MAX_PAYLOAD && h.op > 0 && h.op < PKVD_OP_END,
                   "accepted header: op %u, %u bytes", h.op, h.len);
+        /* another version passes only in a HELLO, whose frame every version shares
+         * (pkvd then refuses it with PKV_EVERSION unless its range holds ours) */
+        FZ_ASSERT(h.version == PKVD_VERSION || h.op == PKVD_HELLO,
+                  "accepted version %u in op %u", h.version, h.op);
         data += PKVD_HDR, size -= PKVD_HDR;
         if (h.len > size) return 0; /* truncated: pkvd waits, then sees the end */
         pkvd_req r;

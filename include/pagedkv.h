@@ -88,7 +88,8 @@ enum {
     PKV_ECORRUPT  = -31012, /* a file or an in-memory invariant is corrupted          */
     PKV_EBUSY     = -31013, /* the cache directory is open elsewhere (LOCK is held);
                                  pkv_connect: pkvd is at its --max-clients         */
-    PKV_EVERSION  = -31014, /* on-disk format version not supported                   */
+    PKV_EVERSION  = -31014, /* on-disk format version not supported;
+                                 pkv_connect: pkvd speaks another protocol version */
     PKV_ENOTSUP   = -31015, /* feature not supported by this build or this file       */
     PKV_ERDONLY   = -31016, /* mutating call on a cache opened read-only              */
     PKV_EFAILED   = -31017, /* the cache hit an I/O error and refuses changes; reopen */
@@ -264,7 +265,9 @@ int pkv_open(const char *dir, const pkv_options *opt, pkv_cache **out);
  * tokens per append (PKV_ERANGE).
  * Errors: PKV_EINVAL (NULL or too long a path, out NULL), PKV_EDISCONNECTED (no
  * daemon, or it closed the connection), PKV_EBUSY (the daemon serves its
- * --max-clients connections already), PKV_EGEOMETRY (a geometry this library
+ * --max-clients connections already), PKV_EVERSION (a pkvd of another pagedkv
+ * release: its protocol version differs, the message says "protocol version X,
+ * expected Y"; nothing of its reply is parsed), PKV_EGEOMETRY (a geometry this library
  * derives differently), PKV_ECORRUPT (the arena file is short), PKV_ENOMEM,
  * PKV_EIO. On failure *out is NULL.
  * Blocks: connects and waits for the daemon's first reply; maps the arena. */

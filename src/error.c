@@ -29,7 +29,7 @@ const char *pkv_strerror(int err) {
     case PKV_EMODEL:    return "cache model identity differs from the requested one";
     case PKV_ECORRUPT:  return "corrupted cache or broken invariant";
     case PKV_EBUSY:     return "cache directory is open elsewhere (locked)";
-    case PKV_EVERSION:  return "unsupported on-disk format version";
+    case PKV_EVERSION:  return "unsupported format or protocol version";
     case PKV_ENOTSUP:   return "not supported";
     case PKV_ERDONLY:   return "cache opened read-only";
     case PKV_EFAILED:   return "cache in failed state after an I/O error; reopen to recover";

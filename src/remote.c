@@ -142,6 +142,17 @@ static int call_locked(pkv_remote *r, uint16_t op, const pkvd_wr *w, uint8_t **b
     *buf = b;
     *rd = (pkvd_rd){.p = b, .left = hd.len};
     int rc = (int32_t)pkvd_get_u32(rd);
+    if (hd.version != PKVD_VERSION) {
+        /* Only a HELLO's reply gets here (pkvd_hdr_get): a daemon of another
+         * release. Its refusal (rc and message: the same in every version) is
+         * read; nothing else of its reply is, nor any later frame. */
+        r->dead = true;
+        uint16_t ml = rc ? pkvd_get_u16(rd) : 0;
+        const uint8_t *m = rc ? pkvd_get_bytes(rd, ml) : NULL;
+        return pkv_err(PKV_EVERSION, "pkvd speaks protocol version %u, expected %u (a pkvd "
+                       "of another pagedkv release%s%.*s)", hd.version, PKVD_VERSION,
+                       m ? "; it said: " : "", m ? (int)ml : 0, m ? (const char *)m : "");
+    }
     if (rc == 0) return 0;
     if (rc < PKV_ERR_LAST || rc > PKV_ERR_FIRST) rc = PKV_ECORRUPT;
     uint16_t ml = pkvd_get_u16(rd);
@@ -209,8 +220,13 @@ static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
     uint16_t ml = pkvd_get_u16(&rd);
     const uint8_t *mid = pkvd_get_bytes(&rd, ml);
     uint64_t data_offset = pkvd_get_u64(&rd);
-    if (rd.bad || rd.left || ver != PKVD_VERSION || ml == 0 || ml > PKV_MODEL_ID_MAX ||
-        afd < 0) {
+    if (ver != PKVD_VERSION) {
+        r->dead = true;
+        rc = pkv_err(PKV_EVERSION, "pkvd agreed on protocol version %u, expected %u", ver,
+                     PKVD_VERSION);
+        goto out;
+    }
+    if (rd.bad || rd.left || ml == 0 || ml > PKV_MODEL_ID_MAX || afd < 0) {
         rc = bad_reply(r, PKVD_HELLO);
         goto out;
     }

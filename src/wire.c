@@ -17,8 +17,13 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
 }
 
 void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t op, uint32_t len, uint32_t req) {
+    pkvd_hdr_put_v(out, PKVD_VERSION, op, len, req);
+}
+
+void pkvd_hdr_put_v(uint8_t out[PKVD_HDR], uint16_t version, uint16_t op, uint32_t len,
+                    uint32_t req) {
     put_le(out, PKVD_MAGIC, 4);
-    put_le(out + 4, PKVD_VERSION, 2);
+    put_le(out + 4, version, 2);
     put_le(out + 6, op, 2);
     put_le(out + 8, len, 4);
     put_le(out + 12, req, 4);
@@ -31,14 +36,17 @@ int pkvd_hdr_get(const uint8_t in[PKVD_HDR], pkvd_hdr *h, bool reply, uint16_t w
     h->len = pkvd_le32(in + 8);
     h->req = pkvd_le32(in + 12);
     if (h->magic != PKVD_MAGIC) return pkv_err(PKV_EINVAL, "bad frame magic 0x%08x", h->magic);
-    if (h->version != PKVD_VERSION)
-        return pkv_err(PKV_EINVAL, "protocol version %u, not %u", h->version, PKVD_VERSION);
     if (h->len > PKVD_MAX_PAYLOAD)
         return pkv_err(PKV_EINVAL, "frame payload of %u bytes exceeds %u", h->len,
                        PKVD_MAX_PAYLOAD);
     if (reply ? h->op != (want_op | PKVD_REPLY)
               : (h->op == 0 || h->op >= PKVD_OP_END))
         return pkv_err(PKV_EINVAL, "unexpected op 0x%x", h->op);
+    /* HELLO's frame is the same in every version: its version is the caller's to
+     * check, with a clear refusal (wire.h) */
+    if (h->version != PKVD_VERSION && (h->op & ~PKVD_REPLY) != PKVD_HELLO)
+        return pkv_err(PKV_EVERSION, "protocol version %u, expected %u", h->version,
+                       PKVD_VERSION);
     return 0;
 }
 

@@ -1,5 +1,5 @@
 /*
- * wire.h — pkvd's wire protocol, version 1 (docs/pkvd.md): the frame header,
+ * wire.h — pkvd's wire protocol, version 2 (docs/pkvd.md): the frame header,
  * the ops, the limits, and bounds-checked readers and a growing writer for
  * payloads. Shared by the client (remote.c, in libpagedkv) and the daemon
  * (tools/pkvd/), so both sides encode and decode with the same code.
@@ -20,7 +20,11 @@
 #include <stdint.h>
 
 #define PKVD_MAGIC 0x44564B50u /* "PKVD" little-endian */
-#define PKVD_VERSION 1u
+/* Any change to any payload's layout bumps this (docs/pkvd.md, "Versions"). 1: the
+ * first; 2: CLIENTS lists each connection's flags and sequences, HELLO flags. What
+ * never changes, so that peers of different versions can tell each other so: the
+ * frame header, HELLO's request payload and an error reply's rc and message. */
+#define PKVD_VERSION 2u
 #define PKVD_REPLY 0x8000u
 #define PKVD_HDR 16u
 #define PKVD_MAX_TOKENS (4u << 20)  /* tokens in one request */
@@ -66,9 +70,18 @@ typedef struct pkvd_hdr {
 } pkvd_hdr;
 
 void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t op, uint32_t len, uint32_t req);
+/* pkvd_hdr_put with another version in the header: the daemon answers a HELLO it
+ * refuses in the version of the HELLO's header, so that a peer of another version
+ * can read the refusal. */
+void pkvd_hdr_put_v(uint8_t out[PKVD_HDR], uint16_t version, uint16_t op, uint32_t len,
+                    uint32_t req);
 /* Decode and check a header: magic, version, length limit, and an op that is a
  * known request (reply == false) or a reply to `want_op` (reply == true).
- * 0 or PKV_EINVAL (message set). */
+ * The version must be PKVD_VERSION, except in a HELLO and its reply, whose
+ * header and payload are the same in every version: there the caller checks
+ * h->version itself and refuses a mismatch with PKV_EVERSION ("protocol version
+ * X, expected Y"). 0, PKV_EVERSION (another version outside HELLO) or PKV_EINVAL
+ * (message set). */
 int pkvd_hdr_get(const uint8_t in[PKVD_HDR], pkvd_hdr *h, bool reply, uint16_t want_op);
 
 typedef struct pkvd_rd {

@@ -22,7 +22,10 @@
  *  - malformed frames (bad magic, version, length, op, payload size, no HELLO,
  *    HELLO twice, a truncated frame) get an error reply and end only their own
  *    connection; well-formed hostile requests (another client's ids, a
- *    sequence twice in a batch) get the documented errors.
+ *    sequence twice in a batch) get the documented errors;
+ *  - peers of another protocol version are refused with PKV_EVERSION and
+ *    "protocol version X, expected Y" on both sides, never misparsed
+ *    (docs/pkvd.md, "Versions").
  * K/V follows pkv_test.h's convention: a pure function of (salt, prefix). */
 #include "http_get.h"
 #include "pkv_test.h"
@@ -890,6 +893,10 @@ Test(pkvd, a_restarted_daemon_waits_for_the_clients_of_the_killed_one)
 
 /* ---- Malformed frames -------------------------------------------------------------------- */
 
+/* The protocol version this build speaks (PKVD_VERSION, src/wire.h): written here
+ * as a peer of this build writes it. */
+#define WIRE_V 2u
+
 static int raw_connect(void)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -940,9 +947,9 @@ static void refused(const uint8_t *frame, size_t n, bool hello_first, int rc, co
     int fd = raw_connect();
     if (hello_first) {
         uint8_t hello[24];
-        hdr(hello, 0x44564B50u, 1, 1, 8);
+        hdr(hello, 0x44564B50u, WIRE_V, 1, 8);
         memset(hello + 16, 0, 8);
-        hello[16] = 1, hello[18] = 1;
+        hello[16] = WIRE_V, hello[18] = WIRE_V;
         cr_assert_eq(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
         cr_assert_eq(read_reply(fd), 0, "%s: HELLO refused", what);
     }
@@ -963,23 +970,23 @@ Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
     open_fill(c, 1, p, 13);
     uint8_t f[64];
     memset(f, 0, sizeof f);
-    hdr(f, 0x12345678u, 1, 2, 0);
+    hdr(f, 0x12345678u, WIRE_V, 2, 0);
     refused(f, 16, false, PKV_EINVAL, "bad magic");
-    hdr(f, 0x44564B50u, 2, 1, 8);
-    refused(f, 24, false, PKV_EINVAL, "bad version");
-    hdr(f, 0x44564B50u, 1, 14, 0);
+    hdr(f, 0x44564B50u, WIRE_V + 1, 14, 0);
+    refused(f, 16, true, PKV_EVERSION, "another version after HELLO");
+    hdr(f, 0x44564B50u, WIRE_V, 14, 0);
     refused(f, 16, false, PKV_EINVAL, "no HELLO first");
-    hdr(f, 0x44564B50u, 1, 1, 8);
-    f[16] = 1, f[18] = 1;
+    hdr(f, 0x44564B50u, WIRE_V, 1, 8);
+    f[16] = WIRE_V, f[18] = WIRE_V;
     refused(f, 24, true, PKV_EINVAL, "HELLO twice");
-    hdr(f, 0x44564B50u, 1, 99, 0);
+    hdr(f, 0x44564B50u, WIRE_V, 99, 0);
     refused(f, 16, true, PKV_EINVAL, "unknown op");
-    hdr(f, 0x44564B50u, 1, 0x8002, 0);
+    hdr(f, 0x44564B50u, WIRE_V, 0x8002, 0);
     refused(f, 16, true, PKV_EINVAL, "a reply op");
-    hdr(f, 0x44564B50u, 1, 2, 0xFFFFFFF0u);
+    hdr(f, 0x44564B50u, WIRE_V, 2, 0xFFFFFFF0u);
     refused(f, 16, true, PKV_EINVAL, "a huge length");
     /* LOOKUP: salt, n = 3, but 2 tokens */
-    hdr(f, 0x44564B50u, 1, 2, 8 + 4 + 8);
+    hdr(f, 0x44564B50u, WIRE_V, 2, 8 + 4 + 8);
     memset(f + 16, 0, 20);
     put32(f + 24, 3);
     refused(f, 36, true, PKV_EINVAL, "a count the length does not hold");
@@ -990,11 +997,11 @@ Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
     put32(f + 24, 0xFFFFFFFFu);
     refused(f, 36, true, PKV_EINVAL, "a count over the limit");
     /* CLOSE with 4 bytes instead of 8 */
-    hdr(f, 0x44564B50u, 1, 10, 4);
+    hdr(f, 0x44564B50u, WIRE_V, 10, 4);
     refused(f, 20, true, PKV_EINVAL, "a short fixed part");
     /* a truncated frame, then the client goes away */
     int fd = raw_connect();
-    hdr(f, 0x44564B50u, 1, 1, 8);
+    hdr(f, 0x44564B50u, WIRE_V, 1, 8);
     cr_assert_eq(send(fd, f, 20, MSG_NOSIGNAL), 20);
     close(fd);
     /* Well-formed but hostile: another connection's ids, one id twice in a batch. */
@@ -1045,7 +1052,7 @@ Test(pkvd, a_connection_the_daemon_ends_keeps_its_blocks_until_the_client_closes
     cr_assert_eq(held.sequences, base.sequences + 1);
     cr_assert(held.blocks_used > base.blocks_used);
     uint8_t f[16];
-    hdr(f, 0x12345678u, 1, 2, 0); /* bad magic: the daemon ends the connection */
+    hdr(f, 0x12345678u, WIRE_V, 2, 0); /* bad magic: the daemon ends the connection */
     cr_assert_eq(send(sfd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
     cr_assert_eq(read_reply(sfd), PKV_EINVAL);
     cr_assert_eq(read_reply(sfd), 1, "the daemon shows the end of the connection");
@@ -1435,9 +1442,9 @@ Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
     pid_t d = daemon_start();
     int b = raw_connect();
     uint8_t hello[24];
-    hdr(hello, 0x44564B50u, 1, 1, 8);
+    hdr(hello, 0x44564B50u, WIRE_V, 1, 8);
     memset(hello + 16, 0, 8);
-    hello[16] = 1, hello[18] = 1;
+    hello[16] = WIRE_V, hello[18] = WIRE_V;
     cr_assert_eq(send(b, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
     cr_assert_eq(read_reply(b), 0);
     pid_t poller = fork();
@@ -1445,7 +1452,7 @@ Test(pkvd, shutdown_ends_while_a_client_polls_the_status)
     if (poller == 0) { /* CLIENTS, its reply, again, until the daemon is gone */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         uint8_t f[16], r[4096];
-        hdr(f, 0x44564B50u, 1, 16, 0);
+        hdr(f, 0x44564B50u, WIRE_V, 16, 0);
         for (;;) {
             if (send(b, f, sizeof f, MSG_NOSIGNAL) != (ssize_t)sizeof f) _exit(0);
             ssize_t k = recv(b, r, sizeof r, 0); /* a small reply: one read holds it */
@@ -1504,7 +1511,7 @@ static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
             size_t n = 16;
             n += put_le(out + n, 0, 4);
             if (first) {
-                n += put_le(out + n, 1, 2);
+                n += put_le(out + n, WIRE_V, 2);
                 n += put_le(out + n, 1, 4), n += put_le(out + n, 1, 4);
                 n += put_le(out + n, 4, 4), n += put_le(out + n, BS, 4);
                 n += put_le(out + n, (uint32_t)PKV_F32, 4), n += put_le(out + n, 4, 4);
@@ -1576,6 +1583,173 @@ Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
     int st = 0;
     cr_assert_eq(waitpid(f, &st, 0), f);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+}
+
+/* ---- Protocol versions (docs/pkvd.md, "Versions") ------------------------------------- */
+
+/* One HELLO with header version `hv` and range vmin..vmax on a new raw connection:
+ * the reply's header version, its rc, and (rc != 0) its message in msg. */
+static int hello_v(uint16_t hv, uint16_t vmin, uint16_t vmax, uint16_t *rv, char *msg,
+                   size_t cap, uint16_t *payload_ver)
+{
+    int fd = raw_connect();
+    uint8_t f[24] = {0};
+    hdr(f, 0x44564B50u, hv, 1, 8);
+    f[16] = (uint8_t)vmin, f[17] = (uint8_t)(vmin >> 8);
+    f[18] = (uint8_t)vmax, f[19] = (uint8_t)(vmax >> 8);
+    cr_assert_eq(send(fd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
+    uint8_t h[16], b[4096];
+    cr_assert_eq(recv(fd, h, 16, MSG_WAITALL), 16, "no reply header");
+    uint32_t len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+    cr_assert(len >= 4 && len < sizeof b, "reply length %u", len);
+    cr_assert_eq(recv(fd, b, len, MSG_WAITALL), (ssize_t)len);
+    cr_assert(h[6] == 1 && h[7] == 0x80, "not a reply to HELLO");
+    *rv = (uint16_t)(h[4] | h[5] << 8);
+    int rc = (int)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24);
+    msg[0] = '\0';
+    if (rc) {
+        size_t ml = (size_t)(b[4] | b[5] << 8);
+        cr_assert(6 + ml <= len && ml < cap);
+        memcpy(msg, b + 6, ml);
+        msg[ml] = '\0';
+        cr_assert_eq(read_reply(fd), 1, "a refused HELLO ends the connection");
+    } else {
+        *payload_ver = (uint16_t)(b[4] | b[5] << 8);
+    }
+    close(fd);
+    return rc;
+}
+
+/* The daemon's side: a client of another version (a HELLO whose range does not
+ * hold this build's version) is refused with PKV_EVERSION and "protocol version
+ * X, expected Y", in the version of its own HELLO's header, so that the client
+ * (which reads only replies of its own version) can read the refusal; a client
+ * whose range holds this version is served in it. */
+Test(pkvd, a_client_of_another_protocol_version_is_refused_in_its_own_version)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    char msg[300], want[80];
+    uint16_t rv = 0, pv = 0;
+    /* exactly what a client of the version before sends */
+    int rc = hello_v(WIRE_V - 1, WIRE_V - 1, WIRE_V - 1, &rv, msg, sizeof msg, &pv);
+    cr_assert_eq(rc, PKV_EVERSION, "a version-%u HELLO -> %d (%s)", WIRE_V - 1, rc, msg);
+    cr_assert_eq(rv, WIRE_V - 1, "the refusal is written in version %u", rv);
+    snprintf(want, sizeof want, "protocol version %u, expected %u", WIRE_V - 1, WIRE_V);
+    cr_assert(strstr(msg, want), "message: %s", msg);
+    /* a later client that speaks only later versions */
+    rc = hello_v(WIRE_V + 3, WIRE_V + 1, WIRE_V + 3, &rv, msg, sizeof msg, &pv);
+    cr_assert_eq(rc, PKV_EVERSION);
+    cr_assert_eq(rv, WIRE_V + 3);
+    snprintf(want, sizeof want, "protocol versions %u..%u, expected %u", WIRE_V + 1, WIRE_V + 3,
+             WIRE_V);
+    cr_assert(strstr(msg, want), "message: %s", msg);
+    /* a later client that also speaks this version gets it */
+    rc = hello_v(WIRE_V + 1, WIRE_V - 1, WIRE_V + 1, &rv, msg, sizeof msg, &pv);
+    cr_assert_eq(rc, 0, "HELLO %u..%u refused: %s", WIRE_V - 1, WIRE_V + 1, msg);
+    cr_assert(rv == WIRE_V && pv == WIRE_V, "agreed on %u / %u", rv, pv);
+    /* and the daemon serves on */
+    pkv_cache *c = connect_ok();
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+}
+
+/* A fake pkvd of the version before on sock_path for `conns` connections. Each
+ * connection's first frame is answered in version WIRE_V - 1 as that daemon
+ * answers it: `answer` false, refused as a frame of an unknown version (rc
+ * PKV_EINVAL and its message); `answer` true, as if the versions matched (rc 0 and a HELLO
+ * result naming version WIRE_V - 1: a daemon that checked nothing). */
+static void old_daemon(int conns, bool answer, int ready)
+{
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 4)) _exit(2);
+    if (write(ready, "r", 1) != 1) _exit(4);
+    for (int c = 0; c < conns; c++) {
+        int fd = accept(l, NULL, NULL);
+        if (fd < 0) _exit(5);
+        uint8_t h[16], in[64], out[256];
+        if (recv(fd, h, 16, MSG_WAITALL) != 16) _exit(6);
+        uint32_t len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+        if (len > sizeof in || (len && recv(fd, in, len, MSG_WAITALL) != (ssize_t)len)) _exit(7);
+        char m[64];
+        int ml = snprintf(m, sizeof m, "protocol version %u, not %u", h[4] | h[5] << 8,
+                          WIRE_V - 1);
+        size_t n = 16;
+        if (answer) {
+            n += put_le(out + n, 0, 4);
+            n += put_le(out + n, WIRE_V - 1, 2);
+            for (int i = 0; i < 10; i++) n += put_le(out + n, 1, 8); /* whatever v1 said */
+        } else {
+            n += put_le(out + n, (uint32_t)PKV_EINVAL, 4);
+            n += put_le(out + n, (uint64_t)ml, 2);
+            memcpy(out + n, m, (size_t)ml);
+            n += (size_t)ml;
+        }
+        memcpy(out, h, 16);
+        put_le(out + 4, WIRE_V - 1, 2);
+        out[7] |= 0x80;
+        put_le(out + 8, n - 16, 4);
+        if (send(fd, out, n, MSG_NOSIGNAL) != (ssize_t)n) _exit(8);
+        close(fd);
+    }
+    _exit(0);
+}
+
+static pid_t old_daemon_start(int conns, bool answer)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t f = fork();
+    cr_assert(f >= 0);
+    if (f == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        old_daemon(conns, answer, p[1]);
+    }
+    close(p[1]);
+    char r;
+    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
+    close(p[0]);
+    return f;
+}
+
+/* pkvd --status against this socket: its exit status, its stdout and stderr. */
+static int status_run(char *out, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' --status --socket '%s' 2>&1", getenv("PKVD"), sock_path);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, cap - 1, f);
+    out[got] = '\0';
+    return pclose(f);
+}
+
+/* The client's side: pkv_connect and pkvd --status against a daemon of the
+ * version before get PKV_EVERSION / exit 1 with "protocol version X, expected
+ * Y", whether that daemon refuses the HELLO or answers it: nothing of a reply
+ * of another version is parsed. */
+Test(pkvd, a_daemon_of_another_protocol_version_is_refused_clearly)
+{
+    daemon_paths();
+    char want[80], out[4096];
+    snprintf(want, sizeof want, "protocol version %u, expected %u", WIRE_V - 1, WIRE_V);
+    for (int answer = 0; answer < 2; answer++) {
+        pid_t f = old_daemon_start(2, answer);
+        pkv_cache *c = (pkv_cache *)&c;
+        int rc = pkv_connect(sock_path, &c);
+        cr_assert_eq(rc, PKV_EVERSION, "pkv_connect -> %d (%s)", rc, pkv_last_error());
+        cr_assert_null(c);
+        cr_assert(strstr(pkv_last_error(), want), "pkv_connect: %s", pkv_last_error());
+        int st = status_run(out, sizeof out);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "pkvd --status: 0x%x: %s", st, out);
+        cr_assert(strstr(out, want) && !strstr(out, "connections"), "pkvd --status: %s", out);
+        cr_assert_eq(waitpid(f, &st, 0), f);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+        unlink(sock_path);
+    }
 }
 
 /* ---- Read-only clients ---------------------------------------------------------------- */
@@ -2094,12 +2268,12 @@ Test(pkvd, a_client_stalled_mid_frame_is_ended_after_the_timeout)
     struct timeval tv = {.tv_sec = 15}; /* fail, not hang, if the daemon never ends it */
     cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
     uint8_t f[64];
-    hdr(f, 0x44564B50u, 1, 1, 8);
+    hdr(f, 0x44564B50u, WIRE_V, 1, 8);
     memset(f + 16, 0, 8);
-    f[16] = 1, f[18] = 1;
+    f[16] = WIRE_V, f[18] = WIRE_V;
     cr_assert_eq(send(fd, f, 24, MSG_NOSIGNAL), 24);
     cr_assert_eq(read_reply(fd), 0);
-    hdr(f, 0x44564B50u, 1, 2, 8 + 4 + 4 * 100); /* a LOOKUP of 100 tokens, 3 sent */
+    hdr(f, 0x44564B50u, WIRE_V, 2, 8 + 4 + 4 * 100); /* a LOOKUP of 100 tokens, 3 sent */
     memset(f + 16, 0, 24);
     put32(f + 24, 100);
     struct timespec t0, t1;

@@ -267,8 +267,19 @@ static bool write_all(int fd, const uint8_t *p, size_t n, int pass_fd) {
 }
 
 /* Send a reply: rc, then (rc != 0) the error message, then `res`. */
+static bool reply_v(conn *k, uint16_t version, uint16_t op, uint32_t req, int rc,
+                    const pkvd_wr *res, int pass_fd);
+
 static bool reply(conn *k, uint16_t op, uint32_t req, int rc, const pkvd_wr *res,
                   int pass_fd) {
+    return reply_v(k, PKVD_VERSION, op, req, rc, res, pass_fd);
+}
+
+/* A reply in `version`: PKVD_VERSION, except the refusal of a HELLO, which is
+ * written in the version of the HELLO's header so that a client of another
+ * version reads it (wire.h: HELLO and an error reply are the same in all). */
+static bool reply_v(conn *k, uint16_t version, uint16_t op, uint32_t req, int rc,
+                    const pkvd_wr *res, int pass_fd) {
     pkvd_wr w = {0};
     pkvd_put_u32(&w, (uint32_t)rc);
     if (rc) {
@@ -283,7 +294,7 @@ static bool reply(conn *k, uint16_t op, uint32_t req, int rc, const pkvd_wr *res
     if (ok) { /* one buffer, so the reply is one send and one wake-up */
         uint8_t *f = malloc(PKVD_HDR + w.len);
         if ((ok = f != NULL)) {
-            pkvd_hdr_put(f, (uint16_t)(op | PKVD_REPLY), (uint32_t)w.len, req);
+            pkvd_hdr_put_v(f, version, (uint16_t)(op | PKVD_REPLY), (uint32_t)w.len, req);
             memcpy(f + PKVD_HDR, w.p, w.len);
             ok = write_all(k->fd, f, PKVD_HDR + w.len, pass_fd);
             free(f);
@@ -582,7 +593,7 @@ static void *conn_main(void *arg) {
          * the stream before the client reads the refusal */
         if (read_in(k->fd, h, sizeof h, false) == 0 && !pkvd_hdr_get(h, &hd, false, 0) &&
             hd.len <= sizeof hello && read_in(k->fd, hello, hd.len, false) == 0)
-            reply(k, hd.op, hd.req,
+            reply_v(k, hd.op == PKVD_HELLO ? hd.version : PKVD_VERSION, hd.op, hd.req,
                   pkv_err(PKV_EBUSY, "pkvd serves its maximum of %llu clients "
                           "(--max-clients); try again later", (unsigned long long)max_clients),
                   NULL, -1);
@@ -606,13 +617,22 @@ static void *conn_main(void *arg) {
         if (!rc) rc = pkvd_req_decode(hd.op, payload, hd.len, &r);
         if (!rc && (hd.op == PKVD_HELLO) == k->hello)
             rc = pkv_err(PKV_EINVAL, k->hello ? "HELLO twice" : "the first frame must be HELLO");
-        if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION))
-            rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u)", r.vmin,
-                         r.vmax);
+        /* A client of another version: refused in its own version (reply_v),
+         * before anything of the payload but HELLO's frozen fields is read. */
+        if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION)) {
+            if (r.vmin == r.vmax)
+                rc = pkv_err(PKV_EVERSION, "protocol version %u, expected %u (a pkvd and a "
+                             "client of different pagedkv releases)", r.vmin, PKVD_VERSION);
+            else
+                rc = pkv_err(PKV_EVERSION, "protocol versions %u..%u, expected %u (a pkvd and "
+                             "a client of different pagedkv releases)", r.vmin, r.vmax,
+                             PKVD_VERSION);
+        }
         if (!rc && hd.op == PKVD_HELLO && (r.flags & ~PKVD_HELLO_RDONLY))
             rc = pkv_err(PKV_EINVAL, "unknown HELLO flags 0x%x", r.flags);
         if (rc) { /* malformed: answer, then end the connection */
-            reply(k, hd.op, hd.req, rc, NULL, -1);
+            reply_v(k, hd.op == PKVD_HELLO && !k->hello ? hd.version : PKVD_VERSION, hd.op,
+                    hd.req, rc, NULL, -1);
             break;
         }
         pkvd_wr res = {0};
@@ -688,11 +708,16 @@ static void on_signal(int sig) {
 }
 
 /* One request on a raw connection (pkvd --status): 0 and the reply's results
- * in *buf and *rd, or -1. */
+ * in *buf and *rd, or -1 with the reason logged (the daemon's own message when
+ * it refused the request: a client of another protocol version gets "protocol
+ * version X, expected Y", never a misparsed reply). */
 static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkvd_rd *rd) {
     uint8_t h[PKVD_HDR];
     pkvd_hdr_put(h, op, (uint32_t)w->len, op);
-    if (!write_all(fd, h, sizeof h, -1) || (w->len && !write_all(fd, w->p, w->len, -1))) return -1;
+    if (!write_all(fd, h, sizeof h, -1) || (w->len && !write_all(fd, w->p, w->len, -1))) {
+        logf_("--status: sending op %u: %s", op, strerror(errno));
+        return -1;
+    }
     /* HELLO's reply carries the arena descriptor: received and closed */
     union {
         struct cmsghdr c;
@@ -708,10 +733,30 @@ static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkv
         close(got);
     }
     pkvd_hdr hd;
-    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.len < 4) return -1;
-    if (!(*buf = malloc(hd.len)) || !read_all(fd, *buf, hd.len)) return -1;
+    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.len < 4) {
+        logf_("--status: %s reply to op %u", k <= 0 ? "no" : "a malformed", op);
+        return -1;
+    }
+    if (!(*buf = malloc(hd.len)) || !read_all(fd, *buf, hd.len)) {
+        logf_("--status: the reply to op %u was cut short", op);
+        return -1;
+    }
     *rd = (pkvd_rd){.p = *buf, .left = hd.len};
-    return pkvd_get_u32(rd) == 0 ? 0 : -1;
+    int32_t rc = (int32_t)pkvd_get_u32(rd);
+    uint16_t ml = rc ? pkvd_get_u16(rd) : 0;
+    const uint8_t *msg = rc ? pkvd_get_bytes(rd, ml) : NULL;
+    if (hd.version != PKVD_VERSION) { /* only a HELLO's reply gets here (wire.h) */
+        logf_("--status: pkvd speaks protocol version %u, expected %u (a pkvd of another "
+              "pagedkv release%s%.*s)", hd.version, PKVD_VERSION, msg ? "; it said: " : "",
+              msg ? (int)ml : 0, msg ? (const char *)msg : "");
+        return -1;
+    }
+    if (rc) {
+        logf_("--status: pkvd refused op %u: %s (%.*s)", op, pkv_strerror(rc),
+              msg ? (int)ml : 0, msg ? (const char *)msg : "");
+        return -1;
+    }
+    return 0;
 }
 
 /* pkvd --status --socket PATH: the daemon's connections, one line each. */
@@ -726,34 +771,48 @@ static int status_main(const struct sockaddr_un *sa) {
     pkvd_put_u16(&w, PKVD_VERSION);
     pkvd_put_u32(&w, 0);
     uint8_t *b1 = NULL, *b2 = NULL;
-    pkvd_rd rd;
+    pkvd_rd rd = {0};
     int rc = status_call(fd, PKVD_HELLO, &w, &b1, &rd);
+    if (!rc) {
+        uint16_t ver = pkvd_get_u16(&rd);
+        if (ver != PKVD_VERSION) {
+            logf_("--status: pkvd agreed on protocol version %u, expected %u", ver,
+                  PKVD_VERSION);
+            rc = -1;
+        }
+    }
     pkvd_wr none = {0};
     if (!rc) rc = status_call(fd, PKVD_CLIENTS, &none, &b2, &rd);
     pkvd_wr_free(&w);
-    if (!rc) {
-        uint32_t n = pkvd_get_u32(&rd);
-        printf("%u connections (this one included)\n", n);
-        for (uint32_t i = 0; i < n && !rd.bad; i++) {
-            uint32_t uid = pkvd_get_u32(&rd), pid = pkvd_get_u32(&rd);
-            uint64_t ns = pkvd_get_u64(&rd);
-            uint32_t flags = pkvd_get_u32(&rd), listed = pkvd_get_u32(&rd);
-            if (rd.bad) break;
-            printf("uid %u pid %u sequences %llu%s\n", uid, pid, (unsigned long long)ns,
-                   flags & 1 ? " read-only" : "");
-            for (uint32_t j = 0; j < listed && !rd.bad; j++) {
-                uint64_t cid = pkvd_get_u64(&rd), did = pkvd_get_u64(&rd);
-                uint64_t len = pkvd_get_u64(&rd), com = pkvd_get_u64(&rd);
-                if (!rd.bad)
+    /* Twice over the reply: checked whole (every count within its bytes, nothing
+     * left over), then printed, so a reply of another layout prints nothing. */
+    for (int pass = 0; !rc && pass < 2; pass++) {
+        pkvd_rd q = rd;
+        uint32_t n = pkvd_get_u32(&q);
+        if (pass) printf("%u connections (this one included)\n", n);
+        for (uint32_t i = 0; i < n && !q.bad; i++) {
+            uint32_t uid = pkvd_get_u32(&q), pid = pkvd_get_u32(&q);
+            uint64_t ns = pkvd_get_u64(&q);
+            uint32_t flags = pkvd_get_u32(&q), listed = pkvd_get_u32(&q);
+            if (pass)
+                printf("uid %u pid %u sequences %llu%s\n", uid, pid, (unsigned long long)ns,
+                       flags & 1 ? " read-only" : "");
+            for (uint32_t j = 0; j < listed && !q.bad; j++) {
+                uint64_t cid = pkvd_get_u64(&q), did = pkvd_get_u64(&q);
+                uint64_t len = pkvd_get_u64(&q), com = pkvd_get_u64(&q);
+                if (pass)
                     printf("  sequence %llu (pkvd's %llu): %llu tokens, %llu committed\n",
                            (unsigned long long)cid, (unsigned long long)did,
                            (unsigned long long)len, (unsigned long long)com);
             }
-            if (listed < ns) printf("  (%llu more)\n", (unsigned long long)(ns - listed));
+            if (pass && listed < ns) printf("  (%llu more)\n", (unsigned long long)(ns - listed));
         }
-        if (rd.bad) rc = -1;
+        if (q.bad || q.left) {
+            logf_("--status: the daemon's reply to CLIENTS is malformed (%s)",
+                  q.bad ? "cut short" : "bytes left over");
+            rc = -1;
+        }
     }
-    if (rc) logf_("--status: the daemon's reply was refused or malformed");
     free(b1);
     free(b2);
     close(fd);
