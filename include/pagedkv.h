@@ -969,8 +969,10 @@ int pkv_cuda_batch_get_info(const pkv_cuda_batch *b, pkv_cuda_batch_info *out);
  * enqueued on `stream` before the call; returns once it is in the arena, so the
  * caller may then pkv_seq_commit (which seals and checksums the arena bytes). The
  * device copies stay valid (no re-copy on the next page-in). Errors: PKV_EINVAL
- * (g or b NULL), PKV_ERDONLY, PKV_ENOMEM (host memory), PKV_EIO. Blocks: waits
- * for `stream`'s work and the device-to-host copies; not the cache lock. */
+ * (g or b NULL), PKV_ERDONLY, PKV_EFAILED (the cache failed; as for the mutating
+ * calls, checked after PKV_ERDONLY), PKV_ENOMEM (host memory), PKV_EIO. Blocks:
+ * waits for `stream`'s work and the device-to-host copies; takes the cache lock
+ * only briefly (the failed-state check, and reading the tables afterwards). */
 int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream);
 
 /* The batch's kernels are enqueued on `stream`: unpin its slots (they become

@@ -36,7 +36,10 @@ typedef struct {
     size_t n;
 } pool_entry;
 
-Test(collision, random_prompts_small_alphabet, .timeout = 280)
+/* No Criterion .timeout: a fixed wall-clock deadline (it was 280 s) does not
+ * stretch with meson's timeout_multiplier in the sanitizer setups or with the
+ * machine's load; meson's timeout (300 s times that multiplier) still bounds it. */
+Test(collision, random_prompts_small_alphabet)
 {
     uint64_t seed = pt_env_u64("PKV_SEED", 0xC0111510ull);
     size_t rounds = (size_t)pt_env_u64("PKV_COLLISION_PROMPTS", 3000);
@@ -147,6 +150,9 @@ Test(collision, random_prompts_small_alphabet, .timeout = 280)
         }
     }
     pkv_stats st = pt_stats(c);
+    cr_log_info("%zu distinct blocks of %llu, %zu prompts hit; most blocks in limbo at an "
+                "eviction: %llu", sealed.n, (unsigned long long)capacity, total_hits,
+                (unsigned long long)st.limbo_evict_max);
     cr_assert_eq(st.hit_tokens, exp_hit_tokens);
     cr_assert_eq(st.miss_tokens, exp_miss_tokens);
     cr_assert_eq(st.hit_blocks, exp_hit_blocks);

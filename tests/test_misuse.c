@@ -1280,5 +1280,26 @@ Test(misuse, cuda_calls)
     PT_OK(pkv_cuda_release(g, b, NULL));
     pkv_cuda_close(g);
     PT_CHECK(c);
+    /* Write-back into a cache in the failed state: PKV_EFAILED, as every mutating
+     * call (sequence 1 gets pending tokens, so a write-back would copy them). */
+    pt_close(c);
+    pt_syncio *io = malloc(sizeof *io); /* must outlive the handle */
+    cr_assert_not_null(io);
+    pt_syncio_init(io);
+    pt_opts(&o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F32, CAP);
+    o.io = &io->ops;
+    o.group_commit_us = 10000000; /* no I/O but at syncs */
+    c = pt_open_sub("cache", &o);
+    PT_APPEND(c, 1, 0, A, 8, 2); /* pending tokens are not recovered: again */
+    PT_OK(pkv_cuda_open(c, &co, &g));
+    PT_OK(pkv_cuda_page_in(g, ids, 2, 0, NULL, &b));
+    pt_syncio_fail(io, EIO);
+    PT_OK(pkv_seq_open(c, 77, 0, NULL, 0, NULL)); /* a record for the sync to write */
+    MS_ERR(pkv_sync(c), PKV_EFAILED);
+    MS_ERR(pkv_cuda_writeback(g, b, NULL), PKV_EFAILED);
+    PT_OK(pkv_cuda_release(g, b, NULL));
+    pkv_cuda_close(g);
+    pt_close(c);
+    free(io);
     free(a.buf);
 }

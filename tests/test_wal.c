@@ -561,6 +561,41 @@ Test(wal, second_writer_is_busy)
 
 /* ---- Automatic checkpoints ------------------------------------------------------------------ */
 
+/* Automatic checkpoints run on their own thread, so when a due one is taken
+ * depends on scheduling; that one is taken does not. One is due once
+ * checkpoint_bytes of log were written after the last one ended (src/wal/log.c,
+ * ckpt_due; what a checkpoint covers ends before it does, so that log holds new
+ * records and the checkpoint is written and counted). `at` is wal_bytes when the
+ * test first saw the latest count: no less than when that checkpoint ended. So
+ * once wal_bytes - at reaches checkpoint_bytes another checkpoint must follow,
+ * and the test waits for it (each pkv_sync runs the flusher, which wakes the
+ * checkpoint thread while one is due), 60 s at most, instead of counting on the
+ * checkpoint thread keeping pace with the workload. */
+typedef struct ckpt_seen {
+    uint64_t n, at; /* checkpoints since open; wal_bytes when n was first seen */
+} ckpt_seen;
+
+static void ckpt_follow(pkv_cache *c, ckpt_seen *seen, uint64_t every, const char *what)
+{
+    pkv_stats st = stats(c);
+    if (st.checkpoints != seen->n) {
+        seen->n = st.checkpoints;
+        seen->at = st.wal_bytes;
+    }
+    if (st.wal_bytes - seen->at < every) return;
+    const uint64_t past = st.wal_bytes - seen->at;
+    for (int t = 0; t < 12000 && st.checkpoints == seen->n; t++) {
+        WU_OK(pkv_sync(c));
+        if (t) usleep(5000);
+        st = stats(c);
+    }
+    cr_assert(st.checkpoints > seen->n, "%s: no automatic checkpoint in 60 s, %llu log bytes "
+              "after checkpoint %llu (checkpoint_bytes %llu)", what, (unsigned long long)past,
+              (unsigned long long)seen->n, (unsigned long long)every);
+    seen->n = st.checkpoints;
+    seen->at = st.wal_bytes;
+}
+
 Test(wal, automatic_checkpoint)
 {
     char dir[512];
@@ -573,10 +608,12 @@ Test(wal, automatic_checkpoint)
     wu_wl w;
     wu_wl_init(&w, c, 41, &ps);
     uint64_t last = 0;
+    ckpt_seen seen = {0, 0};
     for (int i = 0; i < 400; i++) {
         wu_step(&w);
         if (i % 10 == 9) {
             WU_OK(pkv_sync(c));
+            ckpt_follow(c, &seen, o.checkpoint_bytes, "automatic checkpoints");
             pkv_stats st = stats(c);
             cr_assert(st.checkpoints >= last);
             last = st.checkpoints;
@@ -624,8 +661,10 @@ Test(wal, log_segments_stay_bounded)
     w.next_id += 2; /* wu_churn uses lid + 1 */
     w.keep_id = lid;
     size_t maxf = 0;
+    ckpt_seen seen = {0, 0};
     for (int k = 0; k < 24; k++) {
         wu_churn(c, lid, 4u << 20);
+        ckpt_follow(c, &seen, o.checkpoint_bytes, "recycled segments");
         size_t nf = wu_count(dir, "wal-");
         if (nf > maxf) maxf = nf;
         cr_assert(nf <= 4, "%zu log files (wal-*) after %d MiB of log", nf, (k + 1) * 4);
@@ -633,9 +672,11 @@ Test(wal, log_segments_stay_bounded)
         if (k % 6 == 5) wu_step(&w);
     }
     /* Automatic checkpoints run on their own thread, so how many of those due
-     * complete depends on scheduling (9-12 on a quiet machine, 7 once in a loaded
-     * CI run). At least 4, with >= 96 MiB (three segments) written and never more
-     * than 4 log files above, means segments were recycled again and again. */
+     * complete depended on scheduling (9-12 on a quiet machine, 7 once in a loaded
+     * CI run) until ckpt_follow waited for each one due: now at least one per
+     * 12 MiB (8 MiB due, seen within a 4 MiB step). At least 4, with >= 96 MiB
+     * (three segments) written and never more than 4 log files above, means
+     * segments were recycled again and again. */
     pkv_stats st = stats(c);
     cr_assert(st.checkpoints >= 4, "%llu checkpoints after %llu log bytes",
               (unsigned long long)st.checkpoints, (unsigned long long)st.wal_bytes);

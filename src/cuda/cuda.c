@@ -932,6 +932,13 @@ int pkv_cuda_release(pkv_cuda *g, pkv_cuda_batch *b, void *stream) {
 int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream) {
     if (!g || !b) return pkv_err(PKV_EINVAL, "handle or batch is NULL");
     if (g->cache->rdonly) return pkv_err(PKV_ERDONLY, "write-back to a cache opened read-only");
+    /* A failed cache refuses every change (wal/log.c), this one too: its log
+     * stopped, so nothing written now could be committed. The flag is set under
+     * the cache lock, so it is read under it. */
+    pkv_lock(g->cache);
+    int rc = pkv_wal_writable(g->cache);
+    pkv_unlock(g->cache);
+    if (rc) return rc;
     const pkv_geometry *geo = &g->cache->arena.geo;
     const uint32_t bs = geo->block_size;
     const uint32_t runs = 2 * geo->num_layers * geo->num_kv_heads;
@@ -942,8 +949,7 @@ int pkv_cuda_writeback(pkv_cuda *g, pkv_cuda_batch *b, void *stream) {
     if (!n_tok) return 0;
     uint32_t *arena_blk = NULL, *arena_off = NULL;
     dev_scope ds;
-    int rc = dev_enter(&ds, g->device);
-    if (rc) return rc;
+    if ((rc = dev_enter(&ds, g->device))) return rc;
     pthread_mutex_lock(&g->mu);
     if (!g->wb_dev) {
         g->wb_bytes = WB_BYTES > tok_bytes ? WB_BYTES : tok_bytes;
