@@ -21,6 +21,7 @@
 #include "tier.h"
 
 #include <hiredis/hiredis.h>
+#include <lz4.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -309,11 +310,38 @@ Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) 
 
 /* ---- Forged and damaged values --------------------------------------------- */
 
-enum forge { F_NONE, F_FLIP, F_MODEL, F_SALT, F_TOKENS, F_PARENT, F_GEOMETRY, F_TRUNCATED,
-             F_OVERSIZED, F_GARBAGE };
-static const char *forge_name[] = {"none", "flipped byte", "wrong model", "wrong salt",
-                                   "wrong tokens", "wrong parent hash", "wrong geometry", "truncated",
-                                   "oversized", "garbage"};
+enum forge { F_NONE, F_LZ4, F_FLIP, F_MODEL, F_SALT, F_TOKENS, F_PARENT, F_GEOMETRY,
+             F_TRUNCATED, F_OVERSIZED, F_GARBAGE, F_V1, F_LZ4_SHORT, F_LZ4_GARBAGE, F_V3 };
+static const char *forge_name[] = {"none", "LZ4", "flipped byte", "wrong model", "wrong salt",
+                                   "wrong tokens", "wrong parent hash", "wrong geometry",
+                                   "truncated", "oversized", "garbage", "version 1",
+                                   "LZ4 stream too short", "LZ4 garbage", "version 3"};
+
+/* The key of block 0 of prompt p under salt. */
+static void key_block0(uint64_t salt, const uint32_t *p, char key[PKV_TIER_KEY_LEN + 1]) {
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
+    pkv_tier_key(&k, h, PT_MODEL, key);
+}
+
+/* The value at key (malloc'ed, NULL: none); its length into *len. */
+static uint8_t *get_value(int port, const char *key, size_t *len) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "GET %s", key);
+    cr_assert(r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL));
+    uint8_t *v = NULL;
+    if (r->type == REDIS_REPLY_STRING) {
+        v = malloc(r->len ? r->len : 1);
+        cr_assert_not_null(v);
+        memcpy(v, r->str, r->len);
+        *len = r->len;
+    }
+    freeReplyObject(r);
+    redisFree(x);
+    return v;
+}
 
 /* Replace the record of block 0 of prompt p (salt) on the server at port. */
 static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge f) {
@@ -342,8 +370,24 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     uint32_t toks[16];
     for (int i = 0; i < 16; i++) toks[i] = p[i];
     char wrong_model[] = PT_MODEL "x";
-    uint8_t *out = malloc(len + 64);
-    size_t olen = len;
+    /* LZ4 forms of the payload, tagged with the secret: only the decompression
+     * check (exact length, a well-formed stream) can refuse them */
+    int zcap = LZ4_compressBound((int)rec.payload_len);
+    uint8_t *z = malloc((size_t)zcap);
+    cr_assert_not_null(z);
+    int zn = 0;
+    if (f == F_LZ4 || f == F_LZ4_SHORT) /* SHORT: a valid stream of all but 8 bytes */
+        zn = LZ4_compress_default((const char *)rec.payload, (char *)z,
+                                  (int)rec.payload_len - (f == F_LZ4_SHORT ? 8 : 0), zcap);
+    if (f == F_LZ4_GARBAGE) memset(z, 0xF3, (size_t)(zn = 64));
+    if (zn) {
+        cr_assert(zn > 0);
+        rec.encoding = PKV_TIER_ENC_LZ4;
+        rec.payload = z;
+        rec.stored_len = (uint64_t)zn;
+    }
+    size_t olen = pkv_tier_rec_size(rec.model_len, rec.depth, rec.block_size, rec.stored_len);
+    uint8_t *out = malloc(olen + 64);
     switch (f) {
     case F_MODEL: rec.model = wrong_model; rec.model_len++; olen++; break;
     case F_SALT: rec.salt ^= 1; break;
@@ -358,12 +402,17 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     case F_TRUNCATED: olen = len - 1; break;
     case F_OVERSIZED: out[olen] = 0; olen += 1; break;
     case F_GARBAGE: memset(out, 0xA5, olen); break;
+    /* an older or newer record version: only the version field is looked at
+     * before the refusal, so the rest may stay version 2's */
+    case F_V1: out[4] = 1; break;
+    case F_V3: out[4] = 3; break;
     default: break;
     }
     r = redisCommand(x, "SET %s %b", key, out, olen);
     cr_assert(r && r->type == REDIS_REPLY_STATUS);
     freeReplyObject(r);
     redisFree(x);
+    free(z);
     free(v);
     free(out);
 }
@@ -377,8 +426,13 @@ Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout 
     uint32_t *p = prompt_of(n, 3);
     pkv_options o = copts();
     node_a(pt_open_sub("a", &o), nodes, 5, p, n);
-    for (int f = F_NONE; f <= F_GARBAGE; f++) {
+    char key[PKV_TIER_KEY_LEN + 1];
+    key_block0(5, p, key);
+    for (int f = F_NONE; f <= F_V3; f++) {
         forge_block0(port, 5, p, (enum forge)f);
+        size_t flen = 0;
+        uint8_t *forged = get_value(port, key, &flen);
+        cr_assert_not_null(forged);
         char sub[32];
         snprintf(sub, sizeof sub, "b%d", f);
         pkv_cache *b = pt_open_sub(sub, &o);
@@ -388,16 +442,34 @@ Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout 
         snprintf(pt_ctx, sizeof pt_ctx, "[%s] ", forge_name[f]);
         size_t got = node_b_open(b, 1, 5, p, n, NULL);
         pkv_stats st = stats(b);
-        if (f == F_NONE) { /* the re-encoded record is accepted: the forgery is exact */
+        PT_OK(pkv_tier_flush(b, 10000)); /* the deletion is sent in the background */
+        size_t now_len = 0;
+        uint8_t *now = get_value(port, key, &now_len);
+        st = stats(b);
+        if (f == F_NONE || f == F_LZ4) { /* the re-encoded record is accepted: the forgery is exact */
             cr_assert_eq(got, 32, "%sgot %zu", pt_ctx, got);
             cr_assert_eq(st.tier_imported, 2);
             cr_assert_eq(st.tier_rejected, 0);
+            cr_assert_eq(st.tier_deleted, 0);
+            cr_assert(now && now_len == flen && !memcmp(now, forged, flen), "%skept", pt_ctx);
         } else { /* block 0 rejected; block 1 is valid but continues nothing */
             cr_assert_eq(got, 0, "%sgot %zu", pt_ctx, got);
             cr_assert_eq(st.tier_imported, 0, "%s", pt_ctx);
             cr_assert_eq(st.tier_rejected, 1, "%srejected %llu", pt_ctx,
                          (unsigned long long)st.tier_rejected);
+            cr_assert_eq(st.tier_delete_failed, 0, "%s", pt_ctx);
+            if (f == F_V3) { /* a newer node's record is left alone */
+                cr_assert_eq(st.tier_deleted, 0, "%s", pt_ctx);
+                cr_assert(now && now_len == flen && !memcmp(now, forged, flen), "%skept",
+                          pt_ctx);
+            } else {
+                cr_assert_eq(st.tier_deleted, 1, "%sdeleted %llu", pt_ctx,
+                             (unsigned long long)st.tier_deleted);
+                cr_assert_null(now, "%sthe bad value is still on the server", pt_ctx);
+            }
         }
+        free(now);
+        free(forged);
         pt_close(b);
     }
     pt_ctx[0] = 0;
@@ -574,4 +646,48 @@ Test(tier, attach_rejects_bad_options) {
     PT_ERR(pkv_tier_attach(c, &to), PKV_EEXIST);
     pkv_tier_detach(c);
     PT_OK(pkv_tier_attach(c, &to));
+}
+
+/* The deletion of a rejected value (docs/remote.md, "Faults"): the server
+ * deletes it only if it still holds those bytes, so a record another node wrote
+ * over the bad one meanwhile is kept. */
+Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    pkv_rc_conf conf;
+    memset(&conf, 0, sizeof conf);
+    snprintf(conf.nodes, sizeof conf.nodes, "%s", nodes);
+    conf.connect_timeout_ms = 1000;
+    int err = 0;
+    pkv_rc *rc = pkv_rc_new(&conf, &err);
+    cr_assert_not_null(rc, "%d", err);
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "SET pkv:k %b", "good\0record", (size_t)11);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    /* the value read earlier differs (in its last byte, after a NUL): kept */
+    pkv_rc_cmd c = {.key = "pkv:k", .val = (const uint8_t *)"good\0recorD", .val_len = 11,
+                    .del_if_equal = true};
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.status, 0);
+    cr_assert_eq(c.integer, 0);
+    r = redisCommand(x, "EXISTS pkv:k");
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1, "a changed value was deleted");
+    freeReplyObject(r);
+    /* the same bytes: deleted */
+    c.val = (const uint8_t *)"good\0record";
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.status, 0);
+    cr_assert_eq(c.integer, 1);
+    r = redisCommand(x, "EXISTS pkv:k");
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0, "not deleted");
+    freeReplyObject(r);
+    /* gone meanwhile: nothing to do, not an error */
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.integer, 0);
+    redisFree(x);
+    pkv_rc_free(rc);
 }
