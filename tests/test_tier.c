@@ -691,3 +691,74 @@ Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 
     redisFree(x);
     pkv_rc_free(rc);
 }
+
+/* PKV_TIER_LZ4: a publisher with compressible K/V stores LZ4 records, smaller
+ * than the K/V; a reader without the flag imports them, and its K/V is
+ * byte-identical to the publisher's. */
+Test(tier, lz4_records_round_trip_byte_identical, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 65;
+    uint32_t *p = prompt_of(n, 6);
+    pkv_options o = copts();
+    pkv_cache *a = pt_open_sub("a", &o), *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    to.flags = PKV_TIER_LZ4;
+    PT_OK(pkv_tier_attach(a, &to));
+    size_t got = 0;
+    PT_OK(pkv_seq_open(a, 1, 4, p, n, &got));
+    pkv_cache_info inf;
+    PT_OK(pkv_info(a, &inf));
+    pkv_slot *sl = calloc(n, sizeof *sl);
+    cr_assert_not_null(sl);
+    PT_OK(pkv_seq_append(a, 1, p, n, sl));
+    for (size_t i = 0; i < n; i++) /* few distinct values: compressible */
+        for (uint32_t l = 0; l < inf.num_layers; l++)
+            for (uint32_t k = 0; k < 2; k++)
+                for (uint32_t h = 0; h < inf.num_kv_heads; h++) {
+                    float *x = (float *)((uint8_t *)pkv_kv(a, sl[i].block, l, (pkv_kind)k, h) +
+                                         (size_t)sl[i].offset * inf.head_dim * 4);
+                    for (uint32_t d = 0; d < inf.head_dim; d++)
+                        x[d] = (float)((p[i] + l + k + d) % 5);
+                }
+    PT_OK(pkv_seq_commit(a, 1, n));
+    PT_OK(pkv_tier_flush(a, 10000));
+    cr_assert_eq(stats(a).tier_published, n / 16);
+    /* what the server holds is LZ4 and smaller than the K/V */
+    char key[PKV_TIER_KEY_LEN + 1];
+    key_block0(4, p, key);
+    size_t vlen = 0;
+    uint8_t *v = get_value(port, key, &vlen);
+    cr_assert_not_null(v);
+    pkv_tier_keys tk;
+    pkv_tier_keys_derive(&tk, SECRET, sizeof SECRET - 1);
+    pkv_tier_rec rec;
+    PT_OK(pkv_tier_decode(&tk, v, vlen, &rec));
+    cr_assert_eq(rec.encoding, PKV_TIER_ENC_LZ4);
+    cr_assert(rec.stored_len < inf.block_bytes / 2, "stored %llu of %llu",
+              (unsigned long long)rec.stored_len, (unsigned long long)inf.block_bytes);
+    free(v);
+    /* B (no LZ4 flag) imports them */
+    pkv_tier_options tb = topts(nodes, 2000);
+    PT_OK(pkv_tier_attach(b, &tb));
+    PT_OK(pkv_seq_open(b, 1, 4, p, n, &got));
+    cr_assert_eq(got, 64);
+    cr_assert_eq(stats(b).tier_imported, 4);
+    uint32_t ba[8], bb[8];
+    size_t na = 0, nb = 0;
+    PT_OK(pkv_seq_blocks(a, 1, ba, 8, &na));
+    PT_OK(pkv_seq_blocks(b, 1, bb, 8, &nb));
+    cr_assert(na >= 4 && nb >= 4);
+    for (size_t i = 0; i < 4; i++)
+        for (uint32_t l = 0; l < inf.num_layers; l++)
+            for (uint32_t k = 0; k < 2; k++)
+                for (uint32_t h = 0; h < inf.num_kv_heads; h++)
+                    cr_assert(!memcmp(pkv_kv(a, ba[i], l, (pkv_kind)k, h),
+                                      pkv_kv(b, bb[i], l, (pkv_kind)k, h), inf.run_bytes),
+                              "block %zu layer %u kind %u head %u differs", i, l, k, h);
+    PT_CHECK(b);
+    free(sl);
+    free(p);
+}
