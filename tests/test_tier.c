@@ -23,6 +23,7 @@
 #include <hiredis/hiredis.h>
 #include <lz4.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -760,5 +761,72 @@ Test(tier, lz4_records_round_trip_byte_identical, .timeout = 60) {
                               "block %zu layer %u kind %u head %u differs", i, l, k, h);
     PT_CHECK(b);
     free(sl);
+    free(p);
+}
+
+/* A redis command on port that must answer with status OK. */
+static void must_ok(int port, const char *fmt, ...) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(x, fmt, ap);
+    va_end(ap);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "port %d: %s -> %s", port, fmt,
+              r && r->str ? r->str : "(no reply)");
+    freeReplyObject(r);
+    redisFree(x);
+}
+
+Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 1025;
+    uint32_t *p = prompt_of(n, 7);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 8, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 5000);
+    to.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to)); /* B's slot map is read now, and stays right */
+    /* The first master's slots holding the prompt's records go MIGRATING to the
+     * second (IMPORTING there), and every other one of those records moves:
+     * the first master answers ASK for those, serves the rest itself. */
+    char from[64], dest[64];
+    node_id(g_port[0], from, sizeof from);
+    node_id(g_port[1], dest, sizeof dest);
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 h = pkv_hash_root(k.seed, 8);
+    redisContext *src = connect_port(g_port[0]);
+    cr_assert_not_null(src);
+    int owned = 0, moved = 0;
+    for (size_t i = 0; i < n / 16; i++) {
+        h = pkv_hash_block(k.seed, h, p + i * 16, 16);
+        char key[PKV_TIER_KEY_LEN + 1];
+        pkv_tier_key(&k, h, PT_MODEL, key);
+        redisReply *r = redisCommand(src, "EXISTS %s", key); /* MOVED if not its slot */
+        cr_assert_not_null(r);
+        bool here = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        if (!here) continue;
+        unsigned slot = pkv_rc_slot(key, strlen(key));
+        owned++; /* SETSLOT is idempotent: a slot may hold two of them */
+        must_ok(g_port[1], "CLUSTER SETSLOT %u IMPORTING %s", slot, from);
+        must_ok(g_port[0], "CLUSTER SETSLOT %u MIGRATING %s", slot, dest);
+        if (owned % 2) {
+            must_ok(g_port[0], "MIGRATE 127.0.0.1 %d %s 0 5000", g_port[1], key);
+            moved++;
+        }
+    }
+    redisFree(src);
+    cr_assert(moved > 0 && owned > moved, "owned %d, moved %d", owned, moved);
+    size_t got = node_b_open(b, 1, 8, p, n, NULL);
+    pkv_stats st = stats(b);
+    cr_assert_eq(got, 1024, "got %zu (errors %llu, redirects %llu)", got,
+                 (unsigned long long)st.tier_errors, (unsigned long long)st.tier_redirects);
+    cr_assert_eq(st.tier_redirects, (uint64_t)moved, "one ASK per moved record");
+    cr_assert_eq(st.tier_errors, 0);
     free(p);
 }
