@@ -38,6 +38,7 @@ struct pkv_remote {
     pthread_mutex_t mu;
     uint32_t req;
     bool dead;
+    uint16_t version; /* agreed by HELLO; HELLO itself goes out as the lowest */
     bool rdonly; /* the daemon passed an O_RDONLY arena: mapped PROT_READ */
 };
 
@@ -119,13 +120,14 @@ static int call_locked(pkv_remote *r, uint16_t op, const pkvd_wr *w, uint8_t **b
                        PKVD_MAX_PAYLOAD);
     uint8_t h[PKVD_HDR];
     uint32_t req = ++r->req;
-    pkvd_hdr_put(h, op, (uint32_t)w->len, req);
+    pkvd_hdr_put(h, r->version, op, (uint32_t)w->len, req);
     int e = send2(r->fd, h, w->p, w->len);
     if (e) return dead(r, "send", e);
     e = recv_all(r->fd, h, sizeof h, fd_out);
     if (e) return dead(r, "receive", e < 0 ? 0 : e);
     pkvd_hdr hd;
-    if (pkvd_hdr_get(h, &hd, true, op) || hd.req != req || hd.len < 4) {
+    if (pkvd_hdr_get(h, &hd, true, op) || hd.version != r->version || hd.req != req ||
+        hd.len < 4) {
         r->dead = true;
         return pkv_err(PKV_EDISCONNECTED, "pkvd sent a malformed reply to op %u", op);
     }
@@ -183,7 +185,10 @@ static int too_many(size_t n, const char *what, uint32_t limit) {
 
 static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
     pkvd_wr w = {0};
-    pkvd_put_u16(&w, PKVD_VERSION);
+    /* offered: every version this build speaks; the frame goes out as the
+     * lowest, which every daemon since version 1 reads */
+    r->version = PKVD_VERSION_MIN;
+    pkvd_put_u16(&w, PKVD_VERSION_MIN);
     pkvd_put_u16(&w, PKVD_VERSION);
     pkvd_put_u32(&w, want_ro ? PKVD_HELLO_RDONLY : 0);
     uint8_t *buf;
@@ -209,11 +214,12 @@ static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
     uint16_t ml = pkvd_get_u16(&rd);
     const uint8_t *mid = pkvd_get_bytes(&rd, ml);
     uint64_t data_offset = pkvd_get_u64(&rd);
-    if (rd.bad || rd.left || ver != PKVD_VERSION || ml == 0 || ml > PKV_MODEL_ID_MAX ||
-        afd < 0) {
+    if (rd.bad || rd.left || ver < PKVD_VERSION_MIN || ver > PKVD_VERSION || ml == 0 ||
+        ml > PKV_MODEL_ID_MAX || afd < 0) {
         rc = bad_reply(r, PKVD_HELLO);
         goto out;
     }
+    r->version = ver; /* every later frame, both ways */
     pkv_arena *a = &c->arena;
     memcpy(a->model_id, mid, ml);
     a->model_id[ml] = '\0';
@@ -502,6 +508,9 @@ int pkv_remote_stats(pkv_cache *c, pkv_stats *out) {
         memset(&st, 0, sizeof st);
 #define GET(f) st.f = (__typeof__(st.f))pkvd_get_u64(&rd);
         PKVD_STATS_FIELDS(GET)
+        if (c->remote->version >= 2) {
+            PKVD_STATS_FIELDS_V2(GET)
+        }
 #undef GET
         if (rd.bad || rd.left) rc = bad_reply(c->remote, PKVD_STATS);
         else *out = st;

@@ -16,9 +16,10 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t op, uint32_t len, uint32_t req) {
+void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t version, uint16_t op, uint32_t len,
+                  uint32_t req) {
     put_le(out, PKVD_MAGIC, 4);
-    put_le(out + 4, PKVD_VERSION, 2);
+    put_le(out + 4, version, 2);
     put_le(out + 6, op, 2);
     put_le(out + 8, len, 4);
     put_le(out + 12, req, 4);
@@ -31,8 +32,9 @@ int pkvd_hdr_get(const uint8_t in[PKVD_HDR], pkvd_hdr *h, bool reply, uint16_t w
     h->len = pkvd_le32(in + 8);
     h->req = pkvd_le32(in + 12);
     if (h->magic != PKVD_MAGIC) return pkv_err(PKV_EINVAL, "bad frame magic 0x%08x", h->magic);
-    if (h->version != PKVD_VERSION)
-        return pkv_err(PKV_EINVAL, "protocol version %u, not %u", h->version, PKVD_VERSION);
+    if (h->version < PKVD_VERSION_MIN || h->version > PKVD_VERSION)
+        return pkv_err(PKV_EINVAL, "protocol version %u, not %u..%u", h->version,
+                       PKVD_VERSION_MIN, PKVD_VERSION);
     if (h->len > PKVD_MAX_PAYLOAD)
         return pkv_err(PKV_EINVAL, "frame payload of %u bytes exceeds %u", h->len,
                        PKVD_MAX_PAYLOAD);

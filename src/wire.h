@@ -20,7 +20,12 @@
 #include <stdint.h>
 
 #define PKVD_MAGIC 0x44564B50u /* "PKVD" little-endian */
-#define PKVD_VERSION 1u
+/* Versions this build speaks. A connection's version is agreed by HELLO (the
+ * highest both speak), and every later frame carries exactly it. Version 2
+ * adds fields at the end of the STATS reply (PKVD_STATS_FIELDS_V2); nothing
+ * else differs. */
+#define PKVD_VERSION 2u
+#define PKVD_VERSION_MIN 1u
 #define PKVD_REPLY 0x8000u
 #define PKVD_HDR 16u
 #define PKVD_MAX_TOKENS (4u << 20)  /* tokens in one request */
@@ -65,8 +70,10 @@ typedef struct pkvd_hdr {
     uint32_t len, req;
 } pkvd_hdr;
 
-void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t op, uint32_t len, uint32_t req);
-/* Decode and check a header: magic, version, length limit, and an op that is a
+void pkvd_hdr_put(uint8_t out[PKVD_HDR], uint16_t version, uint16_t op, uint32_t len,
+                  uint32_t req);
+/* Decode and check a header: magic, a version this build speaks
+ * (PKVD_VERSION_MIN..PKVD_VERSION: the caller checks it is the agreed one), length limit, and an op that is a
  * known request (reply == false) or a reply to `want_op` (reply == true).
  * 0 or PKV_EINVAL (message set). */
 int pkvd_hdr_get(const uint8_t in[PKVD_HDR], pkvd_hdr *h, bool reply, uint16_t want_op);
@@ -124,7 +131,8 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
 
 /* pkv_stats on the wire (STATS reply): every field in declaration order, each
  * widened to u64 (signed ones sign-extended). A field added to pkv_stats is
- * added here, at the end, with a version bump. */
+ * added here, at the end, with a version bump: version 1 replies carry
+ * PKVD_STATS_FIELDS, version 2 replies PKVD_STATS_FIELDS_V2 after them. */
 #define PKVD_STATS_FIELDS(X)                                                        \
     X(capacity) X(blocks_free) X(blocks_cached) X(blocks_used) X(blocks_sealed)     \
     X(sequences) X(hit_tokens) X(miss_tokens) X(hit_blocks) X(miss_blocks)          \
@@ -133,6 +141,13 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
     X(durable_lsn) X(checkpoints) X(checkpoint_deltas) X(checkpoint_lsn)            \
     X(cuda_handles) X(cuda_mode) X(seal_sums_ahead) X(wal_max_delay_us)             \
     X(checkpoint_failures) X(checkpoint_error) X(checkpoint_backoff_ms)
+#define PKVD_STATS_FIELDS_V2(X)                                                     \
+    X(waits_limbo) X(waits_seal) X(waits_backlog) X(wait_limbo_us) X(wait_seal_us)  \
+    X(wait_backlog_us) X(limbo_evict_max) X(blocks_limbo) X(tier_published)         \
+    X(tier_publish_dropped) X(tier_publish_errors) X(tier_fetches)                  \
+    X(tier_fetch_blocks) X(tier_fetch_found) X(tier_imported) X(tier_rejected)      \
+    X(tier_errors) X(tier_deadline_misses) X(tier_redirects) X(tier_deleted)        \
+    X(tier_delete_failed)
 
 static inline uint32_t pkvd_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

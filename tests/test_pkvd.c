@@ -965,7 +965,7 @@ Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
     memset(f, 0, sizeof f);
     hdr(f, 0x12345678u, 1, 2, 0);
     refused(f, 16, false, PKV_EINVAL, "bad magic");
-    hdr(f, 0x44564B50u, 2, 1, 8);
+    hdr(f, 0x44564B50u, 3, 1, 8); /* this build speaks versions 1 and 2 */
     refused(f, 24, false, PKV_EINVAL, "bad version");
     hdr(f, 0x44564B50u, 1, 14, 0);
     refused(f, 16, false, PKV_EINVAL, "no HELLO first");

@@ -830,3 +830,72 @@ Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
     cr_assert_eq(st.tier_errors, 0);
     free(p);
 }
+
+/* pkvd with a tier (--tier-nodes, --tier-secret-file): a client's open on a
+ * cold daemon imports node A's blocks through it; the tier's counters reach
+ * the client through STATS (protocol version 2) and the operator through
+ * pkvd --status. */
+Test(tier, pkvd_imports_from_the_tier_and_reports_its_counters, .timeout = 120) {
+    NEED_REDIS();
+    const char *bin = getenv("PKVD");
+    if (!bin) {
+        cr_skip_test("PKVD not set (meson test sets it)");
+        return;
+    }
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    const size_t n = 257;
+    uint32_t *p = prompt_of(n, 9);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 3, p, n);
+    char sfile[512], dir[512], sock[512], cmd[2048];
+    pt_path(sfile, sizeof sfile, "secret");
+    pt_path(dir, sizeof dir, "d");
+    pt_path(sock, sizeof sock, "s");
+    FILE *f = fopen(sfile, "wb");
+    cr_assert_not_null(f);
+    fwrite(SECRET, 1, sizeof SECRET - 1, f);
+    fclose(f);
+    fflush(NULL);
+    pid_t d = fork();
+    cr_assert(d >= 0);
+    if (d == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
+              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
+              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile,
+              (char *)NULL);
+        _exit(127);
+    }
+    pkv_cache *c = NULL;
+    for (int i = 0; i < 1000 && pkv_connect(sock, &c) != 0; i++) usleep(10000);
+    cr_assert_not_null(c, "pkvd did not answer on %s", sock);
+    size_t got = 0;
+    PT_OK(pkv_seq_open(c, 1, 3, p, n, &got));
+    cr_assert_eq(got, 256, "got %zu", got);
+    PT_VERIFY(c, 1, 3, p, got, got);
+    pkv_stats st = stats(c);
+    cr_assert_eq(st.tier_imported, 16, "STATS says %llu imported",
+                 (unsigned long long)st.tier_imported);
+    cr_assert_eq(st.tier_fetches, 1);
+    cr_assert_eq(st.tier_fetch_found, 16);
+    snprintf(cmd, sizeof cmd, "%s --status --socket %s", bin, sock);
+    FILE *out = popen(cmd, "r");
+    cr_assert_not_null(out);
+    char line[1024];
+    bool seen = false;
+    while (fgets(line, sizeof line, out))
+        if (strncmp(line, "tier: ", 6) == 0) {
+            seen = true;
+            cr_assert(strstr(line, " 1 fetches, 16 records asked, 16 found, 16 imported, "
+                                   "0 rejected"), "%s", line);
+        }
+    cr_assert_eq(pclose(out), 0);
+    cr_assert(seen, "pkvd --status printed no tier line");
+    pkv_close(c);
+    kill(d, SIGTERM);
+    int status = 0;
+    waitpid(d, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pkvd: status 0x%x", status);
+    free(p);
+}

@@ -188,6 +188,7 @@ typedef struct conn {
     bool refuse; /* over --max-clients: its HELLO gets PKV_EBUSY */
     atomic_size_t nseq; /* sequences in ids (read by CLIENTS from other threads) */
     bool hello;
+    uint16_t version; /* of the HELLO frame, then the agreed one */
     atomic_bool finished;
     struct conn *next;
 } conn;
@@ -283,7 +284,7 @@ static bool reply(conn *k, uint16_t op, uint32_t req, int rc, const pkvd_wr *res
     if (ok) { /* one buffer, so the reply is one send and one wake-up */
         uint8_t *f = malloc(PKVD_HDR + w.len);
         if ((ok = f != NULL)) {
-            pkvd_hdr_put(f, (uint16_t)(op | PKVD_REPLY), (uint32_t)w.len, req);
+            pkvd_hdr_put(f, k->version, (uint16_t)(op | PKVD_REPLY), (uint32_t)w.len, req);
             memcpy(f + PKVD_HDR, w.p, w.len);
             ok = write_all(k->fd, f, PKVD_HDR + w.len, pass_fd);
             free(f);
@@ -505,6 +506,9 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
         if (!rc) {
 #define PUT(f) pkvd_put_u64(res, (uint64_t)(int64_t)st.f);
             PKVD_STATS_FIELDS(PUT)
+            if (k->version >= 2) {
+                PKVD_STATS_FIELDS_V2(PUT)
+            }
 #undef PUT
         }
         return rc;
@@ -552,8 +556,8 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     }
 }
 
-static void hello_results(pkvd_wr *w) {
-    pkvd_put_u16(w, PKVD_VERSION);
+static void hello_results(pkvd_wr *w, uint16_t version) {
+    pkvd_put_u16(w, version);
     pkvd_put_u32(w, info.num_layers);
     pkvd_put_u32(w, info.num_kv_heads);
     pkvd_put_u32(w, info.head_dim);
@@ -570,6 +574,13 @@ static void hello_results(pkvd_wr *w) {
     pkvd_put_u64(w, 4096); /* the arena's header page (docs/format.md) */
 }
 
+/* The version to answer a frame before HELLO in: its own, if this build
+ * speaks it. */
+static uint16_t frame_version(const pkvd_hdr *hd) {
+    return hd->version >= PKVD_VERSION_MIN && hd->version <= PKVD_VERSION ? hd->version
+                                                                          : PKVD_VERSION_MIN;
+}
+
 static void *conn_main(void *arg) {
     conn *k = arg;
     uint8_t h[PKVD_HDR];
@@ -581,7 +592,8 @@ static void *conn_main(void *arg) {
         /* the whole HELLO is read first: a close with unread data would reset
          * the stream before the client reads the refusal */
         if (read_in(k->fd, h, sizeof h, false) == 0 && !pkvd_hdr_get(h, &hd, false, 0) &&
-            hd.len <= sizeof hello && read_in(k->fd, hello, hd.len, false) == 0)
+            hd.len <= sizeof hello && read_in(k->fd, hello, hd.len, false) == 0 &&
+            (k->version = frame_version(&hd)))
             reply(k, hd.op, hd.req,
                   pkv_err(PKV_EBUSY, "pkvd serves its maximum of %llu clients "
                           "(--max-clients); try again later", (unsigned long long)max_clients),
@@ -606,9 +618,16 @@ static void *conn_main(void *arg) {
         if (!rc) rc = pkvd_req_decode(hd.op, payload, hd.len, &r);
         if (!rc && (hd.op == PKVD_HELLO) == k->hello)
             rc = pkv_err(PKV_EINVAL, k->hello ? "HELLO twice" : "the first frame must be HELLO");
-        if (!rc && hd.op == PKVD_HELLO && (r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION))
-            rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u)", r.vmin,
-                         r.vmax);
+        /* before HELLO a frame may carry any version this build speaks (it is
+         * answered in that version); after it, exactly the agreed one */
+        if (!k->hello) k->version = frame_version(&hd);
+        if (!rc && k->hello && hd.version != k->version)
+            rc = pkv_err(PKV_EINVAL, "frame of protocol version %u on a version %u connection",
+                         hd.version, k->version);
+        if (!rc && hd.op == PKVD_HELLO &&
+            (r.vmin > r.vmax || r.vmin > PKVD_VERSION || r.vmax < PKVD_VERSION_MIN))
+            rc = pkv_err(PKV_EINVAL, "no common protocol version (client %u..%u, pkvd %u..%u)",
+                         r.vmin, r.vmax, PKVD_VERSION_MIN, PKVD_VERSION);
         if (!rc && hd.op == PKVD_HELLO && (r.flags & ~PKVD_HELLO_RDONLY))
             rc = pkv_err(PKV_EINVAL, "unknown HELLO flags 0x%x", r.flags);
         if (rc) { /* malformed: answer, then end the connection */
@@ -620,8 +639,10 @@ static void *conn_main(void *arg) {
         if (hd.op == PKVD_HELLO) {
             k->hello = true;
             if (r.flags & PKVD_HELLO_RDONLY) k->rdonly = true;
-            hello_results(&res);
+            uint16_t agreed = r.vmax < PKVD_VERSION ? r.vmax : PKVD_VERSION;
+            hello_results(&res, agreed);
             ok = reply(k, hd.op, hd.req, 0, &res, k->rdonly ? arena_ro_fd : arena_fd);
+            k->version = agreed;
         } else {
             rc = serve(k, &r, &res);
             ok = reply(k, hd.op, hd.req, rc, rc && hd.op != PKVD_STEP_BATCH &&
@@ -689,9 +710,10 @@ static void on_signal(int sig) {
 
 /* One request on a raw connection (pkvd --status): 0 and the reply's results
  * in *buf and *rd, or -1. */
-static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkvd_rd *rd) {
+static int status_call(int fd, uint16_t version, uint16_t op, const pkvd_wr *w, uint8_t **buf,
+                       pkvd_rd *rd) {
     uint8_t h[PKVD_HDR];
-    pkvd_hdr_put(h, op, (uint32_t)w->len, op);
+    pkvd_hdr_put(h, version, op, (uint32_t)w->len, op);
     if (!write_all(fd, h, sizeof h, -1) || (w->len && !write_all(fd, w->p, w->len, -1))) return -1;
     /* HELLO's reply carries the arena descriptor: received and closed */
     union {
@@ -708,13 +730,16 @@ static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkv
         close(got);
     }
     pkvd_hdr hd;
-    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.len < 4) return -1;
+    if (k != (ssize_t)sizeof h || pkvd_hdr_get(h, &hd, true, op) || hd.version != version ||
+        hd.len < 4)
+        return -1;
     if (!(*buf = malloc(hd.len)) || !read_all(fd, *buf, hd.len)) return -1;
     *rd = (pkvd_rd){.p = *buf, .left = hd.len};
     return pkvd_get_u32(rd) == 0 ? 0 : -1;
 }
 
-/* pkvd --status --socket PATH: the daemon's connections, one line each. */
+/* pkvd --status --socket PATH: the daemon's connections, one line each, then
+ * its counters (STATS; the tier's from protocol version 2). */
 static int status_main(const struct sockaddr_un *sa) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof *sa)) {
@@ -722,14 +747,16 @@ static int status_main(const struct sockaddr_un *sa) {
         return 1;
     }
     pkvd_wr w = {0};
-    pkvd_put_u16(&w, PKVD_VERSION);
+    pkvd_put_u16(&w, PKVD_VERSION_MIN);
     pkvd_put_u16(&w, PKVD_VERSION);
     pkvd_put_u32(&w, 0);
-    uint8_t *b1 = NULL, *b2 = NULL;
+    uint8_t *b1 = NULL, *b2 = NULL, *b3 = NULL;
     pkvd_rd rd;
-    int rc = status_call(fd, PKVD_HELLO, &w, &b1, &rd);
+    int rc = status_call(fd, PKVD_VERSION_MIN, PKVD_HELLO, &w, &b1, &rd);
+    uint16_t ver = rc ? 0 : pkvd_get_u16(&rd);
+    if (!rc && (ver < PKVD_VERSION_MIN || ver > PKVD_VERSION)) rc = -1;
     pkvd_wr none = {0};
-    if (!rc) rc = status_call(fd, PKVD_CLIENTS, &none, &b2, &rd);
+    if (!rc) rc = status_call(fd, ver, PKVD_CLIENTS, &none, &b2, &rd);
     pkvd_wr_free(&w);
     if (!rc) {
         uint32_t n = pkvd_get_u32(&rd);
@@ -753,9 +780,42 @@ static int status_main(const struct sockaddr_un *sa) {
         }
         if (rd.bad) rc = -1;
     }
+    if (!rc) rc = status_call(fd, ver, PKVD_STATS, &none, &b3, &rd);
+    if (!rc) {
+        pkv_stats st;
+        memset(&st, 0, sizeof st);
+#define GET(f) st.f = (__typeof__(st.f))pkvd_get_u64(&rd);
+        PKVD_STATS_FIELDS(GET)
+        if (ver >= 2) {
+            PKVD_STATS_FIELDS_V2(GET)
+        }
+#undef GET
+        if (rd.bad || rd.left) rc = -1;
+#define U(x) (unsigned long long)(x)
+        if (!rc) {
+            printf("blocks: %llu capacity, %llu free, %llu cached, %llu used\n", U(st.capacity),
+                   U(st.blocks_free), U(st.blocks_cached), U(st.blocks_used));
+            printf("prompts: %llu tokens hit, %llu missed\n", U(st.hit_tokens),
+                   U(st.miss_tokens));
+            if (ver < 2)
+                printf("tier: not reported (the daemon speaks protocol version 1)\n");
+            else
+                printf("tier: %llu published (%llu dropped, %llu failed), %llu fetches, "
+                       "%llu records asked, %llu found, %llu imported, %llu rejected "
+                       "(%llu deleted, %llu deletions failed), %llu errors, "
+                       "%llu deadlines reached, %llu redirects\n",
+                       U(st.tier_published), U(st.tier_publish_dropped),
+                       U(st.tier_publish_errors), U(st.tier_fetches), U(st.tier_fetch_blocks),
+                       U(st.tier_fetch_found), U(st.tier_imported), U(st.tier_rejected),
+                       U(st.tier_deleted), U(st.tier_delete_failed), U(st.tier_errors),
+                       U(st.tier_deadline_misses), U(st.tier_redirects));
+        }
+#undef U
+    }
     if (rc) logf_("--status: the daemon's reply was refused or malformed");
     free(b1);
     free(b2);
+    free(b3);
     close(fd);
     return rc ? 1 : 0;
 }
@@ -772,6 +832,8 @@ static void usage(void) {
             "            [--max-clients N]         (connections at once, default 1024)\n"
             "            [--client-timeout S]      (a begun frame's bound, default 30; 0: none)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
+            "            [--tier-nodes HOST:PORT,... --tier-secret-file PATH [--tier-lz4]]\n"
+            "                                (the shared prefix tier on Redis, docs/remote.md)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
             "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
@@ -922,6 +984,8 @@ static void reap(bool all) {
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
+    const char *tier_nodes = NULL, *tier_secret_file = NULL;
+    bool tier_lz4 = false;
     bool mode_given = false;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
@@ -938,6 +1002,10 @@ int main(int argc, char **argv) {
             status = true;
             continue;
         }
+        if (!strcmp(a, "--tier-lz4")) {
+            tier_lz4 = true;
+            continue;
+        }
         if (!val) {
             logf_("%s needs a value", a);
             usage();
@@ -949,6 +1017,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--socket")) sock = val;
         else if (!strcmp(a, "--model-id")) o.model_id = val;
         else if (!strcmp(a, "--metrics")) metrics_addr = val;
+        else if (!strcmp(a, "--tier-nodes")) tier_nodes = val;
+        else if (!strcmp(a, "--tier-secret-file")) tier_secret_file = val;
+
         else if (!strcmp(a, "--ready-fd")) ok = num(val, &ready_fd) && ready_fd <= INT32_MAX;
         else if (!strcmp(a, "--layers")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_layers = (uint32_t)v, 1);
         else if (!strcmp(a, "--kv-heads")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_kv_heads = (uint32_t)v, 1);
@@ -1080,6 +1151,33 @@ int main(int argc, char **argv) {
         logf_("startup: %s (%s)", pkv_strerror(rc), pkv_last_error());
         pkv_close(cache);
         return 1;
+    }
+    /* The shared prefix tier (docs/remote.md): attached before any client can
+     * call (pkv_tier_attach must not run concurrently with other calls). */
+    if (tier_nodes || tier_secret_file) {
+        uint8_t secret[257];
+        size_t slen = 0;
+        FILE *sf = tier_secret_file ? fopen(tier_secret_file, "rb") : NULL;
+        if (sf) {
+            slen = fread(secret, 1, sizeof secret, sf);
+            fclose(sf);
+        }
+        pkv_tier_options to;
+        memset(&to, 0, sizeof to);
+        to.nodes = tier_nodes;
+        to.secret = secret;
+        to.secret_len = slen;
+        to.flags = tier_lz4 ? PKV_TIER_LZ4 : 0;
+        if (!tier_nodes || !sf) rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file "
+                                             "(a readable file of 16..256 bytes) and back");
+        else rc = pkv_tier_attach(cache, &to);
+        explicit_bzero(secret, sizeof secret);
+        if (rc) {
+            logf_("--tier-nodes: %s (%s)", pkv_strerror(rc), pkv_last_error());
+            pkv_close(cache);
+            return 1;
+        }
+        logf_("shared prefix tier on %s", tier_nodes);
     }
     /* The cache's metrics (pkv_metrics_serve, docs/metrics.md): the daemon's
      * handle is the only one with counters, so its endpoint is the service's. */
