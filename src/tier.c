@@ -4,6 +4,7 @@
  * pkv_seq_open makes on a local miss (the import itself is in seq.c).
  *
  * Owns struct pkv_tier: the derived cluster keys, the publish queue, the
+ * queue of rejected values to delete (both sent by the publishing thread), the
  * publisher's cluster client, a pool of fetch clients, the counters.
  * Invariants:
  *  - the cache lock is never held across network I/O: the publisher copies a
@@ -11,8 +12,12 @@
  *    hit under the lock, fetches and verifies without it, and seq.c imports
  *    under the lock after matching again (rule T1);
  *  - lock order: cache lock, then the queue mutex (seal enqueues with the
- *    cache lock held); the publisher never takes the cache lock while it holds
- *    the queue mutex;
+ *    cache lock held); a fetch's client mutex, then the queue mutex (a
+ *    rejected value is queued for deletion); the publisher never takes the
+ *    cache lock while it holds the queue mutex;
+ *  - a rejected value is deleted only if the server still holds its bytes
+ *    (a compare-and-delete script), so a deletion can cost at most a record
+ *    nobody could serve, never a good one written since;
  *  - a full queue drops the seal (counted): publishing never blocks a call;
  *  - rule T2: a record's payload is copied under the cache lock while the
  *    block is SEALED with the hash and salt the queue entry names, and neither
