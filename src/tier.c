@@ -184,7 +184,7 @@ static bool pub_prepare(pkv_tier *t, const tier_qent *e, pub_item *it) {
     it->rec = it->len ? malloc(it->len) : NULL;
     if (it->rec) {
         pkv_tier_encode(&t->keys, &r, toks, it->rec);
-        pkv_tier_key(&t->keys, h, t->model, it->key);
+        pkv_tier_key(&t->keys, h, g, t->model, it->key);
     }
     free(z);
     free(toks);
@@ -491,7 +491,7 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
     hs[0] = h;
     for (uint64_t j = 0; j < k; j++) {
         hs[j + 1] = pkv_hash_block(t->keys.seed, hs[j], prompt + (hit + j) * bs, bs);
-        pkv_tier_key(&t->keys, hs[j + 1], t->model, keys[j]);
+        pkv_tier_key(&t->keys, hs[j + 1], &c->arena.geo, t->model, keys[j]);
         cmds[j].key = keys[j];
     }
     BUMP(t, fetches, 1);

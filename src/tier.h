@@ -83,8 +83,11 @@ typedef struct pkv_tier_want {
 /* 0, or PKV_ECORRUPT naming the first field that differs. */
 int pkv_tier_verify(const pkv_tier_rec *r, const pkv_tier_want *w);
 
-/* The key of the block whose tier chain hash is h for model `model`. */
-void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const char *model,
+/* The key of the block whose tier chain hash is h for model `model` in
+ * geometry g (layers, KV heads, head_dim, block size, dtype): caches of one
+ * model in two dtypes never share a key, so neither takes the other's record
+ * for a bad one and deletes it. */
+void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const pkv_geometry *g, const char *model,
                   char out[PKV_TIER_KEY_LEN + 1]);
 
 /* ---- The cluster client (tier_redis.c) ---------------------------------- */

@@ -187,14 +187,19 @@ int pkv_tier_verify(const pkv_tier_rec *r, const pkv_tier_want *w) {
     return 0;
 }
 
-void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const char *model,
+void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const pkv_geometry *g, const char *model,
                   char out[PKV_TIER_KEY_LEN + 1]) {
-    uint8_t buf[16 + PKV_MODEL_ID_MAX];
+    uint8_t buf[16 + 20 + PKV_MODEL_ID_MAX];
     size_t ml = strlen(model);
     if (ml > PKV_MODEL_ID_MAX) ml = PKV_MODEL_ID_MAX;
     put_h(buf, h);
-    memcpy(buf + 16, model, ml);
-    XXH128_hash_t x = XXH3_128bits_withSecret(buf, 16 + ml, k->secret, sizeof k->secret);
+    pkv_put_u32(buf + 16, g->num_layers);
+    pkv_put_u32(buf + 20, g->num_kv_heads);
+    pkv_put_u32(buf + 24, g->head_dim);
+    pkv_put_u32(buf + 28, g->block_size);
+    pkv_put_u32(buf + 32, g->dtype);
+    memcpy(buf + 36, model, ml);
+    XXH128_hash_t x = XXH3_128bits_withSecret(buf, 36 + ml, k->secret, sizeof k->secret);
     snprintf(out, PKV_TIER_KEY_LEN + 1, "pkv:%016llx%016llx", (unsigned long long)x.high64,
              (unsigned long long)x.low64);
 }

@@ -34,6 +34,8 @@ static int g_port[MAXSRV];
 static int g_nsrv;
 
 static const char SECRET[] = "pagedkv-test-cluster-secret-0123";
+/* The caches' geometry (copts), as the tier's keys name it. */
+static const pkv_geometry TGEO = {PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F32, 4, 0, 0, 0, 0};
 
 static void tier_fini(void) {
     for (int i = 0; i < g_nsrv; i++)
@@ -323,7 +325,7 @@ static void key_block0(uint64_t salt, const uint32_t *p, char key[PKV_TIER_KEY_L
     pkv_tier_keys k;
     pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
     pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
-    pkv_tier_key(&k, h, PT_MODEL, key);
+    pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
 }
 
 /* The value at key (malloc'ed, NULL: none); its length into *len. */
@@ -350,7 +352,7 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
     pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
     char key[PKV_TIER_KEY_LEN + 1];
-    pkv_tier_key(&k, h, PT_MODEL, key);
+    pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
     redisContext *x = connect_port(port);
     cr_assert_not_null(x);
     static uint8_t *orig; /* A's record, read once: each forgery starts from it */
@@ -805,7 +807,7 @@ Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
     for (size_t i = 0; i < n / 16; i++) {
         h = pkv_hash_block(k.seed, h, p + i * 16, 16);
         char key[PKV_TIER_KEY_LEN + 1];
-        pkv_tier_key(&k, h, PT_MODEL, key);
+        pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
         redisReply *r = redisCommand(src, "EXISTS %s", key); /* MOVED if not its slot */
         cr_assert_not_null(r);
         bool here = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
