@@ -291,7 +291,7 @@ Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
     free(p);
 }
 
-Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) {
+Test(tier, a_different_salt_or_dtype_never_fetches_their_blocks, .timeout = 120) {
     NEED_REDIS();
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
@@ -308,6 +308,19 @@ Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) 
     cr_assert_eq(st.tier_imported, 0);
     /* the same salt does get them: the test is not vacuous */
     cr_assert_eq(node_b_open(b, 2, 1, p, n, NULL), 256);
+    /* nor does another geometry of the same model (f16): its keys differ, so it
+     * neither finds A's records nor deletes them as bad */
+    pkv_options o16;
+    pt_opts(&o16, PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F16, 1024);
+    pkv_cache *h = pt_open_sub("f16", &o16);
+    pkv_tier_options th = topts(nodes, 2000);
+    th.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(h, &th));
+    cr_assert_eq(node_b_open(h, 1, 1, p, n, NULL), 0);
+    PT_OK(pkv_tier_flush(h, 10000));
+    st = stats(h);
+    cr_assert_eq(st.tier_fetch_found, 0, "an f16 cache found the f32 cache's records");
+    cr_assert_eq(st.tier_deleted, 0);
     free(p);
 }
 
