@@ -953,6 +953,65 @@ static void refused(const uint8_t *frame, size_t n, bool hello_first, int rc, co
     close(fd);
 }
 
+/* One reply into b (its payload, rc first): the rc, the header's version and
+ * the payload length. */
+static int read_reply_v(int fd, uint8_t *b, size_t cap, uint16_t *ver, uint32_t *len)
+{
+    uint8_t h[16];
+    size_t got = 0;
+    while (got < 16) {
+        ssize_t k = recv(fd, h + got, 16 - got, 0);
+        cr_assert(k > 0, "the connection ended");
+        got += (size_t)k;
+    }
+    *ver = (uint16_t)(h[4] | h[5] << 8);
+    *len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+    cr_assert(*len >= 4 && *len <= cap, "reply length %u", *len);
+    for (got = 0; got < *len;) {
+        ssize_t k = recv(fd, b + got, *len - got, 0);
+        cr_assert(k > 0);
+        got += (size_t)k;
+    }
+    return (int)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24);
+}
+
+/* Protocol versions (docs/pkvd.md): HELLO in a version-1 frame agrees on the
+ * highest version both offer; a version-1 client's STATS carries the 31 fields
+ * of version 1, a version-2 client's 52 (the wait, limbo and tier counters
+ * after them); a frame of the other version on an agreed connection is
+ * malformed. */
+Test(pkvd, a_version_1_client_gets_version_1_replies_and_a_version_2_client_more_stats)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    for (uint16_t vmax = 1; vmax <= 2; vmax++) {
+        int fd = raw_connect();
+        uint8_t f[24], b[1024];
+        hdr(f, 0x44564B50u, 1, 1, 8);
+        memset(f + 16, 0, 8);
+        f[16] = 1, f[18] = (uint8_t)vmax;
+        cr_assert_eq(send(fd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
+        uint16_t ver;
+        uint32_t len;
+        cr_assert_eq(read_reply_v(fd, b, sizeof b, &ver, &len), 0, "HELLO 1..%u refused", vmax);
+        cr_assert_eq(ver, 1, "HELLO is answered in its own frame version");
+        cr_assert_eq(b[4] | b[5] << 8, vmax, "agreed version %u, offered 1..%u",
+                     b[4] | b[5] << 8, vmax);
+        hdr(f, 0x44564B50u, vmax, 14, 0); /* STATS */
+        cr_assert_eq(send(fd, f, 16, MSG_NOSIGNAL), 16);
+        cr_assert_eq(read_reply_v(fd, b, sizeof b, &ver, &len), 0);
+        cr_assert_eq(ver, vmax);
+        cr_assert_eq(len, 4 + (vmax == 1 ? 31u : 52u) * 8, "STATS of %u bytes in version %u",
+                     len, vmax);
+        hdr(f, 0x44564B50u, (uint16_t)(3 - vmax), 14, 0); /* the other version */
+        cr_assert_eq(send(fd, f, 16, MSG_NOSIGNAL), 16);
+        cr_assert_eq(read_reply(fd), PKV_EINVAL);
+        cr_assert_eq(read_reply(fd), 1, "the connection should end");
+        close(fd);
+    }
+    daemon_stop(d, SIGTERM);
+}
+
 Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
 {
     daemon_paths();
