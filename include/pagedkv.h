@@ -705,7 +705,7 @@ enum {
  * stopped); each tier holds max_inflight + 1 connections with a 1 MiB
  * receive buffer each.
  * Errors: PKV_EINVAL (cache or opt NULL, nodes or secret missing or malformed,
- * secret_len outside 16..256), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
+ * secret_len outside 16..256, unknown flags), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
  * read-only or pkv_connect handle), PKV_ENOTSUP (built without hiredis: meson
  * option `remote_tier`), PKV_ENOMEM. Blocks: lock; up to connect_timeout_ms
  * per seed while reading the slot map. */

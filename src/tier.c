@@ -330,6 +330,8 @@ int pkv_tier_attach(pkv_cache *c, const pkv_tier_options *o) {
     if (c->remote || c->rdonly)
         return pkv_err(PKV_ERDONLY, "the tier needs a writable local cache");
     if (!o->nodes || !o->nodes[0]) return pkv_err(PKV_EINVAL, "tier nodes missing");
+    if (o->flags & ~(uint32_t)(PKV_TIER_NO_PUBLISH | PKV_TIER_NO_FETCH | PKV_TIER_LZ4))
+        return pkv_err(PKV_EINVAL, "unknown tier flags 0x%x", o->flags);
     if (!o->secret || o->secret_len < 16 || o->secret_len > 256)
         return pkv_err(PKV_EINVAL, "tier secret must be 16..256 bytes (got %zu)",
                        o->secret ? o->secret_len : 0);

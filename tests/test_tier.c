@@ -656,6 +656,9 @@ Test(tier, attach_rejects_bad_options) {
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     to = topts("", 20);
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
+    to = topts("127.0.0.1:1", 20);
+    to.flags = 8;
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     PT_ERR(pkv_tier_flush(c, 10), PKV_ESTATE);
     to = topts("127.0.0.1:1", 20); /* nothing listens: attaching still works */
     PT_OK(pkv_tier_attach(c, &to));
