@@ -1,6 +1,6 @@
 /*
  * fuzz_tier.c — the shared tier's record decoder and verifier
- * (src/tier_record.c: pkv_tier_decode, pkv_tier_verify), the entry for values
+ * (src/tier_record.c: pkv_tier_decode, pkv_tier_verify, pkv_tier_unpack), the entry for values
  * read from a Redis anyone with write access to it may have written
  * (docs/remote.md, rule T1).
  * Input: byte 0 picks the reader's geometry (and so which verifications can
@@ -11,7 +11,8 @@
  * by field, to exactly the bytes it came from (tag aside): only the documented
  * layout is accepted; a record verifies against the expectations it states
  * itself, and one that verifies against the reader's fixed prompt carries
- * exactly that prompt's tokens.
+ * exactly that prompt's tokens; an LZ4 payload decompresses to exactly the
+ * K/V's length or is refused, without reading or writing outside its buffers.
  */
 #include "fuzz_common.h"
 #include "tier.h"
@@ -45,8 +46,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     uint64_t ntok = ((uint64_t)r.depth + 1) * r.block_size;
     FZ_ASSERT(r.tokens >= buf && r.tokens + ntok * 4 <= buf + len, "tokens outside");
-    FZ_ASSERT(r.payload >= buf && r.payload + r.payload_len + PKV_TIER_TAG == buf + len,
+    FZ_ASSERT(r.payload >= buf && r.payload + r.stored_len + PKV_TIER_TAG == buf + len,
               "payload outside");
+    FZ_ASSERT(r.encoding == PKV_TIER_ENC_RAW ? r.stored_len == r.payload_len
+                                             : r.encoding == PKV_TIER_ENC_LZ4,
+              "encoding %u", r.encoding);
+    /* the K/V: raw, or an LZ4 stream that must fill payload_len exactly (an
+     * exact-size buffer: ASan sees any write past it) */
+    if (r.payload_len <= (1u << 20)) {
+        uint8_t *kv = malloc(r.payload_len);
+        FZ_ASSERT(kv, "out of memory");
+        rc = pkv_tier_unpack(&r, kv);
+        FZ_ASSERT(rc == 0 || (rc == PKV_ECORRUPT && r.encoding == PKV_TIER_ENC_LZ4),
+                  "unpack -> %d", rc);
+        if (rc == 0 && r.encoding == PKV_TIER_ENC_RAW)
+            FZ_ASSERT(memcmp(kv, r.payload, r.payload_len) == 0, "raw payload differs");
+        free(kv);
+    }
     FZ_ASSERT((const uint8_t *)r.model == buf + PKV_TIER_HDR, "model outside");
     /* re-encode */
     uint32_t *toks = malloc(ntok * sizeof *toks);

@@ -547,6 +547,10 @@ typedef struct pkv_stats {
     uint64_t tier_errors;         /* GETs lost to errors, timeouts, nodes down */
     uint64_t tier_deadline_misses; /* fetches that reached their deadline */
     uint64_t tier_redirects;      /* MOVED and ASK answers followed */
+    uint64_t tier_deleted;        /* rejected values deleted from the tier (the
+                                     server still held the same bytes) */
+    uint64_t tier_delete_failed;  /* rejected values whose deletion was dropped
+                                     (queue full) or failed (error reply, I/O) */
 } pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
@@ -660,7 +664,9 @@ int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g);
  * the background; a pkv_seq_open whose prompt misses locally asks the tier for
  * the chain's continuation and imports what arrives in time and passes every
  * check of rule T1 (docs/remote.md): geometry, model identity, salt, parent
- * hash, the whole prefix's token ids equal the prompt's, a keyed checksum.
+ * hash, the whole prefix's token ids equal the prompt's, an HMAC-SHA-256 tag.
+ * A value that fails them is counted and deleted from the tier in the
+ * background if the server still holds the same bytes.
  * pkv_prefix_lookup stays local. No TLS (hiredis 0.14 has none). */
 typedef struct pkv_tier_options {
     /* Seed nodes "HOST:PORT[,HOST:PORT...]" (IPv4 or a name); the slot map is
@@ -670,7 +676,7 @@ typedef struct pkv_tier_options {
     const char *user;      /* Redis ACL user, or NULL (AUTH with password only) */
     const char *password;  /* NULL: no AUTH */
     /* The cluster secret: 16..256 bytes every node of one deployment shares. It
-     * keys the record names and the record checksum; see docs/remote.md's trust
+     * keys the record names and the record tag (HMAC-SHA-256); see docs/remote.md's trust
      * model. Required. */
     const void *secret;
     size_t secret_len;
@@ -689,6 +695,8 @@ typedef struct pkv_tier_options {
 enum {
     PKV_TIER_NO_PUBLISH = 1u, /* fetch only */
     PKV_TIER_NO_FETCH = 2u,   /* publish only */
+    PKV_TIER_LZ4 = 4u,        /* publish payloads LZ4-compressed (when smaller);
+                                 readers accept both forms whatever their flags */
 };
 
 /* Attach the tier to an open, writable cache. Connects to nothing yet beyond
@@ -700,7 +708,7 @@ enum {
  * stopped); each tier holds max_inflight + 1 connections with a 1 MiB
  * receive buffer each.
  * Errors: PKV_EINVAL (cache or opt NULL, nodes or secret missing or malformed,
- * secret_len outside 16..256), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
+ * secret_len outside 16..256, unknown flags), PKV_EEXIST (a tier is attached), PKV_ERDONLY (a
  * read-only or pkv_connect handle), PKV_ENOTSUP (built without hiredis: meson
  * option `remote_tier`), PKV_ENOMEM. Blocks: lock; up to connect_timeout_ms
  * per seed while reading the slot map. */

@@ -341,7 +341,7 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
             "Seal checksums computed ahead on seal threads since open.", st->seal_sums_ahead);
     /* the shared prefix tier (docs/remote.md): 0 without one */
     head(&w, "pagedkv_tier_blocks_total", "counter",
-         "Blocks through the shared Redis tier since attach, by event: published, publish_dropped (queue full, gone, policy), publish_error, requested, found, imported, rejected (failed rule T1), error (I/O, timeout, node down).");
+         "Blocks through the shared Redis tier since attach, by event: published, publish_dropped (queue full, gone, policy), publish_error, requested, found, imported, rejected (failed rule T1), error (I/O, timeout, node down), deleted (rejected and deleted from the tier), delete_failed.");
     sample(&w, "pagedkv_tier_blocks_total", "event=\"published\"", st->tier_published);
     sample(&w, "pagedkv_tier_blocks_total", "event=\"publish_dropped\"", st->tier_publish_dropped);
     sample(&w, "pagedkv_tier_blocks_total", "event=\"publish_error\"", st->tier_publish_errors);
@@ -350,6 +350,8 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     sample(&w, "pagedkv_tier_blocks_total", "event=\"imported\"", st->tier_imported);
     sample(&w, "pagedkv_tier_blocks_total", "event=\"rejected\"", st->tier_rejected);
     sample(&w, "pagedkv_tier_blocks_total", "event=\"error\"", st->tier_errors);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"deleted\"", st->tier_deleted);
+    sample(&w, "pagedkv_tier_blocks_total", "event=\"delete_failed\"", st->tier_delete_failed);
     counter(&w, "pagedkv_tier_fetches_total",
             "pkv_seq_open calls that asked the shared tier since attach.", st->tier_fetches);
     counter(&w, "pagedkv_tier_deadline_misses_total",

@@ -4,6 +4,7 @@
  * pkv_seq_open makes on a local miss (the import itself is in seq.c).
  *
  * Owns struct pkv_tier: the derived cluster keys, the publish queue, the
+ * queue of rejected values to delete (both sent by the publishing thread), the
  * publisher's cluster client, a pool of fetch clients, the counters.
  * Invariants:
  *  - the cache lock is never held across network I/O: the publisher copies a
@@ -11,8 +12,12 @@
  *    hit under the lock, fetches and verifies without it, and seq.c imports
  *    under the lock after matching again (rule T1);
  *  - lock order: cache lock, then the queue mutex (seal enqueues with the
- *    cache lock held); the publisher never takes the cache lock while it holds
- *    the queue mutex;
+ *    cache lock held); a fetch's client mutex, then the queue mutex (a
+ *    rejected value is queued for deletion); the publisher never takes the
+ *    cache lock while it holds the queue mutex;
+ *  - a rejected value is deleted only if the server still holds its bytes
+ *    (a compare-and-delete script), so a deletion can cost at most a record
+ *    nobody could serve, never a good one written since;
  *  - a full queue drops the seal (counted): publishing never blocks a call;
  *  - rule T2: a record's payload is copied under the cache lock while the
  *    block is SEALED with the hash and salt the queue entry names, and neither
@@ -25,6 +30,7 @@
  */
 #include "tier.h"
 
+#include <lz4.h>
 #include <stdlib.h>
 
 #if PKV_WITH_HIREDIS
@@ -34,6 +40,18 @@ typedef struct tier_qent {
     uint64_t salt;
     pkv_h128 h;
 } tier_qent;
+
+/* A value that failed verification, to delete if it is still the same bytes. */
+typedef struct tier_del {
+    char key[PKV_TIER_KEY_LEN + 1];
+    uint8_t *val;
+    size_t len;
+} tier_del;
+
+/* Bounds of the deletion queue: bad values are rare; a flood of them is dropped
+ * (counted), never buffered without limit. */
+enum { DEL_MAX = 64 };
+#define DEL_MAX_BYTES (64ull << 20)
 
 typedef struct tier_fetcher {
     pthread_mutex_t m;
@@ -52,6 +70,9 @@ struct pkv_tier {
     tier_qent *q;
     uint32_t qcap, qhead, qn;
     bool stop, busy;
+    tier_del dq[DEL_MAX]; /* under qm */
+    uint32_t dn;
+    uint64_t dbytes;
     pthread_t thr;
     bool thr_started;
     pkv_rc *pub;
@@ -61,7 +82,7 @@ struct pkv_tier {
     bool importing; /* under the cache lock: seq.c is importing (no publish) */
     /* counters */
     _Atomic uint64_t published, dropped, pub_errors, fetches, fetch_blocks, found, imported,
-        rejected, errors, deadline_misses, redirects;
+        rejected, errors, deadline_misses, redirects, deleted, delete_failed;
 };
 
 #define BUMP(t, f, n) atomic_fetch_add_explicit(&(t)->f, (n), memory_order_relaxed)
@@ -145,13 +166,27 @@ static bool pub_prepare(pkv_tier *t, const tier_qent *e, pub_item *it) {
     }
     pkv_tier_rec r = {g->num_layers, g->num_kv_heads, g->head_dim, bs, g->dtype, depth,
                       e->salt, parent, h, t->model, (uint32_t)strlen(t->model), NULL,
-                      payload, g->block_bytes};
-    it->len = pkv_tier_rec_size(r.model_len, depth, bs, g->block_bytes);
+                      g->block_bytes, PKV_TIER_ENC_RAW, payload, g->block_bytes};
+    uint8_t *z = NULL;
+    if (t->flags & PKV_TIER_LZ4) { /* kept only if it is smaller */
+        int cap = LZ4_compressBound((int)g->block_bytes);
+        z = cap > 0 ? malloc((size_t)cap) : NULL;
+        int zn = z ? LZ4_compress_default((const char *)payload, (char *)z,
+                                          (int)g->block_bytes, cap)
+                   : 0;
+        if (zn > 0 && (uint64_t)zn < g->block_bytes) {
+            r.encoding = PKV_TIER_ENC_LZ4;
+            r.payload = z;
+            r.stored_len = (uint64_t)zn;
+        }
+    }
+    it->len = pkv_tier_rec_size(r.model_len, depth, bs, r.stored_len);
     it->rec = it->len ? malloc(it->len) : NULL;
     if (it->rec) {
         pkv_tier_encode(&t->keys, &r, toks, it->rec);
-        pkv_tier_key(&t->keys, h, t->model, it->key);
+        pkv_tier_key(&t->keys, h, g, t->model, it->key);
     }
+    free(z);
     free(toks);
     free(payload);
     return it->rec != NULL;
@@ -159,18 +194,66 @@ static bool pub_prepare(pkv_tier *t, const tier_qent *e, pub_item *it) {
 
 enum { PUB_BATCH = 16, PUB_TIMEOUT_MS = 1000 };
 
+/* Queue the deletion of a value that failed verification (it takes val). A
+ * value of a newer record version is left alone (a newer node's, during a
+ * rolling upgrade): it is only rejected. */
+static void del_enqueue(pkv_tier *t, const char *key, uint8_t *val, size_t len) {
+    if (!pkv_tier_deletable(val, len)) {
+        free(val);
+        return;
+    }
+    pthread_mutex_lock(&t->qm);
+    if (t->dn == DEL_MAX || t->dbytes + len > DEL_MAX_BYTES || t->stop) {
+        pthread_mutex_unlock(&t->qm);
+        free(val);
+        BUMP(t, delete_failed, 1);
+        return;
+    }
+    tier_del *d = &t->dq[t->dn++];
+    memcpy(d->key, key, sizeof d->key);
+    d->val = val;
+    d->len = len;
+    t->dbytes += len;
+    pthread_cond_signal(&t->qcv);
+    pthread_mutex_unlock(&t->qm);
+}
+
+/* Send the queued deletions (publisher thread, without any lock). Each is a
+ * compare-and-delete: a writer that replaced the bad value meanwhile (another
+ * node republishing the block) keeps its record. */
+static void del_run(pkv_tier *t, tier_del *ds, uint32_t n) {
+    pkv_rc_cmd cmds[DEL_MAX];
+    for (uint32_t i = 0; i < n; i++)
+        cmds[i] = (pkv_rc_cmd){.key = ds[i].key, .val = ds[i].val, .val_len = ds[i].len,
+                               .del_if_equal = true};
+    pkv_rc_stats st = {0};
+    pkv_rc_run(t->pub, cmds, n, pkv_now_ns() + (uint64_t)PUB_TIMEOUT_MS * 1000000u, &st);
+    BUMP(t, redirects, st.redirects);
+    for (uint32_t i = 0; i < n; i++) {
+        if (cmds[i].status != 0) BUMP(t, delete_failed, 1);
+        else if (cmds[i].integer == 1) BUMP(t, deleted, 1);
+        free(cmds[i].out);
+        free(ds[i].val);
+    }
+}
+
 static void *publisher(void *arg) {
     pkv_tier *t = arg;
     tier_qent batch[PUB_BATCH];
     pub_item items[PUB_BATCH];
     pkv_rc_cmd cmds[PUB_BATCH];
+    tier_del dels[DEL_MAX];
     for (;;) {
         pthread_mutex_lock(&t->qm);
-        while (t->qn == 0 && !t->stop) pthread_cond_wait(&t->qcv, &t->qm);
+        while (t->qn == 0 && t->dn == 0 && !t->stop) pthread_cond_wait(&t->qcv, &t->qm);
         if (t->stop) {
             pthread_mutex_unlock(&t->qm);
             break;
         }
+        uint32_t nd = t->dn;
+        memcpy(dels, t->dq, nd * sizeof *dels);
+        t->dn = 0;
+        t->dbytes = 0;
         uint32_t n = t->qn < PUB_BATCH ? t->qn : PUB_BATCH;
         for (uint32_t i = 0; i < n; i++) batch[i] = t->q[(t->qhead + i) % t->qcap];
         t->qhead = (t->qhead + n) % t->qcap;
@@ -178,6 +261,7 @@ static void *publisher(void *arg) {
         t->busy = true;
         pthread_mutex_unlock(&t->qm);
 
+        if (nd) del_run(t, dels, nd);
         uint32_t m = 0;
         for (uint32_t i = 0; i < n; i++) {
             if (!pub_prepare(t, &batch[i], &items[m])) {
@@ -201,7 +285,7 @@ static void *publisher(void *arg) {
         }
         pthread_mutex_lock(&t->qm);
         t->busy = false;
-        if (t->qn == 0) pthread_cond_broadcast(&t->idle);
+        if (t->qn == 0 && t->dn == 0) pthread_cond_broadcast(&t->idle);
         pthread_mutex_unlock(&t->qm);
     }
     return NULL;
@@ -216,6 +300,7 @@ static void tier_free(pkv_tier *t) {
         pthread_mutex_unlock(&t->qm);
         pthread_join(t->thr, NULL);
     }
+    for (uint32_t i = 0; i < t->dn; i++) free(t->dq[i].val);
     pkv_rc_free(t->pub);
     for (uint32_t i = 0; t->fetch && i < t->nfetch; i++) {
         pkv_rc_free(t->fetch[i].rc);
@@ -226,6 +311,7 @@ static void tier_free(pkv_tier *t) {
     pthread_mutex_destroy(&t->qm);
     pthread_cond_destroy(&t->qcv);
     pthread_cond_destroy(&t->idle);
+    explicit_bzero(&t->keys, sizeof t->keys); /* secret-derived */
     free(t);
 }
 
@@ -244,6 +330,8 @@ int pkv_tier_attach(pkv_cache *c, const pkv_tier_options *o) {
     if (c->remote || c->rdonly)
         return pkv_err(PKV_ERDONLY, "the tier needs a writable local cache");
     if (!o->nodes || !o->nodes[0]) return pkv_err(PKV_EINVAL, "tier nodes missing");
+    if (o->flags & ~(uint32_t)(PKV_TIER_NO_PUBLISH | PKV_TIER_NO_FETCH | PKV_TIER_LZ4))
+        return pkv_err(PKV_EINVAL, "unknown tier flags 0x%x", o->flags);
     if (!o->secret || o->secret_len < 16 || o->secret_len > 256)
         return pkv_err(PKV_EINVAL, "tier secret must be 16..256 bytes (got %zu)",
                        o->secret ? o->secret_len : 0);
@@ -323,8 +411,9 @@ int pkv_tier_flush(pkv_cache *c, uint32_t timeout_ms) {
     abs.tv_nsec = (long)(ns % 1000000000u);
     int rc = 0;
     pthread_mutex_lock(&t->qm);
-    while ((t->qn || t->busy) && rc == 0) rc = pthread_cond_timedwait(&t->idle, &t->qm, &abs);
-    bool idle = !t->qn && !t->busy;
+    while ((t->qn || t->dn || t->busy) && rc == 0)
+        rc = pthread_cond_timedwait(&t->idle, &t->qm, &abs);
+    bool idle = !t->qn && !t->dn && !t->busy;
     pthread_mutex_unlock(&t->qm);
     return idle ? 0 : pkv_err(PKV_EBUSY, "tier publishing still busy after %u ms", timeout_ms);
 }
@@ -352,6 +441,8 @@ void pkv_tier_stats(const pkv_cache *c, pkv_stats *out) {
     out->tier_errors = READ(t, errors);
     out->tier_deadline_misses = READ(t, deadline_misses);
     out->tier_redirects = READ(t, redirects);
+    out->tier_deleted = READ(t, deleted);
+    out->tier_delete_failed = READ(t, delete_failed);
 }
 
 void pkv_tier_got_free(pkv_tier_got *g) {
@@ -402,7 +493,7 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
     hs[0] = h;
     for (uint64_t j = 0; j < k; j++) {
         hs[j + 1] = pkv_hash_block(t->keys.seed, hs[j], prompt + (hit + j) * bs, bs);
-        pkv_tier_key(&t->keys, hs[j + 1], t->model, keys[j]);
+        pkv_tier_key(&t->keys, hs[j + 1], &c->arena.geo, t->model, keys[j]);
         cmds[j].key = keys[j];
     }
     BUMP(t, fetches, 1);
@@ -426,15 +517,34 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
         pkv_tier_rec r;
         pkv_tier_want w = {&c->arena.geo, t->model, salt, (uint32_t)(hit + j), hs[j],
                            hs[j + 1], prompt};
-        if (pkv_tier_decode(&t->keys, cmds[j].out, cmds[j].out_len, &r) ||
-            pkv_tier_verify(&r, &w)) {
+        uint8_t *kv = NULL;
+        bool ok = pkv_tier_decode(&t->keys, cmds[j].out, cmds[j].out_len, &r) == 0 &&
+                  pkv_tier_verify(&r, &w) == 0;
+        if (ok && run && r.encoding != PKV_TIER_ENC_RAW) { /* only a run's records are unpacked */
+            kv = malloc(r.payload_len);
+            if (!kv) { /* not the record's fault: computed instead */
+                run = false;
+                continue;
+            }
+            ok = pkv_tier_unpack(&r, kv) == 0;
+        }
+        if (!ok) { /* counted, never imported, deleted if still the same bytes */
             BUMP(t, rejected, 1);
+            free(kv);
             run = false;
+            del_enqueue(t, keys[j], cmds[j].out, cmds[j].out_len);
+            cmds[j].out = NULL;
             continue;
         }
         if (!run) continue;
-        got->bufs[got->n] = cmds[j].out;
-        got->payloads[got->n] = r.payload;
+        if (kv) {
+            free(cmds[j].out);
+            got->bufs[got->n] = kv;
+            got->payloads[got->n] = kv;
+        } else {
+            got->bufs[got->n] = cmds[j].out;
+            got->payloads[got->n] = r.payload;
+        }
         cmds[j].out = NULL;
         got->n++;
     }

@@ -11,20 +11,27 @@
 #ifndef PKV_TIER_H
 #define PKV_TIER_H
 
+#include "hmac.h"
 #include "internal.h"
 
 #define PKV_TIER_MAGIC 0x54564B50u /* "PKVT" */
-#define PKV_TIER_VERSION 1u
-#define PKV_TIER_HDR 80u            /* fixed part before the model id */
-#define PKV_TIER_TAG 16u            /* keyed XXH3-128 at the end */
-#define PKV_TIER_SECRET 192u        /* derived XXH3 secret */
+#define PKV_TIER_VERSION 2u         /* 1: keyed XXH3 tag (read as a rejection) */
+#define PKV_TIER_HDR 96u            /* fixed part before the model id */
+#define PKV_TIER_TAG 32u            /* HMAC-SHA-256 at the end */
+#define PKV_TIER_SECRET 192u        /* XXH3 secret of the key names */
 #define PKV_TIER_MAX_DEPTH (1u << 20) /* blocks of prefix a record may name */
 #define PKV_TIER_MAX_PAYLOAD (1ull << 30)
 #define PKV_TIER_KEY_LEN 36u        /* "pkv:" + 32 hex digits */
 
-/* The cluster-wide keys: derived from the shared secret, never from the cache's. */
+/* How the payload is stored. */
+enum { PKV_TIER_ENC_RAW = 0, PKV_TIER_ENC_LZ4 = 1 };
+
+/* The cluster-wide keys: derived from the shared secret, never from the cache's.
+ * Each purpose has its own HMAC-derived key, so what the key names could ever
+ * reveal (they are XXH3, not a PRF one may lean on) says nothing of the MAC key. */
 typedef struct pkv_tier_keys {
-    uint8_t secret[PKV_TIER_SECRET]; /* XXH3 secret for the key and the tag */
+    pkv_hmac_key mac;                /* the record tag */
+    uint8_t secret[PKV_TIER_SECRET]; /* XXH3 secret of the key names */
     uint64_t seed;                   /* chained-hash seed (pkv_hash_root/block) */
 } pkv_tier_keys;
 
@@ -38,20 +45,31 @@ typedef struct pkv_tier_rec {
     const char *model;
     uint32_t model_len;
     const uint8_t *tokens; /* (depth + 1) * block_size little-endian u32 */
-    const uint8_t *payload;
-    uint64_t payload_len;
+    uint64_t payload_len;  /* the K/V's length (block_bytes) */
+    uint32_t encoding;     /* PKV_TIER_ENC_RAW or PKV_TIER_ENC_LZ4 */
+    const uint8_t *payload; /* as stored: stored_len bytes */
+    uint64_t stored_len;    /* RAW: payload_len; LZ4: the compressed length */
 } pkv_tier_rec;
 
 /* Size of the record for these parameters (0 if out of the format's limits). */
 uint64_t pkv_tier_rec_size(uint32_t model_len, uint32_t depth, uint32_t bs,
-                           uint64_t payload_len);
-/* Encode into out (pkv_tier_rec_size bytes): r's fields, tokens as host u32. */
+                           uint64_t stored_len);
+/* Encode into out (pkv_tier_rec_size bytes): r's fields, tokens as host u32,
+ * r->payload as stored (compressed by the caller when r->encoding says so). */
 void pkv_tier_encode(const pkv_tier_keys *k, const pkv_tier_rec *r, const uint32_t *tokens,
                      uint8_t *out);
-/* Strict decoder: exact length, limits, version, tag. 0 or PKV_ECORRUPT /
- * PKV_EVERSION with a message. */
+/* Strict decoder: exact length, limits, version, encoding, tag. 0 or
+ * PKV_ECORRUPT / PKV_EVERSION with a message. */
 int pkv_tier_decode(const pkv_tier_keys *k, const uint8_t *buf, size_t len,
                     pkv_tier_rec *out);
+/* The K/V of a decoded record into out (r->payload_len bytes): a copy, or an
+ * LZ4 decompression that must fill exactly payload_len bytes. 0 or
+ * PKV_ECORRUPT. */
+int pkv_tier_unpack(const pkv_tier_rec *r, uint8_t *out);
+/* Whether a value that failed decoding may be deleted from the tier: true
+ * unless it is a record of a newer version than this build reads (a newer
+ * node's, during a rolling upgrade). */
+bool pkv_tier_deletable(const uint8_t *buf, size_t len);
 
 /* What a reader expects of the record at chain depth `depth` (rule T1). */
 typedef struct pkv_tier_want {
@@ -65,8 +83,11 @@ typedef struct pkv_tier_want {
 /* 0, or PKV_ECORRUPT naming the first field that differs. */
 int pkv_tier_verify(const pkv_tier_rec *r, const pkv_tier_want *w);
 
-/* The key of the block whose tier chain hash is h for model `model`. */
-void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const char *model,
+/* The key of the block whose tier chain hash is h for model `model` in
+ * geometry g (layers, KV heads, head_dim, block size, dtype): caches of one
+ * model in two dtypes never share a key, so neither takes the other's record
+ * for a bad one and deletes it. */
+void pkv_tier_key(const pkv_tier_keys *k, pkv_h128 h, const pkv_geometry *g, const char *model,
                   char out[PKV_TIER_KEY_LEN + 1]);
 
 /* ---- The cluster client (tier_redis.c) ---------------------------------- */
@@ -79,16 +100,20 @@ typedef struct pkv_rc_conf {
     uint32_t connect_timeout_ms;
 } pkv_rc_conf;
 
-/* One command of a pipeline. GET: val NULL. SET key val PX ttl_ms. */
+/* One command of a pipeline. GET: val NULL. SET key val PX ttl_ms. With
+ * del_if_equal: delete key only if its value is still val, atomically on the
+ * server (a Lua script: GET, compare, DEL). */
 typedef struct pkv_rc_cmd {
     const char *key;
     const uint8_t *val;
     size_t val_len;
     uint64_t ttl_ms;
+    bool del_if_equal;
     /* results */
-    int status;       /* 0: answered (value or nil), <0: error/timeout/node down */
+    int status;       /* 0: answered (value, nil, OK or an integer), <0: error/timeout/node down */
     uint8_t *out;     /* GET: malloc'ed value (NULL: nil or error) */
     size_t out_len;
+    long long integer; /* del_if_equal: 1 deleted, 0 the value had changed or gone */
 } pkv_rc_cmd;
 
 typedef struct pkv_rc_stats {

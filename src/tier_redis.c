@@ -1,7 +1,8 @@
 /*
  * tier_redis.c — a small Redis Cluster client over hiredis 0.14 (which has no
  * cluster support): seed nodes, the slot map from CLUSTER SLOTS, one blocking
- * connection per node, pipelined GET/SET grouped by node, MOVED and ASK
+ * connection per node, pipelined GET/SET (and a compare-and-delete script)
+ * grouped by node, MOVED and ASK
  * followed once, nodes that fail marked down with exponential backoff.
  *
  * Owns its connections and slot map; one thread uses a client at a time (the
@@ -268,6 +269,7 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
         cmds[i].status = ST_PENDING;
         cmds[i].out = NULL;
         cmds[i].out_len = 0;
+        cmds[i].integer = 0;
         uint8_t s = rc->slot[pkv_rc_slot(cmds[i].key, strlen(cmds[i].key))];
         target[i] = s == RC_NOSLOT ? -1 : s;
         if (target[i] < 0) cmds[i].status = ST_ERROR;
@@ -288,7 +290,16 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
             sent[ni] = true;
             if (asking[i]) redisAppendCommand(ctx, "ASKING");
             char ttl[24];
-            if (cmds[i].val) {
+            if (cmds[i].del_if_equal) {
+                /* the value a reader rejected, sent back so that the server deletes
+                 * it only if no writer replaced it meanwhile (docs/remote.md) */
+                static const char cad[] =
+                    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                    "return redis.call('DEL', KEYS[1]) end return 0";
+                const char *argv[5] = {"EVAL", cad, "1", cmds[i].key, (const char *)cmds[i].val};
+                size_t argl[5] = {4, sizeof cad - 1, 1, strlen(cmds[i].key), cmds[i].val_len};
+                redisAppendCommandArgv(ctx, 5, argv, argl);
+            } else if (cmds[i].val) {
                 snprintf(ttl, sizeof ttl, "%llu", (unsigned long long)cmds[i].ttl_ms);
                 const char *argv[5] = {"SET", cmds[i].key, (const char *)cmds[i].val, "PX", ttl};
                 size_t argl[5] = {3, strlen(cmds[i].key), cmds[i].val_len, 2, strlen(ttl)};
@@ -350,6 +361,9 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                 r->str = NULL;
                 cmds[i].status = 0;
             } else if (r->type == REDIS_REPLY_NIL || r->type == REDIS_REPLY_STATUS) {
+                cmds[i].status = 0;
+            } else if (r->type == REDIS_REPLY_INTEGER && cmds[i].del_if_equal) {
+                cmds[i].integer = r->integer;
                 cmds[i].status = 0;
             } else {
                 cmds[i].status = ST_ERROR; /* OOM, READONLY, CLUSTERDOWN, ... */

@@ -21,7 +21,8 @@
 
 #define PKVD_MAGIC 0x44564B50u /* "PKVD" little-endian */
 /* Any change to any payload's layout bumps this (docs/pkvd.md, "Versions"). 1: the
- * first; 2: CLIENTS lists each connection's flags and sequences, HELLO flags. What
+ * first; 2: CLIENTS lists each connection's flags and sequences, HELLO flags, STATS
+ * carries every pkv_stats field (the wait, limbo and tier counters). What
  * never changes, so that peers of different versions can tell each other so: the
  * frame header, HELLO's request payload and an error reply's rc and message. */
 #define PKVD_VERSION 2u
@@ -145,7 +146,13 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
     X(wal_records) X(wal_frames) X(wal_syncs) X(wal_bytes) X(last_lsn)              \
     X(durable_lsn) X(checkpoints) X(checkpoint_deltas) X(checkpoint_lsn)            \
     X(cuda_handles) X(cuda_mode) X(seal_sums_ahead) X(wal_max_delay_us)             \
-    X(checkpoint_failures) X(checkpoint_error) X(checkpoint_backoff_ms)
+    X(checkpoint_failures) X(checkpoint_error) X(checkpoint_backoff_ms)             \
+    X(waits_limbo) X(waits_seal) X(waits_backlog) X(wait_limbo_us) X(wait_seal_us)  \
+    X(wait_backlog_us) X(limbo_evict_max) X(blocks_limbo) X(tier_published)         \
+    X(tier_publish_dropped) X(tier_publish_errors) X(tier_fetches)                  \
+    X(tier_fetch_blocks) X(tier_fetch_found) X(tier_imported) X(tier_rejected)      \
+    X(tier_errors) X(tier_deadline_misses) X(tier_redirects) X(tier_deleted)        \
+    X(tier_delete_failed)
 
 static inline uint32_t pkvd_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

@@ -961,6 +961,53 @@ static void refused(const uint8_t *frame, size_t n, bool hello_first, int rc, co
     close(fd);
 }
 
+/* One reply into b (its payload, rc first): the rc, the header's version and
+ * the payload length. */
+static int read_reply_v(int fd, uint8_t *b, size_t cap, uint16_t *ver, uint32_t *len)
+{
+    uint8_t h[16];
+    size_t got = 0;
+    while (got < 16) {
+        ssize_t k = recv(fd, h + got, 16 - got, 0);
+        cr_assert(k > 0, "the connection ended");
+        got += (size_t)k;
+    }
+    *ver = (uint16_t)(h[4] | h[5] << 8);
+    *len = h[8] | h[9] << 8 | h[10] << 16 | (uint32_t)h[11] << 24;
+    cr_assert(*len >= 4 && *len <= cap, "reply length %u", *len);
+    for (got = 0; got < *len;) {
+        ssize_t k = recv(fd, b + got, *len - got, 0);
+        cr_assert(k > 0);
+        got += (size_t)k;
+    }
+    return (int)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24);
+}
+
+/* The STATS reply carries every pkv_stats field (wire.h PKVD_STATS_FIELDS, version 2:
+ * 52, the wait, limbo and tier counters included), each a u64 after the rc. */
+Test(pkvd, the_stats_reply_carries_every_counter)
+{
+    daemon_paths();
+    pid_t d = daemon_start();
+    int fd = raw_connect();
+    uint8_t f[24], b[1024];
+    hdr(f, 0x44564B50u, WIRE_V, 1, 8); /* HELLO offering exactly this version */
+    memset(f + 16, 0, 8);
+    f[16] = WIRE_V, f[18] = WIRE_V;
+    cr_assert_eq(send(fd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
+    uint16_t ver;
+    uint32_t len;
+    cr_assert_eq(read_reply_v(fd, b, sizeof b, &ver, &len), 0, "HELLO refused");
+    cr_assert_eq(ver, WIRE_V);
+    hdr(f, 0x44564B50u, WIRE_V, 14, 0); /* STATS */
+    cr_assert_eq(send(fd, f, 16, MSG_NOSIGNAL), 16);
+    cr_assert_eq(read_reply_v(fd, b, sizeof b, &ver, &len), 0);
+    cr_assert_eq(ver, WIRE_V);
+    cr_assert_eq(len, 4 + 52u * 8, "STATS of %u bytes", len);
+    close(fd);
+    daemon_stop(d, SIGTERM);
+}
+
 Test(pkvd, malformed_frames_are_refused_and_end_only_their_connection)
 {
     daemon_paths();

@@ -21,7 +21,9 @@
 #include "tier.h"
 
 #include <hiredis/hiredis.h>
+#include <lz4.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +34,8 @@ static int g_port[MAXSRV];
 static int g_nsrv;
 
 static const char SECRET[] = "pagedkv-test-cluster-secret-0123";
+/* The caches' geometry (copts), as the tier's keys name it. */
+static const pkv_geometry TGEO = {PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F32, 4, 0, 0, 0, 0};
 
 static void tier_fini(void) {
     for (int i = 0; i < g_nsrv; i++)
@@ -287,7 +291,7 @@ Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
     free(p);
 }
 
-Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) {
+Test(tier, a_different_salt_or_dtype_never_fetches_their_blocks, .timeout = 120) {
     NEED_REDIS();
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
@@ -304,16 +308,56 @@ Test(tier, a_different_salt_never_fetches_another_salts_blocks, .timeout = 120) 
     cr_assert_eq(st.tier_imported, 0);
     /* the same salt does get them: the test is not vacuous */
     cr_assert_eq(node_b_open(b, 2, 1, p, n, NULL), 256);
+    /* nor does another geometry of the same model (f16): its keys differ, so it
+     * neither finds A's records nor deletes them as bad */
+    pkv_options o16;
+    pt_opts(&o16, PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F16, 1024);
+    pkv_cache *h = pt_open_sub("f16", &o16);
+    pkv_tier_options th = topts(nodes, 2000);
+    th.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(h, &th));
+    cr_assert_eq(node_b_open(h, 1, 1, p, n, NULL), 0);
+    PT_OK(pkv_tier_flush(h, 10000));
+    st = stats(h);
+    cr_assert_eq(st.tier_fetch_found, 0, "an f16 cache found the f32 cache's records");
+    cr_assert_eq(st.tier_deleted, 0);
     free(p);
 }
 
 /* ---- Forged and damaged values --------------------------------------------- */
 
-enum forge { F_NONE, F_FLIP, F_MODEL, F_SALT, F_TOKENS, F_PARENT, F_GEOMETRY, F_TRUNCATED,
-             F_OVERSIZED, F_GARBAGE };
-static const char *forge_name[] = {"none", "flipped byte", "wrong model", "wrong salt",
-                                   "wrong tokens", "wrong parent hash", "wrong geometry", "truncated",
-                                   "oversized", "garbage"};
+enum forge { F_NONE, F_LZ4, F_FLIP, F_MODEL, F_SALT, F_TOKENS, F_PARENT, F_GEOMETRY,
+             F_TRUNCATED, F_OVERSIZED, F_GARBAGE, F_V1, F_LZ4_SHORT, F_LZ4_GARBAGE, F_V3 };
+static const char *forge_name[] = {"none", "LZ4", "flipped byte", "wrong model", "wrong salt",
+                                   "wrong tokens", "wrong parent hash", "wrong geometry",
+                                   "truncated", "oversized", "garbage", "version 1",
+                                   "LZ4 stream too short", "LZ4 garbage", "version 3"};
+
+/* The key of block 0 of prompt p under salt. */
+static void key_block0(uint64_t salt, const uint32_t *p, char key[PKV_TIER_KEY_LEN + 1]) {
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
+    pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
+}
+
+/* The value at key (malloc'ed, NULL: none); its length into *len. */
+static uint8_t *get_value(int port, const char *key, size_t *len) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "GET %s", key);
+    cr_assert(r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL));
+    uint8_t *v = NULL;
+    if (r->type == REDIS_REPLY_STRING) {
+        v = malloc(r->len ? r->len : 1);
+        cr_assert_not_null(v);
+        memcpy(v, r->str, r->len);
+        *len = r->len;
+    }
+    freeReplyObject(r);
+    redisFree(x);
+    return v;
+}
 
 /* Replace the record of block 0 of prompt p (salt) on the server at port. */
 static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge f) {
@@ -321,7 +365,7 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
     pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
     char key[PKV_TIER_KEY_LEN + 1];
-    pkv_tier_key(&k, h, PT_MODEL, key);
+    pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
     redisContext *x = connect_port(port);
     cr_assert_not_null(x);
     static uint8_t *orig; /* A's record, read once: each forgery starts from it */
@@ -342,8 +386,24 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     uint32_t toks[16];
     for (int i = 0; i < 16; i++) toks[i] = p[i];
     char wrong_model[] = PT_MODEL "x";
-    uint8_t *out = malloc(len + 64);
-    size_t olen = len;
+    /* LZ4 forms of the payload, tagged with the secret: only the decompression
+     * check (exact length, a well-formed stream) can refuse them */
+    int zcap = LZ4_compressBound((int)rec.payload_len);
+    uint8_t *z = malloc((size_t)zcap);
+    cr_assert_not_null(z);
+    int zn = 0;
+    if (f == F_LZ4 || f == F_LZ4_SHORT) /* SHORT: a valid stream of all but 8 bytes */
+        zn = LZ4_compress_default((const char *)rec.payload, (char *)z,
+                                  (int)rec.payload_len - (f == F_LZ4_SHORT ? 8 : 0), zcap);
+    if (f == F_LZ4_GARBAGE) memset(z, 0xF3, (size_t)(zn = 64));
+    if (zn) {
+        cr_assert(zn > 0);
+        rec.encoding = PKV_TIER_ENC_LZ4;
+        rec.payload = z;
+        rec.stored_len = (uint64_t)zn;
+    }
+    size_t olen = pkv_tier_rec_size(rec.model_len, rec.depth, rec.block_size, rec.stored_len);
+    uint8_t *out = malloc(olen + 64);
     switch (f) {
     case F_MODEL: rec.model = wrong_model; rec.model_len++; olen++; break;
     case F_SALT: rec.salt ^= 1; break;
@@ -358,12 +418,17 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     case F_TRUNCATED: olen = len - 1; break;
     case F_OVERSIZED: out[olen] = 0; olen += 1; break;
     case F_GARBAGE: memset(out, 0xA5, olen); break;
+    /* an older or newer record version: only the version field is looked at
+     * before the refusal, so the rest may stay version 2's */
+    case F_V1: out[4] = 1; break;
+    case F_V3: out[4] = 3; break;
     default: break;
     }
     r = redisCommand(x, "SET %s %b", key, out, olen);
     cr_assert(r && r->type == REDIS_REPLY_STATUS);
     freeReplyObject(r);
     redisFree(x);
+    free(z);
     free(v);
     free(out);
 }
@@ -377,8 +442,13 @@ Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout 
     uint32_t *p = prompt_of(n, 3);
     pkv_options o = copts();
     node_a(pt_open_sub("a", &o), nodes, 5, p, n);
-    for (int f = F_NONE; f <= F_GARBAGE; f++) {
+    char key[PKV_TIER_KEY_LEN + 1];
+    key_block0(5, p, key);
+    for (int f = F_NONE; f <= F_V3; f++) {
         forge_block0(port, 5, p, (enum forge)f);
+        size_t flen = 0;
+        uint8_t *forged = get_value(port, key, &flen);
+        cr_assert_not_null(forged);
         char sub[32];
         snprintf(sub, sizeof sub, "b%d", f);
         pkv_cache *b = pt_open_sub(sub, &o);
@@ -388,16 +458,34 @@ Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout 
         snprintf(pt_ctx, sizeof pt_ctx, "[%s] ", forge_name[f]);
         size_t got = node_b_open(b, 1, 5, p, n, NULL);
         pkv_stats st = stats(b);
-        if (f == F_NONE) { /* the re-encoded record is accepted: the forgery is exact */
+        PT_OK(pkv_tier_flush(b, 10000)); /* the deletion is sent in the background */
+        size_t now_len = 0;
+        uint8_t *now = get_value(port, key, &now_len);
+        st = stats(b);
+        if (f == F_NONE || f == F_LZ4) { /* the re-encoded record is accepted: the forgery is exact */
             cr_assert_eq(got, 32, "%sgot %zu", pt_ctx, got);
             cr_assert_eq(st.tier_imported, 2);
             cr_assert_eq(st.tier_rejected, 0);
+            cr_assert_eq(st.tier_deleted, 0);
+            cr_assert(now && now_len == flen && !memcmp(now, forged, flen), "%skept", pt_ctx);
         } else { /* block 0 rejected; block 1 is valid but continues nothing */
             cr_assert_eq(got, 0, "%sgot %zu", pt_ctx, got);
             cr_assert_eq(st.tier_imported, 0, "%s", pt_ctx);
             cr_assert_eq(st.tier_rejected, 1, "%srejected %llu", pt_ctx,
                          (unsigned long long)st.tier_rejected);
+            cr_assert_eq(st.tier_delete_failed, 0, "%s", pt_ctx);
+            if (f == F_V3) { /* a newer node's record is left alone */
+                cr_assert_eq(st.tier_deleted, 0, "%s", pt_ctx);
+                cr_assert(now && now_len == flen && !memcmp(now, forged, flen), "%skept",
+                          pt_ctx);
+            } else {
+                cr_assert_eq(st.tier_deleted, 1, "%sdeleted %llu", pt_ctx,
+                             (unsigned long long)st.tier_deleted);
+                cr_assert_null(now, "%sthe bad value is still on the server", pt_ctx);
+            }
         }
+        free(now);
+        free(forged);
         pt_close(b);
     }
     pt_ctx[0] = 0;
@@ -568,10 +656,264 @@ Test(tier, attach_rejects_bad_options) {
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     to = topts("", 20);
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
+    to = topts("127.0.0.1:1", 20);
+    to.flags = 8;
+    PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     PT_ERR(pkv_tier_flush(c, 10), PKV_ESTATE);
     to = topts("127.0.0.1:1", 20); /* nothing listens: attaching still works */
     PT_OK(pkv_tier_attach(c, &to));
     PT_ERR(pkv_tier_attach(c, &to), PKV_EEXIST);
     pkv_tier_detach(c);
     PT_OK(pkv_tier_attach(c, &to));
+}
+
+/* The deletion of a rejected value (docs/remote.md, "Faults"): the server
+ * deletes it only if it still holds those bytes, so a record another node wrote
+ * over the bad one meanwhile is kept. */
+Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    pkv_rc_conf conf;
+    memset(&conf, 0, sizeof conf);
+    snprintf(conf.nodes, sizeof conf.nodes, "%s", nodes);
+    conf.connect_timeout_ms = 1000;
+    int err = 0;
+    pkv_rc *rc = pkv_rc_new(&conf, &err);
+    cr_assert_not_null(rc, "%d", err);
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "SET pkv:k %b", "good\0record", (size_t)11);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    /* the value read earlier differs (in its last byte, after a NUL): kept */
+    pkv_rc_cmd c = {.key = "pkv:k", .val = (const uint8_t *)"good\0recorD", .val_len = 11,
+                    .del_if_equal = true};
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.status, 0);
+    cr_assert_eq(c.integer, 0);
+    r = redisCommand(x, "EXISTS pkv:k");
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1, "a changed value was deleted");
+    freeReplyObject(r);
+    /* the same bytes: deleted */
+    c.val = (const uint8_t *)"good\0record";
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.status, 0);
+    cr_assert_eq(c.integer, 1);
+    r = redisCommand(x, "EXISTS pkv:k");
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0, "not deleted");
+    freeReplyObject(r);
+    /* gone meanwhile: nothing to do, not an error */
+    cr_assert_eq(pkv_rc_run(rc, &c, 1, pkv_now_ns() + 2000000000u, NULL), 1);
+    cr_assert_eq(c.integer, 0);
+    redisFree(x);
+    pkv_rc_free(rc);
+}
+
+/* PKV_TIER_LZ4: a publisher with compressible K/V stores LZ4 records, smaller
+ * than the K/V; a reader without the flag imports them, and its K/V is
+ * byte-identical to the publisher's. */
+Test(tier, lz4_records_round_trip_byte_identical, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 65;
+    uint32_t *p = prompt_of(n, 6);
+    pkv_options o = copts();
+    pkv_cache *a = pt_open_sub("a", &o), *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    to.flags = PKV_TIER_LZ4;
+    PT_OK(pkv_tier_attach(a, &to));
+    size_t got = 0;
+    PT_OK(pkv_seq_open(a, 1, 4, p, n, &got));
+    pkv_cache_info inf;
+    PT_OK(pkv_info(a, &inf));
+    pkv_slot *sl = calloc(n, sizeof *sl);
+    cr_assert_not_null(sl);
+    PT_OK(pkv_seq_append(a, 1, p, n, sl));
+    for (size_t i = 0; i < n; i++) /* few distinct values: compressible */
+        for (uint32_t l = 0; l < inf.num_layers; l++)
+            for (uint32_t k = 0; k < 2; k++)
+                for (uint32_t h = 0; h < inf.num_kv_heads; h++) {
+                    float *x = (float *)((uint8_t *)pkv_kv(a, sl[i].block, l, (pkv_kind)k, h) +
+                                         (size_t)sl[i].offset * inf.head_dim * 4);
+                    for (uint32_t d = 0; d < inf.head_dim; d++)
+                        x[d] = (float)((p[i] + l + k + d) % 5);
+                }
+    PT_OK(pkv_seq_commit(a, 1, n));
+    PT_OK(pkv_tier_flush(a, 10000));
+    cr_assert_eq(stats(a).tier_published, n / 16);
+    /* what the server holds is LZ4 and smaller than the K/V */
+    char key[PKV_TIER_KEY_LEN + 1];
+    key_block0(4, p, key);
+    size_t vlen = 0;
+    uint8_t *v = get_value(port, key, &vlen);
+    cr_assert_not_null(v);
+    pkv_tier_keys tk;
+    pkv_tier_keys_derive(&tk, SECRET, sizeof SECRET - 1);
+    pkv_tier_rec rec;
+    PT_OK(pkv_tier_decode(&tk, v, vlen, &rec));
+    cr_assert_eq(rec.encoding, PKV_TIER_ENC_LZ4);
+    cr_assert(rec.stored_len < inf.block_bytes / 2, "stored %llu of %llu",
+              (unsigned long long)rec.stored_len, (unsigned long long)inf.block_bytes);
+    free(v);
+    /* B (no LZ4 flag) imports them */
+    pkv_tier_options tb = topts(nodes, 2000);
+    PT_OK(pkv_tier_attach(b, &tb));
+    PT_OK(pkv_seq_open(b, 1, 4, p, n, &got));
+    cr_assert_eq(got, 64);
+    cr_assert_eq(stats(b).tier_imported, 4);
+    uint32_t ba[8], bb[8];
+    size_t na = 0, nb = 0;
+    PT_OK(pkv_seq_blocks(a, 1, ba, 8, &na));
+    PT_OK(pkv_seq_blocks(b, 1, bb, 8, &nb));
+    cr_assert(na >= 4 && nb >= 4);
+    for (size_t i = 0; i < 4; i++)
+        for (uint32_t l = 0; l < inf.num_layers; l++)
+            for (uint32_t k = 0; k < 2; k++)
+                for (uint32_t h = 0; h < inf.num_kv_heads; h++)
+                    cr_assert(!memcmp(pkv_kv(a, ba[i], l, (pkv_kind)k, h),
+                                      pkv_kv(b, bb[i], l, (pkv_kind)k, h), inf.run_bytes),
+                              "block %zu layer %u kind %u head %u differs", i, l, k, h);
+    PT_CHECK(b);
+    free(sl);
+    free(p);
+}
+
+/* A redis command on port that must answer with status OK. */
+static void must_ok(int port, const char *fmt, ...) {
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(x, fmt, ap);
+    va_end(ap);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "port %d: %s -> %s", port, fmt,
+              r && r->str ? r->str : "(no reply)");
+    freeReplyObject(r);
+    redisFree(x);
+}
+
+Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
+    NEED_REDIS();
+    char nodes[128];
+    start_cluster(nodes, sizeof nodes);
+    const size_t n = 1025;
+    uint32_t *p = prompt_of(n, 7);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 8, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 5000);
+    to.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to)); /* B's slot map is read now, and stays right */
+    /* The first master's slots holding the prompt's records go MIGRATING to the
+     * second (IMPORTING there), and every other one of those records moves:
+     * the first master answers ASK for those, serves the rest itself. */
+    char from[64], dest[64];
+    node_id(g_port[0], from, sizeof from);
+    node_id(g_port[1], dest, sizeof dest);
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 h = pkv_hash_root(k.seed, 8);
+    redisContext *src = connect_port(g_port[0]);
+    cr_assert_not_null(src);
+    int owned = 0, moved = 0;
+    for (size_t i = 0; i < n / 16; i++) {
+        h = pkv_hash_block(k.seed, h, p + i * 16, 16);
+        char key[PKV_TIER_KEY_LEN + 1];
+        pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
+        redisReply *r = redisCommand(src, "EXISTS %s", key); /* MOVED if not its slot */
+        cr_assert_not_null(r);
+        bool here = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        if (!here) continue;
+        unsigned slot = pkv_rc_slot(key, strlen(key));
+        owned++; /* SETSLOT is idempotent: a slot may hold two of them */
+        must_ok(g_port[1], "CLUSTER SETSLOT %u IMPORTING %s", slot, from);
+        must_ok(g_port[0], "CLUSTER SETSLOT %u MIGRATING %s", slot, dest);
+        if (owned % 2) {
+            must_ok(g_port[0], "MIGRATE 127.0.0.1 %d %s 0 5000", g_port[1], key);
+            moved++;
+        }
+    }
+    redisFree(src);
+    cr_assert(moved > 0 && owned > moved, "owned %d, moved %d", owned, moved);
+    size_t got = node_b_open(b, 1, 8, p, n, NULL);
+    pkv_stats st = stats(b);
+    cr_assert_eq(got, 1024, "got %zu (errors %llu, redirects %llu)", got,
+                 (unsigned long long)st.tier_errors, (unsigned long long)st.tier_redirects);
+    cr_assert_eq(st.tier_redirects, (uint64_t)moved, "one ASK per moved record");
+    cr_assert_eq(st.tier_errors, 0);
+    free(p);
+}
+
+/* pkvd with a tier (--tier-nodes, --tier-secret-file): a client's open on a
+ * cold daemon imports node A's blocks through it; the tier's counters reach
+ * the client through STATS (protocol version 2) and the operator through
+ * pkvd --status. */
+Test(tier, pkvd_imports_from_the_tier_and_reports_its_counters, .timeout = 120) {
+    NEED_REDIS();
+    const char *bin = getenv("PKVD");
+    if (!bin) {
+        cr_skip_test("PKVD not set (meson test sets it)");
+        return;
+    }
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    const size_t n = 257;
+    uint32_t *p = prompt_of(n, 9);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 3, p, n);
+    char sfile[512], dir[512], sock[512], cmd[2048];
+    pt_path(sfile, sizeof sfile, "secret");
+    pt_path(dir, sizeof dir, "d");
+    pt_path(sock, sizeof sock, "s");
+    FILE *f = fopen(sfile, "wb");
+    cr_assert_not_null(f);
+    fwrite(SECRET, 1, sizeof SECRET - 1, f);
+    fclose(f);
+    fflush(NULL);
+    pid_t d = fork();
+    cr_assert(d >= 0);
+    if (d == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
+              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
+              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile,
+              (char *)NULL);
+        _exit(127);
+    }
+    pkv_cache *c = NULL;
+    for (int i = 0; i < 1000 && pkv_connect(sock, &c) != 0; i++) usleep(10000);
+    cr_assert_not_null(c, "pkvd did not answer on %s", sock);
+    size_t got = 0;
+    PT_OK(pkv_seq_open(c, 1, 3, p, n, &got));
+    cr_assert_eq(got, 256, "got %zu", got);
+    PT_VERIFY(c, 1, 3, p, got, got);
+    pkv_stats st = stats(c);
+    cr_assert_eq(st.tier_imported, 16, "STATS says %llu imported",
+                 (unsigned long long)st.tier_imported);
+    cr_assert_eq(st.tier_fetches, 1);
+    cr_assert_eq(st.tier_fetch_found, 16);
+    snprintf(cmd, sizeof cmd, "%s --status --socket %s", bin, sock);
+    FILE *out = popen(cmd, "r");
+    cr_assert_not_null(out);
+    char line[1024];
+    bool seen = false;
+    while (fgets(line, sizeof line, out))
+        if (strncmp(line, "tier: ", 6) == 0) {
+            seen = true;
+            cr_assert(strstr(line, " 1 fetches, 16 records asked, 16 found, 16 imported, "
+                                   "0 rejected"), "%s", line);
+        }
+    cr_assert_eq(pclose(out), 0);
+    cr_assert(seen, "pkvd --status printed no tier line");
+    pkv_close(c);
+    kill(d, SIGTERM);
+    int status = 0;
+    waitpid(d, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pkvd: status 0x%x", status);
+    free(p);
 }

@@ -171,6 +171,19 @@ class Stats:
     wait_backlog_us: int
     limbo_evict_max: int
     blocks_limbo: int
+    tier_published: int
+    tier_publish_dropped: int
+    tier_publish_errors: int
+    tier_fetches: int
+    tier_fetch_blocks: int
+    tier_fetch_found: int
+    tier_imported: int
+    tier_rejected: int
+    tier_errors: int
+    tier_deadline_misses: int
+    tier_redirects: int
+    tier_deleted: int
+    tier_delete_failed: int
 
 
 @dataclass(frozen=True)

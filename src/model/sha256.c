@@ -4,6 +4,8 @@
  * compression runs on the x86 SHA extensions when the CPU has them (about 6
  * times faster: hashing the model file is most of a warm restart's start-up),
  * else in plain C; both compute the same function (tests/test_sha256.c).
+ * Compiled into the model library and into libpagedkv, whose HMAC (src/hmac.c)
+ * authenticates the shared tier's records.
  */
 #include "sha256.h"
 
@@ -102,37 +104,77 @@ __attribute__((target("sha,sse4.1,ssse3"))) static void blocks_shani(uint32_t h[
 int pkv_sha256_cpu_shani(void) { return 0; }
 #endif
 
-void pkv_sha256_with(const void *buf, size_t len, uint8_t out[32], int shani) {
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    void (*blocks)(uint32_t *, const uint8_t *, size_t) = blocks_c;
-#if SHA_X86
-    if (shani) blocks = blocks_shani;
-#endif
-    (void)shani;
-    const uint8_t *p = buf;
-    size_t full = len / 64;
-    blocks(h, p, full);
-    uint8_t tail[128] = {0};
-    size_t rest = len % 64;
-    if (rest) memcpy(tail, p + 64 * full, rest);
-    tail[rest] = 0x80;
-    size_t tl = rest < 56 ? 64 : 128;
-    uint64_t bits = (uint64_t)len * 8;
-    for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
-    blocks(h, tail, tl / 64);
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(h[i] >> (24 - 8 * j));
+static void init_with(pkv_sha256_ctx *x, int shani) {
+    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(x->h, iv, sizeof iv);
+    x->len = 0;
+    x->shani = shani;
 }
 
-void pkv_sha256(const void *buf, size_t len, uint8_t out[32]) {
+static void run_blocks(const pkv_sha256_ctx *x, uint32_t h[8], const uint8_t *p, size_t n) {
+#if SHA_X86
+    if (x->shani) {
+        blocks_shani(h, p, n);
+        return;
+    }
+#endif
+    (void)x;
+    blocks_c(h, p, n);
+}
+
+void pkv_sha256_update(pkv_sha256_ctx *x, const void *buf, size_t len) {
+    if (len == 0) return; /* buf may be NULL */
+    const uint8_t *p = buf;
+    size_t have = (size_t)(x->len % 64);
+    x->len += len;
+    if (have) { /* complete the buffered block first */
+        size_t k = 64 - have < len ? 64 - have : len;
+        memcpy(x->buf + have, p, k);
+        p += k;
+        len -= k;
+        if (have + k < 64) return;
+        run_blocks(x, x->h, x->buf, 1);
+    }
+    size_t full = len / 64;
+    if (full) run_blocks(x, x->h, p, full);
+    if (len % 64) memcpy(x->buf, p + 64 * full, len % 64);
+}
+
+void pkv_sha256_final(pkv_sha256_ctx *x, uint8_t out[32]) {
+    uint8_t tail[128] = {0};
+    size_t rest = (size_t)(x->len % 64);
+    memcpy(tail, x->buf, rest);
+    tail[rest] = 0x80;
+    size_t tl = rest < 56 ? 64 : 128;
+    uint64_t bits = x->len * 8;
+    for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
+    run_blocks(x, x->h, tail, tl / 64);
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(x->h[i] >> (24 - 8 * j));
+}
+
+void pkv_sha256_with(const void *buf, size_t len, uint8_t out[32], int shani) {
+    pkv_sha256_ctx x;
+    init_with(&x, shani);
+    pkv_sha256_update(&x, buf, len);
+    pkv_sha256_final(&x, out);
+}
+
+static int cpu_shani(void) {
     static int shani = -1; /* every thread computes the same value */
     int s = __atomic_load_n(&shani, __ATOMIC_RELAXED);
     if (s < 0) {
         s = pkv_sha256_cpu_shani();
         __atomic_store_n(&shani, s, __ATOMIC_RELAXED);
     }
-    pkv_sha256_with(buf, len, out, s);
+    return s;
+}
+
+void pkv_sha256_init(pkv_sha256_ctx *x) { init_with(x, cpu_shani()); }
+
+void pkv_sha256(const void *buf, size_t len, uint8_t out[32]) {
+    pkv_sha256_with(buf, len, out, cpu_shani());
 }
 
 void pkv_sha256_hex(const void *buf, size_t len, char out[65]) {

@@ -17,6 +17,18 @@ void pkv_sha256(const void *buf, size_t len, uint8_t out[32]);
  * pkv_sha256_cpu_shani()) or in plain C: for the tests, which compare them. */
 void pkv_sha256_with(const void *buf, size_t len, uint8_t out[32], int shani);
 int pkv_sha256_cpu_shani(void);
+/* Incremental form, for a message in pieces (HMAC, src/hmac.c, hashes a key
+ * block and then a record without copying them together): init, update any
+ * number of times, final. The same compression as pkv_sha256. */
+typedef struct pkv_sha256_ctx {
+    uint32_t h[8];
+    uint8_t buf[64];
+    uint64_t len; /* bytes so far */
+    int shani;
+} pkv_sha256_ctx;
+void pkv_sha256_init(pkv_sha256_ctx *x);
+void pkv_sha256_update(pkv_sha256_ctx *x, const void *buf, size_t len);
+void pkv_sha256_final(pkv_sha256_ctx *x, uint8_t out[32]);
 /* The digest as 64 lowercase hex digits and a NUL. */
 void pkv_sha256_hex(const void *buf, size_t len, char out[65]);
 

@@ -585,7 +585,12 @@ static PyObject *h_stats(HandleObject *h, PyObject *unused)
         I(d, s, checkpoint_error) || U(d, s, checkpoint_backoff_ms) ||
         U(d, s, waits_limbo) || U(d, s, waits_seal) || U(d, s, waits_backlog) ||
         U(d, s, wait_limbo_us) || U(d, s, wait_seal_us) || U(d, s, wait_backlog_us) ||
-        U(d, s, limbo_evict_max) || U(d, s, blocks_limbo)) {
+        U(d, s, limbo_evict_max) || U(d, s, blocks_limbo) || U(d, s, tier_published) ||
+        U(d, s, tier_publish_dropped) || U(d, s, tier_publish_errors) ||
+        U(d, s, tier_fetches) || U(d, s, tier_fetch_blocks) || U(d, s, tier_fetch_found) ||
+        U(d, s, tier_imported) || U(d, s, tier_rejected) || U(d, s, tier_errors) ||
+        U(d, s, tier_deadline_misses) || U(d, s, tier_redirects) || U(d, s, tier_deleted) ||
+        U(d, s, tier_delete_failed)) {
         Py_DECREF(d);
         return NULL;
     }

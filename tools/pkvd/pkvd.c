@@ -759,7 +759,8 @@ static int status_call(int fd, uint16_t op, const pkvd_wr *w, uint8_t **buf, pkv
     return 0;
 }
 
-/* pkvd --status --socket PATH: the daemon's connections, one line each. */
+/* pkvd --status --socket PATH: the daemon's connections, one line each, then its
+ * counters (STATS: blocks, prompts, the shared tier). */
 static int status_main(const struct sockaddr_un *sa) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof *sa)) {
@@ -813,8 +814,39 @@ static int status_main(const struct sockaddr_un *sa) {
             rc = -1;
         }
     }
+    uint8_t *b3 = NULL;
+    if (!rc) rc = status_call(fd, PKVD_STATS, &none, &b3, &rd);
+    if (!rc) {
+        pkv_stats st;
+        memset(&st, 0, sizeof st);
+#define GET(f) st.f = (__typeof__(st.f))pkvd_get_u64(&rd);
+        PKVD_STATS_FIELDS(GET)
+#undef GET
+        if (rd.bad || rd.left) {
+            logf_("--status: the daemon's reply to STATS is malformed");
+            rc = -1;
+        }
+#define U(x) (unsigned long long)(x)
+        if (!rc) {
+            printf("blocks: %llu capacity, %llu free, %llu cached, %llu used\n", U(st.capacity),
+                   U(st.blocks_free), U(st.blocks_cached), U(st.blocks_used));
+            printf("prompts: %llu tokens hit, %llu missed\n", U(st.hit_tokens),
+                   U(st.miss_tokens));
+            printf("tier: %llu published (%llu dropped, %llu failed), %llu fetches, "
+                   "%llu records asked, %llu found, %llu imported, %llu rejected "
+                   "(%llu deleted, %llu deletions failed), %llu errors, "
+                   "%llu deadlines reached, %llu redirects\n",
+                   U(st.tier_published), U(st.tier_publish_dropped),
+                   U(st.tier_publish_errors), U(st.tier_fetches), U(st.tier_fetch_blocks),
+                   U(st.tier_fetch_found), U(st.tier_imported), U(st.tier_rejected),
+                   U(st.tier_deleted), U(st.tier_delete_failed), U(st.tier_errors),
+                   U(st.tier_deadline_misses), U(st.tier_redirects));
+        }
+#undef U
+    }
     free(b1);
     free(b2);
+    free(b3);
     close(fd);
     return rc ? 1 : 0;
 }
@@ -831,9 +863,11 @@ static void usage(void) {
             "            [--max-clients N]         (connections at once, default 1024)\n"
             "            [--client-timeout S]      (a begun frame's bound, default 30; 0: none)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
+            "            [--tier-nodes HOST:PORT,... --tier-secret-file PATH [--tier-lz4]]\n"
+            "                                (the shared prefix tier on Redis, docs/remote.md)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
-            "       pkvd --status --socket PATH   (the connections of a running pkvd)\n"
+            "       pkvd --status --socket PATH   (the connections and counters of a running pkvd)\n"
             "Serves the cache directory DIR to pkv_connect clients on the Unix socket PATH\n"
             "(mode 0600 unless --socket-mode; only this uid and the --allow-uid ones may\n"
             "connect). docs/pkvd.md.\n");
@@ -981,6 +1015,8 @@ static void reap(bool all) {
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
+    const char *tier_nodes = NULL, *tier_secret_file = NULL;
+    bool tier_lz4 = false;
     bool mode_given = false;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
@@ -997,6 +1033,10 @@ int main(int argc, char **argv) {
             status = true;
             continue;
         }
+        if (!strcmp(a, "--tier-lz4")) {
+            tier_lz4 = true;
+            continue;
+        }
         if (!val) {
             logf_("%s needs a value", a);
             usage();
@@ -1008,6 +1048,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--socket")) sock = val;
         else if (!strcmp(a, "--model-id")) o.model_id = val;
         else if (!strcmp(a, "--metrics")) metrics_addr = val;
+        else if (!strcmp(a, "--tier-nodes")) tier_nodes = val;
+        else if (!strcmp(a, "--tier-secret-file")) tier_secret_file = val;
+
         else if (!strcmp(a, "--ready-fd")) ok = num(val, &ready_fd) && ready_fd <= INT32_MAX;
         else if (!strcmp(a, "--layers")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_layers = (uint32_t)v, 1);
         else if (!strcmp(a, "--kv-heads")) ok = num(val, &v) && v <= UINT32_MAX && (o.num_kv_heads = (uint32_t)v, 1);
@@ -1139,6 +1182,33 @@ int main(int argc, char **argv) {
         logf_("startup: %s (%s)", pkv_strerror(rc), pkv_last_error());
         pkv_close(cache);
         return 1;
+    }
+    /* The shared prefix tier (docs/remote.md): attached before any client can
+     * call (pkv_tier_attach must not run concurrently with other calls). */
+    if (tier_nodes || tier_secret_file) {
+        uint8_t secret[257];
+        size_t slen = 0;
+        FILE *sf = tier_secret_file ? fopen(tier_secret_file, "rb") : NULL;
+        if (sf) {
+            slen = fread(secret, 1, sizeof secret, sf);
+            fclose(sf);
+        }
+        pkv_tier_options to;
+        memset(&to, 0, sizeof to);
+        to.nodes = tier_nodes;
+        to.secret = secret;
+        to.secret_len = slen;
+        to.flags = tier_lz4 ? PKV_TIER_LZ4 : 0;
+        if (!tier_nodes || !sf) rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file "
+                                             "(a readable file of 16..256 bytes) and back");
+        else rc = pkv_tier_attach(cache, &to);
+        explicit_bzero(secret, sizeof secret);
+        if (rc) {
+            logf_("--tier-nodes: %s (%s)", pkv_strerror(rc), pkv_last_error());
+            pkv_close(cache);
+            return 1;
+        }
+        logf_("shared prefix tier on %s", tier_nodes);
     }
     /* The cache's metrics (pkv_metrics_serve, docs/metrics.md): the daemon's
      * handle is the only one with counters, so its endpoint is the service's. */
