@@ -404,6 +404,7 @@ class PagedKVConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         if self._cache is None:
             return
+        pending: list[tuple[int, list[tuple[int, int, int]]]] = []
         try:
             pending = self._prepare_saves()
             if pending:
@@ -411,21 +412,23 @@ class PagedKVConnector(KVConnectorBase_V1):
                 for name in [n for n in self._kv if n not in self._saved_layers]:
                     self._save_layer(name, pending)
             for sid, copies in pending:
+                n = len(copies) * self._pblock
                 try:
-                    seq = self._cache.sequence(sid)
-                    n = len(copies) * self._pblock
-                    seq.commit(n)  # every layer of every appended token is written
-                    seq.close()
+                    # every layer of every appended token is written
+                    pagedkv.Sequence(self._cache, sid).commit(n)
                     self.stats["stored_tokens"] += n
                 except pagedkv.Error as e:
                     logger.warning("PagedKVConnector: commit of a store failed: %s", e)
-                    try:
-                        self._cache.sequence(sid).close()
-                    except pagedkv.Error:
-                        pass
         finally:
-            self._pending = None
             self._dst = {}  # drop the arena views before anything else can close the cache
+            # Every store's sequence is closed, committed or not (an exception
+            # above): uncommitted tokens are dropped, never served (rule S4).
+            for sid, _ in pending:
+                try:
+                    pagedkv.Sequence(self._cache, sid).close()
+                except pagedkv.Error as e:  # pkvd gone: it releases the sequence itself
+                    logger.warning("PagedKVConnector: close after a store: %s", e)
+            self._pending = None
             self._saved_layers = set()
             self._failed_reqs = set()
 
