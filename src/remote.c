@@ -515,11 +515,7 @@ int pkv_remote_stats(pkv_cache *c, pkv_stats *out) {
     int rc = call(c->remote, PKVD_STATS, &w, &buf, &rd);
     if (!rc) {
         pkv_stats st;
-        memset(&st, 0, sizeof st);
-#define GET(f) st.f = (__typeof__(st.f))pkvd_get_u64(&rd);
-        PKVD_STATS_FIELDS(GET)
-#undef GET
-        if (rd.bad || rd.left) rc = bad_reply(c->remote, PKVD_STATS);
+        if (!pkvd_get_stats(&rd, &st)) rc = bad_reply(c->remote, PKVD_STATS);
         else *out = st;
     }
     return done(c->remote, buf, rc);

@@ -185,3 +185,17 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
         return pkv_err(PKV_EINVAL, "op %u: payload of %zu bytes, not the op's size", op, len);
     return 0;
 }
+
+void pkvd_put_stats(pkvd_wr *w, const pkv_stats *st) {
+#define PUT(f) pkvd_put_u64(w, (uint64_t)(int64_t)st->f);
+    PKVD_STATS_FIELDS(PUT)
+#undef PUT
+}
+
+bool pkvd_get_stats(pkvd_rd *rd, pkv_stats *st) {
+    memset(st, 0, sizeof *st);
+#define GET(f) st->f = (__typeof__(st->f))pkvd_get_u64(rd);
+    PKVD_STATS_FIELDS(GET)
+#undef GET
+    return !rd->bad && !rd->left;
+}

@@ -154,6 +154,12 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
     X(tier_errors) X(tier_deadline_misses) X(tier_redirects) X(tier_deleted)        \
     X(tier_delete_failed)
 
+struct pkv_stats;
+/* The STATS reply's payload after its rc: every PKVD_STATS_FIELDS field. The
+ * reader is true only for a payload of exactly those fields (*st zeroed first). */
+void pkvd_put_stats(pkvd_wr *w, const struct pkv_stats *st);
+bool pkvd_get_stats(pkvd_rd *rd, struct pkv_stats *st);
+
 static inline uint32_t pkvd_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }

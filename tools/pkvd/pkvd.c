@@ -513,11 +513,7 @@ static int serve(conn *k, const pkvd_req *r, pkvd_wr *res) {
     case PKVD_STATS: {
         pkv_stats st;
         rc = pkv_get_stats(cache, &st);
-        if (!rc) {
-#define PUT(f) pkvd_put_u64(res, (uint64_t)(int64_t)st.f);
-            PKVD_STATS_FIELDS(PUT)
-#undef PUT
-        }
+        if (!rc) pkvd_put_stats(res, &st);
         return rc;
     }
     case PKVD_SYNC:
@@ -818,11 +814,7 @@ static int status_main(const struct sockaddr_un *sa) {
     if (!rc) rc = status_call(fd, PKVD_STATS, &none, &b3, &rd);
     if (!rc) {
         pkv_stats st;
-        memset(&st, 0, sizeof st);
-#define GET(f) st.f = (__typeof__(st.f))pkvd_get_u64(&rd);
-        PKVD_STATS_FIELDS(GET)
-#undef GET
-        if (rd.bad || rd.left) {
+        if (!pkvd_get_stats(&rd, &st)) {
             logf_("--status: the daemon's reply to STATS is malformed");
             rc = -1;
         }
