@@ -368,7 +368,8 @@ int pkv_prefix_lookup(pkv_cache *cache, uint64_t salt, const uint32_t *prompt, s
  * Blocks: lock, log; short of free blocks it evicts cached ones, and waits for the
  * log only for freed blocks in limbo that eviction cannot replace (with
  * PKV_OPEN_LIMBO_WAIT: for every limbo block it takes, before evicting), and
- * before evicting a block whose SEAL is not yet safe (rule D3). */
+ * before evicting a block whose SEAL, or the truncation that released it, is not
+ * yet safe (rule D3). */
 int pkv_seq_append(pkv_cache *cache, uint64_t id, const uint32_t *tokens, size_t n,
                    pkv_slot *slots);
 

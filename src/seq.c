@@ -79,9 +79,10 @@ static int timed_wait(pkv_cache *c, uint64_t lsn, uint64_t *n, uint64_t *ns) {
  * blocks in limbo (freed, their freeing record not yet safe, rule D2) only when
  * eviction cannot supply enough, after waiting for the log. So no allocation
  * waits for the disk while a cached block can be evicted, except for rule D3:
- * before evicting a block whose SEAL is not yet safe it waits for that SEAL
- * (pkv_evict_wait_lsn). Under leaf-LRU the victims' release LSNs ascend, so that
- * wait comes only when fewer cached blocks than the call needs have a safe SEAL.
+ * before evicting a block whose SEAL, or the TRUNC that released it, is not yet
+ * safe it waits for that record (pkv_evict_wait_lsn). Under leaf-LRU the victims'
+ * release LSNs ascend, so that wait comes only when fewer cached blocks than the
+ * call needs have both safe.
  * Which blocks are evicted
  * then depends on flush timing (a limbo block drained in time saves an
  * eviction); the cost is bounded: a cache holds at most limbo_evict_max fewer

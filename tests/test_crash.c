@@ -1891,6 +1891,13 @@ static void child_trunc_reuse(const char *dir, int variant)
     WU_OK(wu_do_open(&w, 0, NULL, 0, 0, &t));
     det_fill(&w, t, tt, n); /* evicts b1, writes T's K/V over S's */
     WU_ASSERT(det_table_has(c, t, b1), "b1 (slot %u) was not reused by T", b1);
+    /* GROUP and NONE: T's allocation waited for the TRUNC (rule D3); ALWAYS is the
+     * control: the truncation returned with its TRUNC durable, nothing to wait for. */
+    pkv_stats st2;
+    WU_OK(pkv_get_stats(c, &st2));
+    if (o.durability != PKV_DURABLE_ALWAYS)
+        WU_ASSERT(st2.waits_seal > st.waits_seal, "T evicted without waiting for the TRUNC "
+                  "(waits_seal %llu)", (unsigned long long)st2.waits_seal);
 }
 
 static void trunc_reuse_case(void *arg, int variant)

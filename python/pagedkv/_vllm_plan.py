@@ -100,6 +100,18 @@ def load_copies(start: int, end: int, pkv_blocks: Sequence[int], vllm_blocks: Se
             for t in range(start, end, pkv_block)]
 
 
+def store_reads_failed(n_tokens: int, vllm_blocks: Sequence[int], vllm_block: int,
+                       failed: Iterable[int]) -> bool:
+    """Whether a store of a prompt's first n_tokens would copy from a vLLM block
+    whose load failed in this step. Such a block holds stale K/V until vLLM
+    recomputes it, and another request scheduled in the same step may share it
+    through vLLM's own prefix cache: its store must be skipped, or that stale
+    K/V would be committed under its prompt's ids."""
+    bad = set(failed)
+    n = -(-n_tokens // vllm_block)
+    return any(b in bad for b in vllm_blocks[:n])
+
+
 def store_copies(first: int, slots: Sequence[tuple[int, int]], vllm_blocks: Sequence[int],
                  pkv_block: int, vllm_block: int) -> Optional[list[tuple[int, int, int]]]:
     """The copies of a store whose appended tokens start at position `first`
@@ -284,8 +296,10 @@ def model_id_for(model: str, weights_digest: Optional[str], kv_dtype: str, layer
     the sha256 of its config and weight files when it is a local directory
     (weights_digest), the engine and platform (vLLM's CPU kernels give K/V
     that differs in the last bits from other engines'), the K/V dtype and the
-    geometry. Two engines that agree on this string compute the same K/V for
-    the same token prefix."""
+    geometry. The connector requires a local directory (or an explicit
+    model_id) so that the digest pins the weights; what it still cannot see
+    (a vLLM build computing other K/V from the same files) is the operator's
+    to name in an explicit model_id."""
     w = f";sha256:{weights_digest}" if weights_digest else ""
     return (f"vllm:{model}{w};engine=vllm-{platform};kv={kv_dtype};"
             f"geom={layers}x{kv_heads}x{head_dim}")

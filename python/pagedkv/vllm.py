@@ -66,6 +66,7 @@ only (generated tokens are not stored), K/V dtype f32, f16 or bf16.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import os
 import warnings
@@ -95,6 +96,7 @@ from pagedkv._vllm_plan import (
     request_usable,
     salt_of,
     store_copies,
+    store_reads_failed,
 )
 
 if TYPE_CHECKING:
@@ -140,12 +142,20 @@ def engine_model_id(vllm_config: "VllmConfig") -> str:
     if given:
         return str(given)
     layers, kv_heads, head_dim, dt = _geometry(vllm_config)
-    model = str(vllm_config.model_config.model)
-    digest = None
-    if os.path.isdir(model):
-        files = [p for pat in ("*.json", "*.safetensors", "*.bin", "*.model")
-                 for p in glob.glob(os.path.join(model, pat))]
-        digest = digest_files(files)
+    mc = vllm_config.model_config
+    model = str(mc.model)
+    if not os.path.isdir(model):
+        # A hub name pins neither the revision nor the files behind it.
+        raise ValueError(f"PagedKVConnector: model {model!r} is not a local directory, whose "
+                         "files the model_id could hash: give kv_connector_extra_config "
+                         "{'model_id': ...} naming the exact weights")
+    files = [p for pat in ("*.json", "*.safetensors", "*.bin", "*.model", "*.py")
+             for p in glob.glob(os.path.join(model, pat))]
+    digest = digest_files(files)
+    overrides = getattr(mc, "hf_overrides", None)
+    if overrides and not callable(overrides):  # rope scaling etc. change the K/V
+        digest += ";overrides=" + hashlib.sha256(repr(sorted(dict(overrides).items()))
+                                                 .encode()).hexdigest()[:16]
     from vllm.platforms import current_platform
 
     return model_id_for(model, digest, dt, layers, kv_heads, head_dim,
@@ -183,9 +193,16 @@ class PagedKVConnector(KVConnectorBase_V1):
         on_mismatch = kvc.get_from_extra_config("on_mismatch", "error")
         if on_mismatch not in ("error", "disable"):
             raise ValueError(f"on_mismatch must be 'error' or 'disable', not {on_mismatch!r}")
-        if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) != 1:
-            raise NotImplementedError("PagedKVConnector supports one KV cache group "
-                                      "(full attention only)")
+        if kv_cache_config is not None:
+            from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+            groups = kv_cache_config.kv_cache_groups
+            spec = groups[0].kv_cache_spec if len(groups) == 1 else None
+            # A sliding-window (or MLA, chunked-local, ...) group frees or reuses
+            # blocks a store would read: only plain full attention is stored.
+            if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
+                raise NotImplementedError("PagedKVConnector supports one KV cache group "
+                                          "of full attention without a sliding window")
         self._vblock = vllm_config.cache_config.block_size
         layers, kv_heads, head_dim, dt = _geometry(vllm_config)
         self._layers, self._kv_heads, self._head_dim, self._dtype = layers, kv_heads, head_dim, dt
@@ -209,6 +226,7 @@ class PagedKVConnector(KVConnectorBase_V1):
         self._layer_of: dict[str, int] = {}
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()
+        self._failed_blocks: set[int] = set()  # this step's vLLM blocks whose load failed
         self._pending: Optional[list[tuple[int, list[tuple[int, int, int]]]]] = None
         self._saved_layers: set[str] = set()
         self._dst: dict[int, torch.Tensor] = {}  # this step's store blocks, as tensors
@@ -334,6 +352,7 @@ class PagedKVConnector(KVConnectorBase_V1):
         if failed:
             self._failed_reqs.add(ld.req_id)
             self._load_errors.update(ld.block_ids[i] for i in failed)
+            self._failed_blocks.update(ld.block_ids[i] for i in failed)
             self.stats["load_failed_blocks"] += len(failed)
             logger.warning("PagedKVConnector: request %s: %d of %d blocks to load were not in "
                            "the cache any more (attached %d tokens); vLLM recomputes them",
@@ -353,7 +372,8 @@ class PagedKVConnector(KVConnectorBase_V1):
         if self._cache is None or not isinstance(meta, PagedKVMetadata):
             return self._pending
         for sv in meta.plan.saves:
-            if sv.req_id in self._failed_reqs:
+            if sv.req_id in self._failed_reqs or store_reads_failed(
+                    len(sv.tokens), sv.block_ids, self._vblock, self._failed_blocks):
                 self.stats["store_skipped"] += 1
                 continue
             self._open_save(sv)
@@ -431,6 +451,7 @@ class PagedKVConnector(KVConnectorBase_V1):
             self._pending = None
             self._saved_layers = set()
             self._failed_reqs = set()
+            self._failed_blocks = set()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()

@@ -61,6 +61,15 @@ def test_store_copies_need_whole_blocks_from_offset_zero() -> None:
     assert vp.store_copies(8, slots, [1, 2], 16, 32) is None
 
 
+def test_a_store_over_a_block_whose_load_failed_is_skipped() -> None:
+    # vLLM blocks of 32 tokens; the store reads blocks [7, 9, 4] for 70 tokens
+    assert vp.store_reads_failed(70, [7, 9, 4, 5], 32, {4})
+    assert vp.store_reads_failed(70, [7, 9, 4, 5], 32, {7})
+    assert not vp.store_reads_failed(70, [7, 9, 4, 5], 32, {5})  # beyond the prompt
+    assert not vp.store_reads_failed(64, [7, 9, 4, 5], 32, {4})
+    assert not vp.store_reads_failed(70, [7, 9, 4, 5], 32, set())
+
+
 def test_salt_of() -> None:
     assert vp.salt_of(None) == 0 and vp.salt_of("") == 0
     a, b = vp.salt_of("tenant-a"), vp.salt_of("tenant-b")

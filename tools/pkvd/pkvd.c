@@ -1177,7 +1177,7 @@ int main(int argc, char **argv) {
     }
     /* The shared prefix tier (docs/remote.md): attached before any client can
      * call (pkv_tier_attach must not run concurrently with other calls). */
-    if (tier_nodes || tier_secret_file) {
+    if (tier_nodes || tier_secret_file || tier_lz4) {
         uint8_t secret[257];
         size_t slen = 0;
         FILE *sf = tier_secret_file ? fopen(tier_secret_file, "rb") : NULL;
@@ -1191,8 +1191,9 @@ int main(int argc, char **argv) {
         to.secret = secret;
         to.secret_len = slen;
         to.flags = tier_lz4 ? PKV_TIER_LZ4 : 0;
-        if (!tier_nodes || !sf) rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file "
-                                             "(a readable file of 16..256 bytes) and back");
+        if (!tier_nodes || !sf)
+            rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file (a readable file "
+                         "of 16..256 bytes) and back; --tier-lz4 needs both");
         else rc = pkv_tier_attach(cache, &to);
         explicit_bzero(secret, sizeof secret);
         if (rc) {
