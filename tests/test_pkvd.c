@@ -1596,6 +1596,32 @@ static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
     _exit(0);
 }
 
+/* Fork a fake daemon: run(ready, arg) in a child that dies with this process and
+ * writes a byte to `ready` once it listens; returns when it does. */
+static pid_t fake_start(void (*run)(int ready, const void *arg), const void *arg)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t f = fork();
+    cr_assert(f >= 0);
+    if (f == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        run(p[1], arg);
+        _exit(0);
+    }
+    close(p[1]);
+    char r;
+    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
+    close(p[0]);
+    return f;
+}
+
+static void slot_daemon(int ready, const void *arg)
+{
+    fake_daemon(2, arg, ready);
+}
+
 /* A slot the daemon hands out is where the client writes K/V (pkv_kv of its
  * block plus its offset): one outside the arena's geometry is a malformed
  * reply, so a hostile or broken daemon cannot make the client write outside
@@ -1604,19 +1630,7 @@ Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
 {
     daemon_paths();
     static const uint32_t bad[2][2] = {{0, BS}, {2, 0}}; /* offset = block size; block = capacity */
-    int p[2];
-    cr_assert_eq(pipe(p), 0);
-    pid_t f = fork();
-    cr_assert(f >= 0);
-    if (f == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(p[0]);
-        fake_daemon(2, bad, p[1]);
-    }
-    close(p[1]);
-    char r;
-    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
-    close(p[0]);
+    pid_t f = fake_start(slot_daemon, bad);
     for (int i = 0; i < 2; i++) {
         pkv_cache *c = connect_ok();
         pkv_cache_info inf = pt_info(c);
@@ -1745,22 +1759,16 @@ static void old_daemon(int conns, bool answer, int ready)
     _exit(0);
 }
 
-static pid_t old_daemon_start(int conns, bool answer)
+static void old_daemon_refusing(int ready, const void *arg)
 {
-    int p[2];
-    cr_assert_eq(pipe(p), 0);
-    pid_t f = fork();
-    cr_assert(f >= 0);
-    if (f == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(p[0]);
-        old_daemon(conns, answer, p[1]);
-    }
-    close(p[1]);
-    char r;
-    cr_assert_eq(read(p[0], &r, 1), 1, "the fake daemon did not start");
-    close(p[0]);
-    return f;
+    (void)arg;
+    old_daemon(2, false, ready);
+}
+
+static void old_daemon_answering(int ready, const void *arg)
+{
+    (void)arg;
+    old_daemon(2, true, ready);
 }
 
 /* pkvd --status against this socket: its exit status, its stdout and stderr. */
@@ -1785,7 +1793,7 @@ Test(pkvd, a_daemon_of_another_protocol_version_is_refused_clearly)
     char want[80], out[4096];
     snprintf(want, sizeof want, "protocol version %u, expected %u", WIRE_V - 1, WIRE_V);
     for (int answer = 0; answer < 2; answer++) {
-        pid_t f = old_daemon_start(2, answer);
+        pid_t f = fake_start(answer ? old_daemon_answering : old_daemon_refusing, NULL);
         pkv_cache *c = (pkv_cache *)&c;
         int rc = pkv_connect(sock_path, &c);
         cr_assert_eq(rc, PKV_EVERSION, "pkv_connect -> %d (%s)", rc, pkv_last_error());
