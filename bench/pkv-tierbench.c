@@ -3,6 +3,7 @@
  * imports a published prompt, and what an empty tier adds to a local miss.
  *
  * usage: pkv-tierbench --nodes HOST:PORT[,...] [--blocks N] [--runs R] [--dir D]
+ *                      [--model GGUF [--threads T] [--prompt-file F] [--dtype f16|f32|bf16]]
  * Needs a running Redis (standalone or cluster) it may write pkv:* keys to.
  * For two geometries, 16-token f16 blocks:
  *   smollm2  SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64 (368,640 B/block)
@@ -15,9 +16,13 @@
  * loaded machine distorts less. Then the empty-tier cost: 200 opens of
  * distinct 64-block prompts that nobody published, with the tier attached and
  * without (same cache settings), median microseconds each.
+ * With --model, the model mode instead (bench/tierbench_model.c): the reference
+ * model's real K/V of the demo's system prompt, its recompute rate against the
+ * import rate, and the record bytes with and without PKV_TIER_LZ4.
  */
 #define BENCH_NAME "pkv-tierbench"
 #include "bench_util.h"
+#include "tierbench_model.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -79,22 +84,43 @@ static pkv_tier_options topts(const char *nodes, uint32_t deadline_ms, uint32_t 
 }
 
 int main(int argc, char **argv) {
-    const char *nodes = NULL, *base = "/tmp";
-    uint32_t nblocks = 64, runs = 3;
+    const char *nodes = NULL, *base = "/tmp", *model = NULL,
+               *prompt_file = PKV_TIERBENCH_DATA_DIR "/system-prompt.md";
+    uint32_t nblocks = 64, runs = 3, threads = 2;
+    pkv_dtype dtype = PKV_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nodes") && i + 1 < argc) nodes = argv[++i];
         else if (!strcmp(argv[i], "--blocks") && i + 1 < argc) nblocks = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc) base = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prompt-file") && i + 1 < argc) prompt_file = argv[++i];
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "f32")) dtype = PKV_F32;
+            else if (!strcmp(d, "f16")) dtype = PKV_F16;
+            else if (!strcmp(d, "bf16")) dtype = PKV_BF16;
+            else {
+                fprintf(stderr, BENCH_NAME ": --dtype: f16, f32 or bf16, not '%s'\n", d);
+                return 2;
+            }
+        }
         else {
-            fprintf(stderr, "usage: %s --nodes HOST:PORT[,...] [--blocks N] [--runs R] [--dir D]\n",
+            fprintf(stderr, "usage: %s --nodes HOST:PORT[,...] [--blocks N] [--runs R] [--dir D]\n"
+                            "       [--model GGUF [--threads T] [--prompt-file F] [--dtype f16|f32|bf16]]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (!nodes || nblocks == 0 || runs == 0 || runs > 99) {
-        fprintf(stderr, BENCH_NAME ": --nodes is required (a Redis to write pkv:* keys to)\n");
+    if (!nodes || nblocks == 0 || runs == 0 || runs > 99 || threads == 0 || threads > 64) {
+        fprintf(stderr, BENCH_NAME ": --nodes is required (a Redis to write pkv:* keys to); "
+                        "--blocks, --runs (<= 99) and --threads (<= 64) are positive\n");
         return 2;
+    }
+    if (model) {
+        const tbm_args ma = {nodes, model, prompt_file, base, nblocks, runs, threads, dtype};
+        return tierbench_model(&ma);
     }
     const geo geos[2] = {{"smollm2-135m", 30, 3, 64}, {"llama3-8b", 32, 8, 128}};
     char dir[1024];
