@@ -14,8 +14,9 @@ docs/python.md.
         seq.commit(len(slots))
 
 Blocks are laid out [layer][K|V][kv_head][token][head_dim]. `Cache.kv` and
-`Cache.block` return zero-copy views (buffer protocol) of the mapped arena:
-read-only for sealed blocks, writable for the slots an append handed out.
+`Cache.block` return zero-copy views (buffer protocol and DLPack:
+`torch.from_dlpack(view)`) of the mapped arena: read-only for sealed blocks,
+writable for the slots an append handed out.
 
 Errors: every PKV_E* code raises its own subclass of `Error` (`FullError`,
 `NoSequenceError`, ...), whose `code` is the code and whose message is
@@ -356,8 +357,8 @@ class Cache:
 
     def close(self) -> None:
         """Close the cache (pkv_close: a last group commit, synced). Idempotent.
-        Raises BufferError while arrays or memoryviews exported from its views
-        still exist (as mmap.close() does): drop them first. Views themselves may
+        Raises BufferError while arrays, memoryviews or DLPack tensors exported
+        from its views still exist (as mmap.close() does): drop them first. Views themselves may
         outlive close(); using them then raises ValueError."""
         if self._h.exports:
             gc.collect()  # arrays only kept alive by reference cycles
@@ -440,7 +441,9 @@ class Cache:
            writable: bool | None = None) -> KVView:
         """Zero-copy view of the (block, layer, kind, head) run: shape
         (block_size, head_dim), format 'e' (f16), 'f' (f32) or 'H' (bf16 bits,
-        uint16). `numpy.asarray(view)` reads and writes the arena in place.
+        uint16). `numpy.asarray(view)` reads and writes the arena in place, and
+        so do `torch.from_dlpack(view)` and `numpy.from_dlpack(view)` (DLPack,
+        bf16 as torch.bfloat16; see KVView.__dlpack__ for read-only views).
 
         writable=None: writable when the block is being filled (an append handed
         out its slots), read-only otherwise (sealed blocks are immutable).

@@ -72,6 +72,16 @@ class KVView:
     def exports(self) -> int: ...
     def tobytes(self) -> bytes: ...
     def __buffer__(self, flags: int) -> memoryview: ...
+    def __dlpack__(self, *, stream: None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule ("dltensor_versioned" when max_version >= (1, 0),
+        else "dltensor"): zero-copy unless copy=True; read-only views are
+        flagged READ_ONLY, and refused as legacy tensors unless copy=True."""
+        ...
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(1, 0): kDLCPU, device 0."""
+        ...
 
 class Handle:
     @property

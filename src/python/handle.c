@@ -219,7 +219,8 @@ static PyObject *h_close(HandleObject *h, PyObject *unused)
     if (h->exports > 0)
         return PyErr_Format(PyExc_BufferError,
                             "cannot close the cache: %zd buffer(s) exported by its K/V views "
-                            "still exist (numpy arrays, memoryviews); release them first",
+                            "still exist (numpy arrays, memoryviews, DLPack tensors); release "
+                            "them first",
                             h->exports);
     handle_do_close(h);
     Py_RETURN_NONE;
