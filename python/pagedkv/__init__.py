@@ -34,9 +34,16 @@ from typing import Any, Iterable, NamedTuple, Sequence as _Seq, Union
 
 from . import _pagedkv
 from ._pagedkv import (  # noqa: F401  (re-exported)
+    CUDA_GATHER_KERNEL,
+    CUDA_GPU_APPEND,
+    CUDA_NO_REGISTER,
+    CUDA_NO_RW_REGISTER,
     ERRORS,
     BusyError,
     CorruptError,
+    CudaBatch,
+    CudaHandle,
+    DeviceArray,
     DisconnectedError,
     Error,
     ExistsError,
@@ -452,6 +459,20 @@ class Cache:
         writable=True. RangeError for an index out of range."""
         return self._h.kv(block, layer, kind, head, writable)
 
+    # ---- CUDA layer --------------------------------------------------------
+
+    def cuda(self, device: int = 0, pool_blocks: int = 0, flags: int = 0) -> CudaHandle:
+        """Attach CUDA device `device` (pkv_cuda_open; docs/cuda.md): a device
+        pool of `pool_blocks` slots (0: the library's default) and
+        `pagedkv.CUDA_*` flags. `h.page_in(seq_ids, flags=0, stream=None)` gives
+        a CudaBatch whose `pool`, `tables` and `lens` export DLPack (kDLCUDA) for
+        `torch.from_dlpack`; `batch.release()`, then `h.close()`, then the cache's.
+        NotSupportedError without the CUDA layer (the default wheel) or without a
+        usable device, with the reason. Only a build with -Dcuda=enabled
+        -Dpython=true has the layer, and its device path has never run
+        (docs/python.md)."""
+        return self._h.cuda_open(device, pool_blocks, flags)
+
     def block(self, block: int, writable: bool | None = None) -> KVView:
         """Zero-copy view of a whole block's payload: shape (layers, 2, kv_heads,
         block_size, head_dim) ([layer][K|V][head][token][dim]); writability as kv()."""
@@ -498,6 +519,13 @@ def connect(socket_path: str) -> Cache:
     raise NotSupportedError; once the daemon is gone calls raise
     DisconnectedError (close and connect again)."""
     return Cache._from_handle(_pagedkv.connect(socket_path))
+
+
+def cuda_probe(device: int = 0) -> tuple[bool, str]:
+    """(True, "") when this build has the CUDA layer and device `device` is
+    usable (pkv_cuda_probe), else (False, why)."""
+    ok, why = _pagedkv.cuda_probe(device)
+    return bool(ok), str(why)
 
 
 def strerror(code: int) -> str:
@@ -564,5 +592,7 @@ def attn_decode(
 __all__ = [
     "Cache", "connect", "Sequence", "Slot", "CacheInfo", "SeqInfo", "Stats", "Recovery",
     "BlockInfo", "KVView", "K", "V", "attn_decode", "strerror", "Error", "ERRORS",
+    "cuda_probe", "CudaHandle", "CudaBatch", "DeviceArray", "CUDA_GPU_APPEND",
+    "CUDA_NO_REGISTER", "CUDA_NO_RW_REGISTER", "CUDA_GATHER_KERNEL",
     "OPEN_POINT_IN_TIME", "OPEN_PREFAULT", "OPEN_FULL_CHECKPOINTS", "OPEN_LIMBO_WAIT",
 ] + [cls.__name__ for cls in ERRORS.values()]

@@ -102,8 +102,7 @@ static void dl_capsule_destructor(PyObject *cap)
 #endif
 }
 
-/* max_version: None (a pre-1.0 consumer) or (major, minor). 1: versioned, 0: legacy, -1: error. */
-static int parse_max_version(PyObject *o)
+int pyx_dlpack_max_version(PyObject *o)
 {
     if (o == Py_None) return 0;
     if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
@@ -117,9 +116,7 @@ static int parse_max_version(PyObject *o)
     return major >= PYX_DLPACK_MAJOR;
 }
 
-/* dl_device: None or (device_type, device_id); only (kDLCPU, 0) is this view's
- * device, and a K/V view cannot be moved (spec: BufferError). 0 or -1. */
-static int check_dl_device(PyObject *o)
+int pyx_dlpack_check_device(PyObject *o, int type, int id)
 {
     if (o == Py_None) return 0;
     if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
@@ -127,18 +124,24 @@ static int check_dl_device(PyObject *o)
                         "dl_device must be None or a (device_type, device_id) tuple");
         return -1;
     }
-    long type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0)); /* an IntEnum member works too */
-    if (type == -1 && PyErr_Occurred()) return -1;
-    long id = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
-    if (id == -1 && PyErr_Occurred()) return -1;
-    if (type != PYX_kDLCPU || id != 0) {
+    long t = PyLong_AsLong(PyTuple_GET_ITEM(o, 0)); /* an IntEnum member works too */
+    if (t == -1 && PyErr_Occurred()) return -1;
+    long i = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+    if (i == -1 && PyErr_Occurred()) return -1;
+    if (t != type || i != id) {
         PyErr_Format(PyExc_BufferError,
-                     "a K/V view lives in host memory (kDLCPU, 0) and can only be exported "
-                     "there; dl_device=(%ld, %ld) asked for another device",
-                     type, id);
+                     "this memory lives on DLPack device (%d, %d)%s and is exported there "
+                     "only; dl_device=(%ld, %ld) asked for another device",
+                     type, id, type == PYX_kDLCPU ? " (kDLCPU: host memory)" : " (kDLCUDA)",
+                     t, i);
         return -1;
     }
     return 0;
+}
+
+PyObject *pyx_dlpack_capsule(void *managed, int versioned)
+{
+    return PyCapsule_New(managed, versioned ? CAP_VERSIONED : CAP_LEGACY, dl_capsule_destructor);
 }
 
 static pyx_DLDataType dl_dtype(pkv_dtype d)
@@ -162,9 +165,9 @@ PyObject *pyx_view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
                                      &max_version, &dl_device, &copy_o))
         return NULL;
     if (pyx_view_closed(v)) return NULL;
-    int versioned = parse_max_version(max_version);
+    int versioned = pyx_dlpack_max_version(max_version);
     if (versioned < 0) return NULL;
-    if (check_dl_device(dl_device) < 0) return NULL;
+    if (pyx_dlpack_check_device(dl_device, PYX_kDLCPU, 0) < 0) return NULL;
     if (stream != Py_None) {
         /* Array API: "On CPU and other device types without streams, only None
          * is accepted"; a stream here is the caller's mistake, not an export failure. */
@@ -226,8 +229,7 @@ PyObject *pyx_view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
         e->m.legacy.deleter = dl_deleter_legacy;
         m = &e->m.legacy;
     }
-    PyObject *cap =
-        PyCapsule_New(m, versioned ? CAP_VERSIONED : CAP_LEGACY, dl_capsule_destructor);
+    PyObject *cap = pyx_dlpack_capsule(m, versioned);
     if (!cap) {
         free(e);
         return NULL;

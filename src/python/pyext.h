@@ -41,6 +41,7 @@ typedef struct {
     int rdonly;            /* PKV_OPEN_RDONLY: the arena may be mapped read-only */
     int closing;           /* close() began: new calls raise ValueError */
     Py_ssize_t exports;    /* buffers exported by this handle's views (under the GIL) */
+    Py_ssize_t cuda_handles; /* open CudaHandles (cuda.c; under the GIL) */
     pthread_mutex_t mu;    /* guards inflight */
     pthread_cond_t idle;   /* signalled when inflight drops to 0 */
     long inflight;         /* library calls running with the GIL released */
@@ -95,6 +96,18 @@ int pyx_view_closed(KVViewObject *v);
  * __dlpack_device__() (dlpack.c). */
 PyObject *pyx_view_dlpack(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pyx_view_dlpack_device(PyObject *self, PyObject *unused);
+/* DLPack helpers shared with cuda.c. max_version: None or (major, minor) -> 1
+ * versioned, 0 legacy, -1 error. dl_device: None or (type, id), else
+ * BufferError (TypeError when malformed): 0 or -1. A capsule named for the
+ * version whose destructor deletes an unconsumed tensor. */
+int pyx_dlpack_max_version(PyObject *o);
+int pyx_dlpack_check_device(PyObject *o, int type, int id);
+PyObject *pyx_dlpack_capsule(void *managed, int versioned);
+
+/* The CUDA layer (cuda.c): Handle.cuda_open, cuda_probe, and the types. */
+PyObject *pyx_cuda_open(HandleObject *h, PyObject *args, PyObject *kw);
+PyObject *pyx_cuda_probe(PyObject *self, PyObject *args);
+int pyx_cuda_init(PyObject *m);
 
 /* The Slot class (a NamedTuple registered by the Python package). */
 extern PyObject *pyx_slot_type;
