@@ -241,7 +241,9 @@ static PyObject *cuda_page_in(CudaHandleObject *o, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        ids[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *ix = PyNumber_Index(PySequence_Fast_GET_ITEM(seq, i)); /* numpy ints too */
+        ids[i] = ix ? PyLong_AsUnsignedLongLong(ix) : (uint64_t)-1;
+        Py_XDECREF(ix);
         if (ids[i] == (uint64_t)-1 && PyErr_Occurred()) {
             PyMem_Free(ids);
             Py_DECREF(seq);

@@ -208,7 +208,8 @@ static PyGetSetDef v_getset[] = {
     {"nbytes", (getter)v_get_nbytes, NULL, "Bytes the view spans.", NULL},
     {"block", (getter)v_get_block, NULL, "The block id.", NULL},
     {"closed", (getter)v_get_closed, NULL, "True once the cache was closed.", NULL},
-    {"exports", (getter)v_get_exports, NULL, "Buffers exported by this view now.", NULL},
+    {"exports", (getter)v_get_exports, NULL,
+     "Buffers and DLPack tensors exported by this view now.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

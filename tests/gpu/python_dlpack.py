@@ -16,6 +16,13 @@ import gc
 import struct
 import sys
 import tempfile
+from typing import Any
+
+try:  # optional; imported before pagedkv so that one CUDA runtime serves both (python.md)
+    import torch as _torch
+    torch: Any = _torch
+except ImportError:
+    torch = None
 
 import pagedkv
 
@@ -72,7 +79,8 @@ def main() -> int:
             for k in range(2):
                 for h in range(HEADS):
                     off = ((((l * 2 + k) * HEADS + h) * BS) + sl.offset) * DIM * 4
-                    vals = [float(i * 1000 + l * 100 + k * 50 + h * 10) + j / 64 for j in range(DIM)]
+                    base = float(i * 1000 + l * 100 + k * 50 + h * 10)
+                    vals = [base + j / 64 for j in range(DIM)]
                     mv[off:off + DIM * 4] = struct.pack(f"{DIM}f", *vals)
         mv.release()
     s.commit(N)
@@ -111,7 +119,8 @@ def main() -> int:
                 for h in range(HEADS):
                     for tok in range(min(BS, N - bi * BS)):
                         a = ((((l * 2 + k) * HEADS + h) * BS) + tok) * DIM * 4
-                        o = (l * strides[1] + k * strides[2] + h * strides[3] + tok * strides[4]) * 4
+                        o = (l * strides[1] + k * strides[2] + h * strides[3]
+                             + tok * strides[4]) * 4
                         assert slot[o:o + DIM * 4] == want[a:a + DIM * 4], (bi, l, k, h, tok)
     print(f"pool slots {list(table[:len(blocks)])} hold the arena's {len(blocks)} blocks")
 
@@ -121,12 +130,7 @@ def main() -> int:
     expect(BufferError, pool.__dlpack__)  # read-only: no legacy capsule
     assert b.exports == 0
 
-    try:
-        import torch  # optional
-        has_torch = torch.cuda.is_available()
-    except ImportError:
-        has_torch = False
-    if has_torch:
+    if torch is not None and torch.cuda.is_available():
         tp = torch.from_dlpack(b.pool)
         tt = torch.from_dlpack(b.tables)
         assert tp.device.type == "cuda" and tp.dtype == torch.float32
