@@ -141,6 +141,29 @@ def test_capsule_rules_and_export_counting(tmp_path):
         assert run.exports == 0 and c._h.exports == 0
 
 
+_USED = b"used_dltensor_versioned"  # the capsule keeps the pointer: must outlive it
+
+
+def test_deleter_takes_the_gil_itself(tmp_path):
+    """A consumer may call the deleter on a thread without the GIL (ctypes
+    drops it around a CFUNCTYPE call): the export is still uncounted."""
+    with open_cache(tmp_path / "c") as c:
+        run = open_run(c)
+        cap = run.__dlpack__(max_version=(1, 0))
+        t = versioned(cap)
+        set_name = ctypes.pythonapi.PyCapsule_SetName
+        set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        assert set_name(cap, _USED) == 0  # consumed: the tensor is ours now
+        addr = ctypes.addressof(t)
+        deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(t.deleter)
+        del t, cap  # the renamed capsule's destructor must not delete it
+        assert run.exports == 1
+        th = threading.Thread(target=deleter, args=(addr,))
+        th.start()
+        th.join()
+        assert run.exports == 0 and c._h.exports == 0
+
+
 class _Capsule:
     """Hands numpy.from_dlpack one given capsule (to watch it be consumed)."""
 
