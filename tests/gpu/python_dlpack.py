@@ -57,7 +57,7 @@ def expect(exc: type[BaseException], fn, *a, **kw) -> None:  # type: ignore[no-u
 def main() -> int:
     ok, why = pagedkv.cuda_probe(0)
     if not ok:
-        print(f"SKIP {why}")
+        print(f"SKIP: {why}")
         return 77
     cudart = ctypes.CDLL("libcudart.so.13")  # the runtime the extension loaded
 
