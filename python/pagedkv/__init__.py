@@ -14,8 +14,9 @@ docs/python.md.
         seq.commit(len(slots))
 
 Blocks are laid out [layer][K|V][kv_head][token][head_dim]. `Cache.kv` and
-`Cache.block` return zero-copy views (buffer protocol) of the mapped arena:
-read-only for sealed blocks, writable for the slots an append handed out.
+`Cache.block` return zero-copy views (buffer protocol and DLPack:
+`torch.from_dlpack(view)`) of the mapped arena: read-only for sealed blocks,
+writable for the slots an append handed out.
 
 Errors: every PKV_E* code raises its own subclass of `Error` (`FullError`,
 `NoSequenceError`, ...), whose `code` is the code and whose message is
@@ -33,9 +34,16 @@ from typing import Any, Iterable, NamedTuple, Sequence as _Seq, Union
 
 from . import _pagedkv
 from ._pagedkv import (  # noqa: F401  (re-exported)
+    CUDA_GATHER_KERNEL,
+    CUDA_GPU_APPEND,
+    CUDA_NO_REGISTER,
+    CUDA_NO_RW_REGISTER,
     ERRORS,
     BusyError,
     CorruptError,
+    CudaBatch,
+    CudaHandle,
+    DeviceArray,
     DisconnectedError,
     Error,
     ExistsError,
@@ -356,8 +364,8 @@ class Cache:
 
     def close(self) -> None:
         """Close the cache (pkv_close: a last group commit, synced). Idempotent.
-        Raises BufferError while arrays or memoryviews exported from its views
-        still exist (as mmap.close() does): drop them first. Views themselves may
+        Raises BufferError while arrays, memoryviews or DLPack tensors exported
+        from its views still exist (as mmap.close() does): drop them first. Views themselves may
         outlive close(); using them then raises ValueError."""
         if self._h.exports:
             gc.collect()  # arrays only kept alive by reference cycles
@@ -440,7 +448,9 @@ class Cache:
            writable: bool | None = None) -> KVView:
         """Zero-copy view of the (block, layer, kind, head) run: shape
         (block_size, head_dim), format 'e' (f16), 'f' (f32) or 'H' (bf16 bits,
-        uint16). `numpy.asarray(view)` reads and writes the arena in place.
+        uint16). `numpy.asarray(view)` reads and writes the arena in place, and
+        so do `torch.from_dlpack(view)` and `numpy.from_dlpack(view)` (DLPack,
+        bf16 as torch.bfloat16; see KVView.__dlpack__ for read-only views).
 
         writable=None: writable when the block is being filled (an append handed
         out its slots), read-only otherwise (sealed blocks are immutable).
@@ -448,6 +458,20 @@ class Cache:
         connection the block state cannot be inspected: read-only unless
         writable=True. RangeError for an index out of range."""
         return self._h.kv(block, layer, kind, head, writable)
+
+    # ---- CUDA layer --------------------------------------------------------
+
+    def cuda(self, device: int = 0, pool_blocks: int = 0, flags: int = 0) -> CudaHandle:
+        """Attach CUDA device `device` (pkv_cuda_open; docs/cuda.md): a device
+        pool of `pool_blocks` slots (0: the library's default) and
+        `pagedkv.CUDA_*` flags. `h.page_in(seq_ids, flags=0, stream=None)` gives
+        a CudaBatch whose `pool`, `tables` and `lens` export DLPack (kDLCUDA) for
+        `torch.from_dlpack`; `batch.release()`, then `h.close()`, then the cache's.
+        NotSupportedError without the CUDA layer (the default wheel) or without a
+        usable device, with the reason. Only a build with -Dcuda=enabled
+        -Dpython=true has the layer, and its device path has never run
+        (docs/python.md)."""
+        return self._h.cuda_open(device, pool_blocks, flags)
 
     def block(self, block: int, writable: bool | None = None) -> KVView:
         """Zero-copy view of a whole block's payload: shape (layers, 2, kv_heads,
@@ -495,6 +519,13 @@ def connect(socket_path: str) -> Cache:
     raise NotSupportedError; once the daemon is gone calls raise
     DisconnectedError (close and connect again)."""
     return Cache._from_handle(_pagedkv.connect(socket_path))
+
+
+def cuda_probe(device: int = 0) -> tuple[bool, str]:
+    """(True, "") when this build has the CUDA layer and device `device` is
+    usable (pkv_cuda_probe), else (False, why)."""
+    ok, why = _pagedkv.cuda_probe(device)
+    return bool(ok), str(why)
 
 
 def strerror(code: int) -> str:
@@ -561,5 +592,7 @@ def attn_decode(
 __all__ = [
     "Cache", "connect", "Sequence", "Slot", "CacheInfo", "SeqInfo", "Stats", "Recovery",
     "BlockInfo", "KVView", "K", "V", "attn_decode", "strerror", "Error", "ERRORS",
+    "cuda_probe", "CudaHandle", "CudaBatch", "DeviceArray", "CUDA_GPU_APPEND",
+    "CUDA_NO_REGISTER", "CUDA_NO_RW_REGISTER", "CUDA_GATHER_KERNEL",
     "OPEN_POINT_IN_TIME", "OPEN_PREFAULT", "OPEN_FULL_CHECKPOINTS", "OPEN_LIMBO_WAIT",
 ] + [cls.__name__ for cls in ERRORS.values()]

@@ -9,7 +9,8 @@
  * waits for that count to reach 0, then runs pkv_close (with the GIL released),
  * because pkv_close must not run concurrently with another call on the handle.
  * close() raises BufferError while views of this handle have buffers exported
- * (numpy arrays, memoryviews): the arena must stay mapped under them.
+ * (numpy arrays, memoryviews, DLPack tensors): the arena must stay mapped under
+ * them; and while CUDA handles (cuda.c) are open on it, as the C API requires.
  * Methods mirror the C calls one to one; the Python package gives them their
  * documented names and types.
  */
@@ -95,6 +96,7 @@ static HandleObject *handle_alloc(void)
     memset(&h->kv, 0, sizeof h->kv);
     h->remote = h->closing = h->rdonly = 0;
     h->exports = 0;
+    h->cuda_handles = 0;
     h->inflight = 0;
     h->weakrefs = NULL;
     pthread_mutex_init(&h->mu, NULL);
@@ -216,10 +218,16 @@ static PyObject *h_close(HandleObject *h, PyObject *unused)
 {
     (void)unused;
     if (!h->c || h->closing) Py_RETURN_NONE;
+    if (h->cuda_handles > 0)
+        return PyErr_Format(PyExc_BufferError,
+                            "cannot close the cache: %zd CUDA handle(s) on it are open; close "
+                            "them first",
+                            h->cuda_handles);
     if (h->exports > 0)
         return PyErr_Format(PyExc_BufferError,
                             "cannot close the cache: %zd buffer(s) exported by its K/V views "
-                            "still exist (numpy arrays, memoryviews); release them first",
+                            "still exist (numpy arrays, memoryviews, DLPack tensors); release "
+                            "them first",
                             h->exports);
     handle_do_close(h);
     Py_RETURN_NONE;
@@ -779,6 +787,8 @@ static PyObject *h_block(HandleObject *h, PyObject *args, PyObject *kw)
 
 static PyMethodDef h_methods[] = {
     {"close", (PyCFunction)h_close, METH_NOARGS, "close(): pkv_close."},
+    {"cuda_open", (PyCFunction)(void (*)(void))pyx_cuda_open, METH_VARARGS | METH_KEYWORDS,
+     "cuda_open(device=0, pool_blocks=0, flags=0) -> CudaHandle: pkv_cuda_open."},
     {"info", (PyCFunction)h_info, METH_NOARGS, "info() -> dict: pkv_info."},
     {"seq_open", (PyCFunction)h_seq_open, METH_VARARGS, "seq_open(id, tokens, salt=0) -> int."},
     {"lookup", (PyCFunction)h_lookup, METH_VARARGS, "lookup(tokens, salt=0) -> int."},

@@ -438,6 +438,8 @@ static PyMethodDef methods[] = {
     {"attn_decode", (PyCFunction)(void (*)(void))m_attn_decode, METH_VARARGS | METH_KEYWORDS,
      attn_doc},
     {"strerror", m_strerror, METH_O, "strerror(code) -> str: pkv_strerror."},
+    {"cuda_probe", pyx_cuda_probe, METH_VARARGS,
+     "cuda_probe(device=0) -> (bool, str): pkv_cuda_probe (usable, why not)."},
     {"convert", m_convert, METH_VARARGS,
      "convert(dtype, dst, src, to_storage): pkv_kv_store (True) / pkv_kv_load (False)."},
     {"_set_slot_type", m_set_slot_type, METH_O, "Register the Slot class (internal)."},
@@ -494,6 +496,7 @@ PyMODINIT_FUNC PyInit__pagedkv(void)
         Py_DECREF(k);
         if (add_int(m, err_defs[i].name + 4, err_defs[i].code) < 0) goto fail; /* EFULL, ... */
     }
+    if (pyx_cuda_init(m) < 0) goto fail;
     if (PyModule_AddObjectRef(m, "Handle", (PyObject *)&pyx_HandleType) < 0 ||
         PyModule_AddObjectRef(m, "KVView", (PyObject *)&pyx_KVViewType) < 0)
         goto fail;

@@ -3,31 +3,19 @@
  * mapped arena (one (block, layer, kind, head) run, or a whole block).
  *
  * Owns nothing but a strong reference to its Handle, which keeps the cache open
- * while the view lives. Each exported buffer is counted on the view and on the
- * Handle (Handle.exports): the Handle refuses close() while any exist, so a numpy
- * array or memoryview over the arena never outlives the mapping. A view whose
- * Handle was closed raises ValueError on every use instead of touching unmapped
- * memory. Read-only views refuse writable buffers (sealed blocks are immutable:
- * their checksum was taken when they were sealed).
+ * while the view lives. Each exported buffer (and DLPack tensor, dlpack.c) is
+ * counted on the view and on the Handle (Handle.exports): the Handle refuses
+ * close() while any exist, so a numpy array, memoryview or tensor over the
+ * arena never outlives the mapping. A view whose Handle was closed raises
+ * ValueError on every use instead of touching unmapped memory. Read-only
+ * views refuse writable buffers (sealed blocks are immutable: their checksum
+ * was taken when they were sealed).
  * Layout (pagedkv.h): a block's payload is [layer][K|V][kv_head][token][head_dim],
  * contiguous, so both view shapes are C-contiguous.
  */
 #include "pyext.h"
 
 #include <string.h>
-
-typedef struct {
-    PyObject_HEAD
-    HandleObject *h;
-    char *ptr;
-    int ndim;
-    int readonly;
-    uint32_t block;
-    Py_ssize_t itemsize, len;
-    Py_ssize_t shape[5], strides[5];
-    Py_ssize_t nitems, one; /* the flat (1-D) shape in items, a stride of 1 byte */
-    Py_ssize_t exports;
-} KVViewObject;
 
 PyObject *pyx_view_new(HandleObject *h, void *ptr, int ndim, const Py_ssize_t *shape,
                        int readonly, uint32_t block)
@@ -53,7 +41,7 @@ PyObject *pyx_view_new(HandleObject *h, void *ptr, int ndim, const Py_ssize_t *s
     return (PyObject *)v;
 }
 
-static int view_closed(KVViewObject *v)
+int pyx_view_closed(KVViewObject *v)
 {
     if (!v->h->c || v->h->closing) {
         PyErr_SetString(PyExc_ValueError, "K/V view of a closed pagedkv cache");
@@ -70,7 +58,7 @@ static void view_dealloc(KVViewObject *v)
 
 static int view_getbuffer(KVViewObject *v, Py_buffer *b, int flags)
 {
-    if (view_closed(v)) {
+    if (pyx_view_closed(v)) {
         b->obj = NULL;
         return -1;
     }
@@ -183,7 +171,7 @@ static PyObject *v_get_exports(KVViewObject *v, void *unused)
 static PyObject *v_tobytes(KVViewObject *v, PyObject *unused)
 {
     (void)unused;
-    if (view_closed(v)) return NULL;
+    if (pyx_view_closed(v)) return NULL;
     return PyBytes_FromStringAndSize(v->ptr, v->len);
 }
 
@@ -196,6 +184,16 @@ static PyObject *v_repr(KVViewObject *v)
 
 static PyMethodDef v_methods[] = {
     {"tobytes", (PyCFunction)v_tobytes, METH_NOARGS, "A copy of the view's bytes."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))pyx_view_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) -> capsule\n"
+     "The view as a DLPack tensor (torch.from_dlpack, numpy.from_dlpack), zero-copy\n"
+     "unless copy=True. max_version >= (1, 0): a versioned tensor, flagged read-only\n"
+     "for a read-only view; else the legacy one, refused (BufferError) for a\n"
+     "read-only view unless copy=True. The tensor keeps the cache open and counts\n"
+     "as an export: close() raises BufferError while it lives. stream must be None;\n"
+     "dl_device other than (1, 0) (kDLCPU) raises BufferError."},
+    {"__dlpack_device__", (PyCFunction)pyx_view_dlpack_device, METH_NOARGS,
+     "__dlpack_device__() -> (1, 0): kDLCPU, device 0 (host memory)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -210,7 +208,8 @@ static PyGetSetDef v_getset[] = {
     {"nbytes", (getter)v_get_nbytes, NULL, "Bytes the view spans.", NULL},
     {"block", (getter)v_get_block, NULL, "The block id.", NULL},
     {"closed", (getter)v_get_closed, NULL, "True once the cache was closed.", NULL},
-    {"exports", (getter)v_get_exports, NULL, "Buffers exported by this view now.", NULL},
+    {"exports", (getter)v_get_exports, NULL,
+     "Buffers and DLPack tensors exported by this view now.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -222,9 +221,10 @@ PyTypeObject pyx_KVViewType = {
     .tp_repr = (reprfunc)v_repr,
     .tp_as_buffer = &view_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Zero-copy view of K/V in the cache's mapped arena (buffer protocol):\n"
-              "numpy.asarray(view) or memoryview(view) read it in place. Read-only for\n"
-              "sealed blocks. Keeps the cache alive; raises ValueError once it is closed.",
+    .tp_doc = "Zero-copy view of K/V in the cache's mapped arena (buffer protocol and\n"
+              "DLPack): numpy.asarray(view), memoryview(view), numpy.from_dlpack(view) or\n"
+              "torch.from_dlpack(view) read it in place. Read-only for sealed blocks.\n"
+              "Keeps the cache alive; raises ValueError once it is closed.",
     .tp_methods = v_methods,
     .tp_getset = v_getset,
 };

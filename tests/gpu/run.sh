@@ -4,7 +4,9 @@
 # GPU test, run the GPU benchmark, and print one final table (test results;
 # host -> device GB/s from the arena in each registration mode vs pinned vs
 # pageable memory; attention time and bandwidth as a fraction of the measured
-# device-to-device copy bandwidth at 4k / 32k / 128k context).
+# device-to-device copy bandwidth at 4k / 32k / 128k context); then the Python
+# extension's CUDA layer (python_dlpack.py: the device pool by DLPack), built in
+# BUILD_DIR-py (PKV_GPU_PYBUILD) with -Dpython=true -Dcuda=enabled.
 #
 # Needs a machine with an NVIDIA GPU (written for one H100/H200: under 8 minutes
 # there, build included). Without a GPU, driver or CUDA layer the GPU tests and
@@ -88,6 +90,30 @@ run_one gpu_paging 150 "$build/tests/gpu/gpu_paging"
 echo "== benchmark"
 run_one gpu_bench 180 "$build/tests/gpu/pkv-gpubench"
 
+# ---- Python: the CUDA layer's DLPack export (src/python/cuda.c) --------------
+# A build of its own (-Dpython=true links the shared CUDA runtime, which a
+# dlopen-ed extension needs; the tree above keeps the static one); PYTHONPATH
+# gets a pagedkv package of the sources' .py files and the built extension.
+pybuild=${PKV_GPU_PYBUILD:-$build-py}
+echo "== python (build $pybuild)"
+py3=$(command -v python3 || true)
+if [ -z "$py3" ] || ! "$py3" -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null; then
+    status[python_dlpack]="SKIP (no python3 with its headers)"
+elif [ "${PKV_GPU_PREBUILT:-0}" != 1 ] && { [ -f "$pybuild/build.ninja" ] || meson setup "$pybuild" "$root" \
+        -Dcuda=enabled -Dpython=true -Dtests=false -Dbuildtype=release -Dwerror=false \
+        >"$logs/py-setup.log" 2>&1; } && ! meson compile -C "$pybuild" _pagedkv >"$logs/py-build.log" 2>&1; then
+    status[python_dlpack]="NOT BUILT (see $logs/py-build.log)"
+else
+    so=$(ls "$pybuild"/src/python/_pagedkv*.so 2>/dev/null | head -1)
+    if [ -z "$so" ]; then
+        status[python_dlpack]="NOT BUILT"
+    else
+        mkdir -p "$logs/pyroot/pagedkv"
+        ln -sf "$root"/python/pagedkv/*.py "$so" "$logs/pyroot/pagedkv/"
+        run_one python_dlpack 120 "$(command -v env)" PYTHONPATH="$logs/pyroot" "$py3" "$here/python_dlpack.py"
+    fi
+fi
+
 # ---- Final table -------------------------------------------------------------
 declare -A R
 while read -r _ k v; do R[$k]=$v; done < <(cat "$logs"/gpu_*.log 2>/dev/null | grep '^RESULT ')
@@ -102,7 +128,7 @@ echo "GPU: ${gpu_line:-n/a}"
 echo "Build: $build_status; total time $(elapsed) s"
 echo
 echo "Tests"
-for t in residency gpu_attention gpu_paging gpu_bench; do
+for t in residency gpu_attention gpu_paging gpu_bench python_dlpack; do
     printf "  %-16s %s\n" "$t" "${status[$t]:-not run}"
 done
 printf "  attention: %s cases, worst relative error f32 %s, f16 %s (tol 1e-3), bf16 %s (tol 1.6e-2)\n" \
@@ -150,7 +176,7 @@ echo "Logs: $logs"
 echo "==================================================================="
 
 fail=0
-for t in residency gpu_attention gpu_paging gpu_bench; do
+for t in residency gpu_attention gpu_paging gpu_bench python_dlpack; do
     case ${status[$t]:-} in PASS|SKIP*) ;; *) fail=1 ;; esac
 done
 [ $build_status = ok ] || fail=1
