@@ -276,6 +276,7 @@ static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
         }
         pkv_block_acquire(c, s->blocks[i]);
     }
+    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_hit(c, s->blocks, hit); /* rule T2 */
     s->nblocks = hit;
     s->len = s->committed = (uint64_t)hit * bs;
     pkv_seqmap_insert(&c->seqs, s);
