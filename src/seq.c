@@ -511,7 +511,7 @@ static bool seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
     }
     pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
-    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_seal(c, b); /* rule T2 */
+    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_seal(c, b, i); /* rule T2 */
     return true;
 }
 

@@ -107,7 +107,7 @@ static bool enqueue(pkv_tier *t, uint32_t b, const pkv_block *x) {
     return true;
 }
 
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b) {
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth) {
     pkv_tier *t = c->tier;
     pkv_block *x = &c->pool.b[b];
     if (t->importing) { /* it came from the tier: never offered back */
@@ -116,14 +116,11 @@ void pkv_tier_on_seal(pkv_cache *c, uint32_t b) {
     }
     /* PKV_TIER_PUBLISH_ON_HIT: offered at its first local hit (pkv_tier_on_hit) */
     if (t->flags & (PKV_TIER_NO_PUBLISH | PKV_TIER_PUBLISH_ON_HIT)) return;
-    if (t->max_depth) { /* depth < max_depth: walk at most max_depth parents */
-        uint32_t d = 0;
-        for (uint32_t p = x->parent; p != PKV_NONE && d < t->max_depth; p = c->pool.b[p].parent)
-            d++;
-        if (d >= t->max_depth) {
-            BUMP(t, dropped, 1);
-            return;
-        }
+    /* the depth comes from the seal (the block's table index): walking up to
+     * max_depth parents here cost every decode seal that many cache misses */
+    if (t->max_depth && depth >= t->max_depth) {
+        BUMP(t, dropped, 1);
+        return;
     }
     (void)enqueue(t, b, x);
 }
@@ -680,9 +677,10 @@ int pkv_tier_flush(pkv_cache *c, uint32_t timeout_ms) {
     return pkv_err(PKV_ENOTSUP, "built without hiredis (meson option remote_tier)");
 }
 void pkv_tier_detach(pkv_cache *c) { (void)c; }
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b) {
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth) {
     (void)c;
     (void)b;
+    (void)depth;
 }
 void pkv_tier_on_hit(pkv_cache *c, const uint32_t *blocks, uint32_t n) {
     (void)c;

@@ -137,8 +137,9 @@ uint32_t pkv_rc_slot(const char *key, size_t len);
 /* ---- The engine (tier.c) -------------------------------------------------- */
 
 typedef struct pkv_tier pkv_tier;
-/* seq.c, after a seal that entered the index (not a dedupe), lock held. */
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b);
+/* seq.c, after a seal that entered the index (not a dedupe), lock held; b is
+ * at chain depth `depth` (its index in the sequence's table). */
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth);
 /* seq.c, pkv_seq_open with the lock held, after it attached blocks[0, n) of a
  * chain (blocks[i] at depth i): with PKV_TIER_PUBLISH_ON_HIT, each one not yet
  * offered to the tier is queued for publishing (rule T2 applies as at a seal). */

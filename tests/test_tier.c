@@ -1173,6 +1173,19 @@ Test(tier, publish_on_hit_publishes_a_prompt_at_its_first_reuse_only, .timeout =
     cr_assert_eq(st.tier_published, 4);
     cr_assert_eq(st.tier_publish_dropped, 12, "dropped %llu",
                  (unsigned long long)st.tier_publish_dropped);
+    /* the depth policy at the seal: the same 4 of 16 (the depth is the block's
+     * index in the sequence) */
+    uint32_t *r = prompt_of(n, 19);
+    pkv_tier_detach(a);
+    to.flags = 0;
+    PT_OK(pkv_tier_attach(a, &to));
+    compute(a, 20, 1, r, n);
+    PT_OK(pkv_tier_flush(a, 10000));
+    st = stats(a);
+    cr_assert_eq(st.tier_published, 4, "published %llu at their seals",
+                 (unsigned long long)st.tier_published);
+    cr_assert_eq(st.tier_publish_dropped, 12);
+    free(r);
 
     /* blocks imported from the tier are not published back at their hits */
     pkv_cache *b = pt_open_sub("b", &o);
