@@ -22,6 +22,10 @@
  *  3. times pkv_metrics_text (the Prometheus text a scraper fetches) on that cache.
  * With --scrape-ms N a thread calls pkv_metrics_text every N ms while the cache is
  * open, as a Prometheus scraping the endpoint would (compare the decode rows).
+ * With --tier-nodes HOST:PORT a shared tier (docs/remote.md) on that Redis is
+ * attached for decode loops (append+commit, and one call per step) with
+ * publishing on, and the same loops run without a tier on the same cache, in
+ * an ABBA order (bench/tier-decode.sh starts a server).
  *
  * Every cost printed is the median over --runs runs (min and max are shown too).
  * The cache directory is created under --dir (default /tmp) and removed at the end.
@@ -95,6 +99,9 @@ static struct config {
     bool prefault;             /* --prefault: open with PKV_OPEN_PREFAULT */
     bool decode_only;          /* --only decode: just the decode micro-benchmarks */
     uint32_t scrape_ms;        /* --scrape-ms: a scraper thread's period (0: none) */
+    const char *tier_nodes;    /* --tier-nodes: decode with a tier publishing (NULL: not) */
+    uint32_t tier_max_depth;   /* --tier-max-depth: its publish_max_depth */
+    bool tier_on_hit;          /* --tier-on-hit: PKV_TIER_PUBLISH_ON_HIT */
 } cfg = {
     .capacity = 1u << 20,
     .block_size = 16,
@@ -383,6 +390,10 @@ enum {
     M_COW_APPEND_NS,
     M_CLOSE_CHILD_NS_BLOCK,
     M_METRICS_TEXT_US,
+    M_DECODE_NOTIER_NS_TOKEN,
+    M_DECODE_TIER_NS_TOKEN,
+    M_STEP_NOTIER_NS_TOKEN,
+    M_STEP_TIER_NS_TOKEN,
     M_COUNT
 };
 
@@ -453,6 +464,15 @@ static const metric_def metric_defs[M_COUNT] = {
                                 "(e) close of a forked child (ref 2->1)", "ns/block", 0},
     [M_METRICS_TEXT_US] = {"metrics_text_us_per_call",
                            "(f) pkv_metrics_text, the Prometheus text (~12 KB)", "us/call", 50},
+    [M_DECODE_NOTIER_NS_TOKEN] = {"decode_notier_ns_per_token",
+                                  "(b) decode append(1)+commit(1), no tier (--tier-nodes pair)",
+                                  "ns/token", 0},
+    [M_DECODE_TIER_NS_TOKEN] = {"decode_tier_ns_per_token",
+                                "    same, tier attached, publishing", "ns/token", 0},
+    [M_STEP_NOTIER_NS_TOKEN] = {"decode_step_notier_ns_per_token",
+                                "    decode step in one call, no tier", "ns/token", 0},
+    [M_STEP_TIER_NS_TOKEN] = {"decode_step_tier_ns_per_token",
+                              "    same, tier attached, publishing", "ns/token", 0},
 };
 
 typedef struct workload_counts {
@@ -467,6 +487,7 @@ typedef struct run_result {
     workload_counts wl;
     pkv_stats st_workload; /* right after the workload */
     pkv_stats st_final;    /* at the end of the run */
+    pkv_stats st_tier;     /* --tier-nodes: before the tier's detach (its counters) */
     uint64_t attach_blocks;  /* blocks attached per 32k open */
 } run_result;
 
@@ -1017,6 +1038,53 @@ static void scraper_end(void) {
     pthread_join(scraper, NULL);
 }
 
+/* --tier-nodes: the decode pair with a tier attached, publishing (rule T2: each
+ * seal queued, copied under the cache lock by the publishing thread), and
+ * without, on the same cache. Each is timed twice per run in an ABBA order
+ * (with, without, without, with; the mirror in even runs), so that a drift
+ * within the run or a penalty on whichever loop comes first (seen on the
+ * loaded test VM) weighs on both sides alike; each metric is the mean of its
+ * two loops. Distinct token streams: no dedupes. The tier is attached for each
+ * "with" loop and detached after it; res->st_tier sums its counters. */
+static void micro_decode_tier(bench *b, unsigned run, run_result *res) {
+    static const char secret[] = "pkv-bench tier secret, not a real one";
+    static const bool abba[2][4] = {{false, true, true, false}, {true, false, false, true}};
+    res->m[M_DECODE_TIER_NS_TOKEN] = res->m[M_DECODE_NOTIER_NS_TOKEN] = 0;
+    res->m[M_STEP_TIER_NS_TOKEN] = res->m[M_STEP_NOTIER_NS_TOKEN] = 0;
+    memset(&res->st_tier, 0, sizeof res->st_tier);
+    for (int k = 0; k < 4; k++) {
+        const bool with = abba[run % 2][k];
+        if (with) {
+            pkv_tier_options t;
+            memset(&t, 0, sizeof t);
+            t.nodes = cfg.tier_nodes;
+            t.secret = secret;
+            t.secret_len = sizeof secret - 1;
+            t.publish_max_depth = cfg.tier_max_depth;
+            t.flags = PKV_TIER_NO_FETCH | (cfg.tier_on_hit ? PKV_TIER_PUBLISH_ON_HIT : 0);
+            snprintf(g_phase, sizeof g_phase, "run %u, pkv_tier_attach %s", run, cfg.tier_nodes);
+            PKV(pkv_tier_attach(b->c, &t));
+        }
+        double v;
+        micro_decode(b, run, &v, with ? "with a tier publishing" : "without a tier",
+                     13 + 2 * (uint64_t)k, cfg.payload, false, false);
+        res->m[with ? M_DECODE_TIER_NS_TOKEN : M_DECODE_NOTIER_NS_TOKEN] += v / 2;
+        micro_decode(b, run, &v,
+                     with ? "in one call per step, a tier publishing"
+                          : "in one call per step, without a tier",
+                     14 + 2 * (uint64_t)k, cfg.payload, true, false);
+        res->m[with ? M_STEP_TIER_NS_TOKEN : M_STEP_NOTIER_NS_TOKEN] += v / 2;
+        if (with) {
+            pkv_stats st;
+            PKV(pkv_get_stats(b->c, &st));
+            res->st_tier.tier_published += st.tier_published;
+            res->st_tier.tier_publish_dropped += st.tier_publish_dropped;
+            res->st_tier.tier_publish_errors += st.tier_publish_errors;
+            pkv_tier_detach(b->c); /* what is still queued is dropped */
+        }
+    }
+}
+
 static void close_cache(bench *b) {
     pkv_close(g_cache);
     g_cache = NULL;
@@ -1038,6 +1106,7 @@ static void do_run(bench *b, unsigned run, run_result *res) {
                  cfg.payload, true, false);
     micro_decode(b, run, &res->m[M_STEP_KV_NS_TOKEN],
                  "in one call per step, empty cache, K/V written", 10, true, true, false);
+    if (cfg.tier_nodes) micro_decode_tier(b, run, res);
     if (cfg.decode_only) {
         micro_metrics(b, run, res);
         scraper_end();
@@ -1223,7 +1292,8 @@ static void json_stats(FILE *f, const pkv_stats *st) {
 static const int metric_order[] = {
     M_ATTACH_NS_BLOCK,  M_ATTACH_US_CALL,  M_CLOSE_NS_BLOCK,
     M_DECODE_NS_TOKEN,  M_STEP_FULL_NS_TOKEN, M_DECODE_EMPTY_NS_TOKEN, M_DECODE_REPEAT_NS_TOKEN, M_DECODE_KV_NS_TOKEN,
-    M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_SPEC_NS_TOKEN,   M_PREFILL_NS_TOKEN,
+    M_STEP_NS_TOKEN,    M_STEP_KV_NS_TOKEN, M_DECODE_NOTIER_NS_TOKEN, M_DECODE_TIER_NS_TOKEN,
+    M_STEP_NOTIER_NS_TOKEN, M_STEP_TIER_NS_TOKEN, M_SPEC_NS_TOKEN,   M_PREFILL_NS_TOKEN,
     M_BATCH_NS_TOKEN,   M_APPEND_NS,       M_APPEND_ALLOC_NS, M_COMMIT_NS,
     M_COMMIT_SEAL_NS,   M_SEAL_NS_BLOCK,   M_STEP_BATCH_NS_TOKEN,
     M_FORK_US_CALL,     M_FORK_NS_BLOCK,   M_COW_APPEND_NS,   M_CLOSE_CHILD_NS_BLOCK,
@@ -1244,7 +1314,10 @@ static void report_text(const run_result *res, unsigned runs, bool deterministic
         int m = metric_order[i];
         const metric_def *d = &metric_defs[m];
         summary s = summarize(res, runs, m);
-        if (cfg.decode_only && isnan(s.med)) continue; /* not measured */
+        bool tier_row = m == M_DECODE_NOTIER_NS_TOKEN || m == M_DECODE_TIER_NS_TOKEN ||
+                        m == M_STEP_NOTIER_NS_TOKEN || m == M_STEP_TIER_NS_TOKEN;
+        if ((cfg.decode_only || (tier_row && !cfg.tier_nodes)) && isnan(s.med))
+            continue; /* not measured */
         char a[32], b[32], c[32], t[48] = "";
         fmt_num(a, sizeof a, s.med);
         fmt_num(b, sizeof b, s.min);
@@ -1398,6 +1471,11 @@ static void usage(FILE *f) {
             "                   (and the metrics text)\n"
             "  --scrape-ms N    a thread calls pkv_metrics_text every N ms meanwhile, as a\n"
             "                   Prometheus scraper would\n"
+            "  --tier-nodes H:P also time two decode loops with a shared tier on that Redis\n"
+            "                   attached and publishing, against the same without a tier\n"
+            "                   (docs/remote.md; bench/tier-decode.sh starts a server)\n"
+            "  --tier-max-depth N  the tier's publish_max_depth (default 0: every block)\n"
+            "  --tier-on-hit    the tier publishes on hit (PKV_TIER_PUBLISH_ON_HIT)\n"
             "  --json           print a JSON summary instead of the text report\n"
             "  -h, --help       print this message\n",
             PKV_BLOCK_SIZE_MAX);
@@ -1429,7 +1507,8 @@ static uint64_t parse_u64(const char *opt, const char *s, uint64_t min, uint64_t
 
 int main(int argc, char **argv) {
     enum { O_CAPACITY = 256, O_BLOCK_SIZE, O_SEED, O_DIR, O_TURNS, O_USERS, O_RUNS, O_PAYLOAD,
-           O_JSON, O_CHECK, O_DURABILITY, O_PREFAULT, O_ONLY, O_SCRAPE };
+           O_JSON, O_CHECK, O_DURABILITY, O_PREFAULT, O_ONLY, O_SCRAPE, O_TIER_NODES,
+           O_TIER_DEPTH, O_TIER_ON_HIT };
     static const struct option longopts[] = {
         {"capacity", required_argument, NULL, O_CAPACITY},
         {"block-size", required_argument, NULL, O_BLOCK_SIZE},
@@ -1445,6 +1524,9 @@ int main(int argc, char **argv) {
         {"prefault", no_argument, NULL, O_PREFAULT},
         {"only", required_argument, NULL, O_ONLY},
         {"scrape-ms", required_argument, NULL, O_SCRAPE},
+        {"tier-nodes", required_argument, NULL, O_TIER_NODES},
+        {"tier-max-depth", required_argument, NULL, O_TIER_DEPTH},
+        {"tier-on-hit", no_argument, NULL, O_TIER_ON_HIT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -1478,6 +1560,14 @@ int main(int argc, char **argv) {
             cfg.decode_only = true;
             break;
         case O_SCRAPE: cfg.scrape_ms = (uint32_t)parse_u64("--scrape-ms", optarg, 1, 60000); break;
+        case O_TIER_NODES:
+            if (!optarg[0]) bad_usage("--tier-nodes: empty node list");
+            cfg.tier_nodes = optarg;
+            break;
+        case O_TIER_DEPTH:
+            cfg.tier_max_depth = (uint32_t)parse_u64("--tier-max-depth", optarg, 0, UINT32_MAX);
+            break;
+        case O_TIER_ON_HIT: cfg.tier_on_hit = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2; /* getopt has named the problem */
         }
@@ -1553,6 +1643,10 @@ int main(int argc, char **argv) {
         if (cfg.scrape_ms)
             printf("scraper:  a thread calls pkv_metrics_text every %" PRIu32 " ms while the "
                    "cache is open\n", cfg.scrape_ms);
+        if (cfg.tier_nodes)
+            printf("tier:     %s, publishing %s, publish_max_depth %" PRIu32 " (0: all), "
+                   "fetch off; decode loops with it and without, ABBA\n", cfg.tier_nodes,
+                   cfg.tier_on_hit ? "on hit" : "at every seal", cfg.tier_max_depth);
         printf("runs:     %" PRIu32 "; clock_gettime(CLOCK_MONOTONIC) costs ~%.0f ns; every timed "
                "region spans >= 64 calls or >= 1 us\n\n", cfg.runs, clock_ns);
         fflush(stdout);
@@ -1585,6 +1679,14 @@ int main(int argc, char **argv) {
                     pct(r->st_workload.hit_tokens,
                         r->st_workload.hit_tokens + r->st_workload.miss_tokens),
                     r->m[M_ATTACH_NS_BLOCK], r->m[M_DECODE_NS_TOKEN]);
+        if (cfg.tier_nodes)
+            fprintf(info, "  tier pair: decode %.1f ns/token with, %.1f without; step %.1f "
+                          "with, %.1f without; tier: %" PRIu64 " published, %" PRIu64
+                          " dropped, %" PRIu64 " failed\n",
+                    r->m[M_DECODE_TIER_NS_TOKEN], r->m[M_DECODE_NOTIER_NS_TOKEN],
+                    r->m[M_STEP_TIER_NS_TOKEN], r->m[M_STEP_NOTIER_NS_TOKEN],
+                    r->st_tier.tier_published, r->st_tier.tier_publish_dropped,
+                    r->st_tier.tier_publish_errors);
         fflush(info);
     }
 

@@ -352,9 +352,21 @@ int pkv_seq_open(pkv_cache *cache, uint64_t id, uint64_t salt, const uint32_t *p
  * A recovered block it reaches is checksummed; a pass is remembered (later
  * lookups and opens do not checksum it again), a failure ends the count and is
  * left for pkv_seq_open to record (BAD, verify_failures, log).
+ * With a shared tier attached with PKV_TIER_LOOKUP, a local miss also asks the
+ * tier which blocks of the chain's continuation it holds (EXISTS of their keys,
+ * at most fetch_max_blocks, within fetch_deadline_ms, without the lock) and
+ * adds those in a row: what the open's fetch would import if every record
+ * passed rule T1. Still side-effect free on the cache (nothing is read,
+ * imported or evicted); only the tier_lookup* (and, for lost probes,
+ * tier_errors, tier_deadline_misses, tier_redirects) counters move. That part
+ * is a promise the open may not keep (a value failing verification, an
+ * expiry): the open then attaches less and computes the rest. A pkv_connect
+ * handle's lookup runs in pkvd, so it asks pkvd's tier (pkvd --tier-lookup).
  * *n_cached is 0 on error.
  * Errors: PKV_EINVAL (cache, prompt or n_cached NULL; n == 0).
- * Blocks: lock; reads the payload of a recovered block it reaches first. */
+ * Blocks: lock; reads the payload of a recovered block it reaches first; with
+ * PKV_TIER_LOOKUP and a local miss, network I/O up to fetch_deadline_ms
+ * without the lock. */
 int pkv_prefix_lookup(pkv_cache *cache, uint64_t salt, const uint32_t *prompt, size_t n,
                       size_t *n_cached);
 
@@ -536,8 +548,9 @@ typedef struct pkv_stats {
     /* The shared prefix tier (pkv_tier_attach, docs/remote.md), since attach; all
      * 0 without one. */
     uint64_t tier_published;      /* blocks written to the tier (SET answered OK) */
-    uint64_t tier_publish_dropped; /* seals not published: queue full, block gone
-                                      before it was copied, or policy depth */
+    uint64_t tier_publish_dropped; /* seals (or, with PKV_TIER_PUBLISH_ON_HIT,
+                                      first hits) not published: queue full, block
+                                      gone before it was copied, or policy depth */
     uint64_t tier_publish_errors; /* SETs that failed (error reply, I/O, timeout) */
     uint64_t tier_fetches;        /* pkv_seq_open calls that asked the tier */
     uint64_t tier_fetch_blocks;   /* records requested (GETs) */
@@ -545,13 +558,20 @@ typedef struct pkv_stats {
     uint64_t tier_imported;       /* verified records imported as sealed blocks */
     uint64_t tier_rejected;       /* values that failed verification (rule T1):
                                      never imported */
-    uint64_t tier_errors;         /* GETs lost to errors, timeouts, nodes down */
-    uint64_t tier_deadline_misses; /* fetches that reached their deadline */
+    uint64_t tier_errors;         /* GETs (and lookup probes) lost to errors,
+                                     timeouts, nodes down */
+    uint64_t tier_deadline_misses; /* fetches (and lookup probes) that reached
+                                      their deadline */
     uint64_t tier_redirects;      /* MOVED and ASK answers followed */
     uint64_t tier_deleted;        /* rejected values deleted from the tier (the
                                      server still held the same bytes) */
     uint64_t tier_delete_failed;  /* rejected values whose deletion was dropped
                                      (queue full) or failed (error reply, I/O) */
+    /* pkv_prefix_lookup asking the tier (PKV_TIER_LOOKUP), since attach. Its
+     * lost probes count in tier_errors, its deadlines in tier_deadline_misses. */
+    uint64_t tier_lookups;        /* lookups that asked the tier (a local miss) */
+    uint64_t tier_lookup_blocks;  /* keys probed (EXISTS) */
+    uint64_t tier_lookup_found;   /* of which existed in time */
 } pkv_stats;
 
 /* Errors: PKV_EINVAL (cache or out NULL). Blocks: lock. */
@@ -668,7 +688,8 @@ int pkv_metrics_serve_cuda(pkv_metrics_server *srv, struct pkv_cuda *g);
  * hash, the whole prefix's token ids equal the prompt's, an HMAC-SHA-256 tag.
  * A value that fails them is counted and deleted from the tier in the
  * background if the server still holds the same bytes.
- * pkv_prefix_lookup stays local. No TLS (hiredis 0.14 has none). */
+ * pkv_prefix_lookup stays local unless PKV_TIER_LOOKUP. No TLS (hiredis 0.14
+ * has none). */
 typedef struct pkv_tier_options {
     /* Seed nodes "HOST:PORT[,HOST:PORT...]" (IPv4 or a name); the slot map is
      * read from the first that answers CLUSTER SLOTS (a standalone server: all
@@ -688,7 +709,7 @@ typedef struct pkv_tier_options {
                                     fetch finding all busy is skipped */
     uint32_t queue_blocks;       /* publish queue bound; 0: 1024 */
     uint32_t publish_max_depth;  /* publish only blocks at chain depth < this
-                                    (0: all) */
+                                    (0: all); with PKV_TIER_PUBLISH_ON_HIT too */
     uint32_t ttl_s;              /* expiry of published records; 0: 86400 */
     uint32_t flags;              /* PKV_TIER_* */
 } pkv_tier_options;
@@ -698,6 +719,16 @@ enum {
     PKV_TIER_NO_FETCH = 2u,   /* publish only */
     PKV_TIER_LZ4 = 4u,        /* publish payloads LZ4-compressed (when smaller);
                                  readers accept both forms whatever their flags */
+    PKV_TIER_LOOKUP = 8u,     /* pkv_prefix_lookup asks the tier on a local miss
+                                 (see it); without, lookups stay local */
+    PKV_TIER_PUBLISH_ON_HIT = 16u, /* publish a sealed block not at its seal but
+                                 at the first pkv_seq_open that attaches it from
+                                 the local cache: only prefixes reused at least
+                                 once reach the tier. At most once per block
+                                 while it stays sealed and the tier attached (a
+                                 full queue leaves it for its next hit); not
+                                 remembered across a restart or a re-attach,
+                                 where a block hit again is published again */
 };
 
 /* Attach the tier to an open, writable cache. Connects to nothing yet beyond

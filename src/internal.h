@@ -221,8 +221,13 @@ enum { BLKF_UNVERIFIED = 1, /* recovered: payload not yet checked against its su
                                waits for the TRUNC (rule D3) */
        BLKF_PRESUM = 8,     /* open, only inside the call that set it: payload_sum
                                holds its checksum, computed ahead (sealsum.c) */
-       BLKF_REUSED = 16 };  /* leaf-SLRU: it or a descendant was reused while cached
+       BLKF_REUSED = 16,    /* leaf-SLRU: it or a descendant was reused while cached
                                (evict.c); never saved, so lost at a restart */
+       BLKF_OFFERED = 32 }; /* sealed: offered to the shared tier once already (queued
+                               for publishing, or imported from it), so
+                               PKV_TIER_PUBLISH_ON_HIT does not queue it again
+                               (tier.c); cleared by a seal and a free, never
+                               saved, so lost at a restart */
 #define PKV_LSN_PENDING UINT64_MAX /* limbo stamp until the op's record exists */
 
 /* Metadata of one block; exactly one cache line. */

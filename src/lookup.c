@@ -20,8 +20,16 @@
  *    to the serving path that next reaches the block.
  * The answer is advice: blocks may be evicted (or sealed) between a lookup and
  * a later pkv_seq_open, whose own n_cached is what the caller must use.
+ * With a shared tier attached with PKV_TIER_LOOKUP, a local miss also asks the
+ * tier, after the lock is released, which keys of the chain's continuation
+ * exist (tier.c, pkv_tier_probe): the answer adds them, the tier's lookup
+ * counters count the probe, and the cache is still left as it was (nothing is
+ * read, imported or evicted). That part of the answer is a promise the open
+ * may not keep (a value failing rule T1, an expiry): never more K/V served,
+ * only a shorter attach.
  */
 #include "internal.h"
+#include "tier.h"
 
 int pkv_prefix_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
                       size_t *n_cached) {
@@ -36,7 +44,11 @@ int pkv_prefix_lookup(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_
     if (maxb > c->pool.capacity) maxb = c->pool.capacity;
     /* rules S2 and S1 as pkv_seq_open, with the quiet verification */
     const uint64_t hit = pkv_prefix_match(c, salt, prompt, maxb, NULL, true);
+    const bool ask = hit < maxb && pkv_tier_lookup_on(c);
     pkv_unlock(c);
-    *n_cached = (size_t)(hit * bs);
+    /* PKV_TIER_LOOKUP: the blocks the tier holds after the local hit, asked
+     * without the lock and promising no more than an open's fetch verifies */
+    const uint64_t more = ask ? pkv_tier_probe(c, salt, prompt, hit, maxb) : 0;
+    *n_cached = (size_t)((hit + more) * bs);
     return 0;
 }

@@ -355,9 +355,16 @@ int pkv_metrics_text(pkv_cache *c, char *buf, size_t cap, size_t *needed) {
     counter(&w, "pagedkv_tier_fetches_total",
             "pkv_seq_open calls that asked the shared tier since attach.", st->tier_fetches);
     counter(&w, "pagedkv_tier_deadline_misses_total",
-            "Tier fetches that reached their deadline since attach.", st->tier_deadline_misses);
+            "Tier fetches and lookup probes that reached their deadline since attach.", st->tier_deadline_misses);
     counter(&w, "pagedkv_tier_redirects_total",
             "MOVED and ASK redirections followed since attach.", st->tier_redirects);
+    counter(&w, "pagedkv_tier_lookups_total",
+            "pkv_prefix_lookup calls that asked the shared tier since attach (PKV_TIER_LOOKUP).",
+            st->tier_lookups);
+    head(&w, "pagedkv_tier_lookup_blocks_total", "counter",
+         "Keys the lookups probed in the shared tier since attach (EXISTS), by result: probed, found.");
+    sample(&w, "pagedkv_tier_lookup_blocks_total", "result=\"probed\"", st->tier_lookup_blocks);
+    sample(&w, "pagedkv_tier_lookup_blocks_total", "result=\"found\"", st->tier_lookup_found);
     /* write-ahead log */
     counter(&w, "pagedkv_wal_records_total", "Log records appended since open.", st->wal_records);
     counter(&w, "pagedkv_wal_bytes_total", "Bytes written to the log since open.", st->wal_bytes);

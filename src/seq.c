@@ -276,6 +276,7 @@ static int pkv_seq_open_local(pkv_cache *c, uint64_t id, uint64_t salt,
         }
         pkv_block_acquire(c, s->blocks[i]);
     }
+    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_hit(c, s->blocks, hit); /* rule T2 */
     s->nblocks = hit;
     s->len = s->committed = (uint64_t)hit * bs;
     pkv_seqmap_insert(&c->seqs, s);
@@ -510,7 +511,7 @@ static bool seal(pkv_cache *c, pkv_seq *s, uint32_t i, pkv_h128 h) {
     }
     pkv_block_seal(c, b, h, parent, s->salt, sum);
     c->wal.seal_dirty = true;
-    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_seal(c, b); /* rule T2 */
+    if (pkv_unlikely(c->tier != NULL)) pkv_tier_on_seal(c, b, i); /* rule T2 */
     return true;
 }
 

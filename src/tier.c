@@ -1,7 +1,10 @@
 /*
  * tier.c — the shared prefix tier's engine (docs/remote.md): attach/detach,
- * the publishing thread and its bounded queue, and the fetch that
- * pkv_seq_open makes on a local miss (the import itself is in seq.c).
+ * the publishing thread and its bounded queue (blocks queued at their seal, or
+ * with PKV_TIER_PUBLISH_ON_HIT at their first local hit), the fetch that
+ * pkv_seq_open makes on a local miss (the import itself is in seq.c), and the
+ * probe (EXISTS, no value read) that pkv_prefix_lookup makes with
+ * PKV_TIER_LOOKUP.
  *
  * Owns struct pkv_tier: the derived cluster keys, the publish queue, the
  * queue of rejected values to delete (both sent by the publishing thread), the
@@ -82,34 +85,60 @@ struct pkv_tier {
     bool importing; /* under the cache lock: seq.c is importing (no publish) */
     /* counters */
     _Atomic uint64_t published, dropped, pub_errors, fetches, fetch_blocks, found, imported,
-        rejected, errors, deadline_misses, redirects, deleted, delete_failed;
+        rejected, errors, deadline_misses, redirects, deleted, delete_failed, lookups,
+        lookup_blocks, lookup_found;
 };
 
 #define BUMP(t, f, n) atomic_fetch_add_explicit(&(t)->f, (n), memory_order_relaxed)
 #define READ(t, f) atomic_load_explicit(&(t)->f, memory_order_relaxed)
 
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b) {
-    pkv_tier *t = c->tier;
-    if ((t->flags & PKV_TIER_NO_PUBLISH) || t->importing) return;
-    const pkv_block *x = &c->pool.b[b];
-    if (t->max_depth) { /* depth < max_depth: walk at most max_depth parents */
-        uint32_t d = 0;
-        for (uint32_t p = x->parent; p != PKV_NONE && d < t->max_depth; p = c->pool.b[p].parent)
-            d++;
-        if (d >= t->max_depth) {
-            BUMP(t, dropped, 1);
-            return;
-        }
-    }
+/* Queue sealed block b for publishing (cache lock held). false: the queue is
+ * full or stopping (counted as dropped): publishing never blocks a call. */
+static bool enqueue(pkv_tier *t, uint32_t b, const pkv_block *x) {
     pthread_mutex_lock(&t->qm);
     if (t->qn == t->qcap || t->stop) {
         pthread_mutex_unlock(&t->qm);
         BUMP(t, dropped, 1);
-        return;
+        return false;
     }
     t->q[(t->qhead + t->qn) % t->qcap] = (tier_qent){b, x->salt, x->hash};
     if (t->qn++ == 0) pthread_cond_signal(&t->qcv);
     pthread_mutex_unlock(&t->qm);
+    return true;
+}
+
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth) {
+    pkv_tier *t = c->tier;
+    pkv_block *x = &c->pool.b[b];
+    if (t->importing) { /* it came from the tier: never offered back */
+        x->flags |= BLKF_OFFERED;
+        return;
+    }
+    /* PKV_TIER_PUBLISH_ON_HIT: offered at its first local hit (pkv_tier_on_hit) */
+    if (t->flags & (PKV_TIER_NO_PUBLISH | PKV_TIER_PUBLISH_ON_HIT)) return;
+    /* the depth comes from the seal (the block's table index): walking up to
+     * max_depth parents here cost every decode seal that many cache misses */
+    if (t->max_depth && depth >= t->max_depth) {
+        BUMP(t, dropped, 1);
+        return;
+    }
+    (void)enqueue(t, b, x);
+}
+
+void pkv_tier_on_hit(pkv_cache *c, const uint32_t *blocks, uint32_t n) {
+    pkv_tier *t = c->tier;
+    if ((t->flags & (PKV_TIER_NO_PUBLISH | PKV_TIER_PUBLISH_ON_HIT)) != PKV_TIER_PUBLISH_ON_HIT)
+        return;
+    for (uint32_t i = 0; i < n; i++) {
+        pkv_block *x = &c->pool.b[blocks[i]];
+        if (x->flags & BLKF_OFFERED) continue;
+        /* blocks[i] is at depth i. One past the depth policy is counted once, as
+         * a seal it refuses is; one the full queue refused is tried again at its
+         * next hit (at most one record per block is ever queued). */
+        if (t->max_depth && i >= t->max_depth) BUMP(t, dropped, 1);
+        else if (!enqueue(t, blocks[i], x)) continue;
+        x->flags |= BLKF_OFFERED;
+    }
 }
 
 /* One prepared record for a SET. */
@@ -330,7 +359,8 @@ int pkv_tier_attach(pkv_cache *c, const pkv_tier_options *o) {
     if (c->remote || c->rdonly)
         return pkv_err(PKV_ERDONLY, "the tier needs a writable local cache");
     if (!o->nodes || !o->nodes[0]) return pkv_err(PKV_EINVAL, "tier nodes missing");
-    if (o->flags & ~(uint32_t)(PKV_TIER_NO_PUBLISH | PKV_TIER_NO_FETCH | PKV_TIER_LZ4))
+    if (o->flags & ~(uint32_t)(PKV_TIER_NO_PUBLISH | PKV_TIER_NO_FETCH | PKV_TIER_LZ4 |
+                               PKV_TIER_LOOKUP | PKV_TIER_PUBLISH_ON_HIT))
         return pkv_err(PKV_EINVAL, "unknown tier flags 0x%x", o->flags);
     if (!o->secret || o->secret_len < 16 || o->secret_len > 256)
         return pkv_err(PKV_EINVAL, "tier secret must be 16..256 bytes (got %zu)",
@@ -393,6 +423,8 @@ int pkv_tier_attach(pkv_cache *c, const pkv_tier_options *o) {
         return pkv_err(PKV_ENOMEM, "tier publishing thread");
     }
     t->thr_started = true;
+    /* offers made to an earlier tier (another cluster, perhaps) do not count */
+    for (uint32_t b = 0; b < c->pool.capacity; b++) c->pool.b[b].flags &= (uint8_t)~BLKF_OFFERED;
     c->tier = t;
     pkv_unlock(c);
     return 0;
@@ -443,6 +475,9 @@ void pkv_tier_stats(const pkv_cache *c, pkv_stats *out) {
     out->tier_redirects = READ(t, redirects);
     out->tier_deleted = READ(t, deleted);
     out->tier_delete_failed = READ(t, delete_failed);
+    out->tier_lookups = READ(t, lookups);
+    out->tier_lookup_blocks = READ(t, lookup_blocks);
+    out->tier_lookup_found = READ(t, lookup_found);
 }
 
 void pkv_tier_got_free(pkv_tier_got *g) {
@@ -460,6 +495,74 @@ void pkv_tier_importing(pkv_cache *c, bool on) {
     if (c->tier) c->tier->importing = on;
 }
 
+/* A free fetch client, locked, or NULL when max_inflight fetches run. */
+static tier_fetcher *fetcher_take(pkv_tier *t) {
+    for (uint32_t i = 0; i < t->nfetch; i++)
+        if (pthread_mutex_trylock(&t->fetch[i].m) == 0) return &t->fetch[i];
+    return NULL;
+}
+
+/* The cluster chain hash of prompt blocks [0, hit) (keyed by the shared secret). */
+static pkv_h128 chain_to(const pkv_tier *t, uint64_t salt, const uint32_t *prompt, uint64_t hit,
+                         uint32_t bs) {
+    pkv_h128 h = pkv_hash_root(t->keys.seed, salt);
+    for (uint64_t i = 0; i < hit; i++) h = pkv_hash_block(t->keys.seed, h, prompt + i * bs, bs);
+    return h;
+}
+
+bool pkv_tier_lookup_on(const pkv_cache *c) {
+    const pkv_tier *t = c->tier;
+    return t && (t->flags & (PKV_TIER_LOOKUP | PKV_TIER_NO_FETCH)) == PKV_TIER_LOOKUP;
+}
+
+/* pkv_prefix_lookup's question to the tier (docs/remote.md, "Lookup"). EXISTS,
+ * not GET: a lookup imports nothing, so reading and verifying whole records
+ * (up to fetch_max_blocks of them, megabytes each) would be paid twice, here
+ * and by the open; an existing key is only a promise, which a value failing
+ * rule T1 or expiring before the open breaks by shortening that open's attach
+ * (the open verifies everything it imports). Touches only the tier's counters
+ * and its fetch client: the cache is neither locked nor read beyond its
+ * immutable geometry. */
+uint64_t pkv_tier_probe(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uint64_t hit,
+                        uint64_t maxb) {
+    pkv_tier *t = c->tier; /* attach and detach never run beside another call */
+    if (!t || hit >= maxb) return 0;
+    tier_fetcher *f = fetcher_take(t);
+    if (!f) return 0; /* max_inflight fetches running: answer from the local hit */
+    uint64_t deadline = pkv_now_ns() + (uint64_t)t->deadline_ms * 1000000u;
+    const uint32_t bs = c->pool.block_size;
+    uint64_t k = maxb - hit < t->max_blocks ? maxb - hit : t->max_blocks, run = 0;
+    pkv_rc_cmd *cmds = calloc(k, sizeof *cmds);
+    char(*keys)[PKV_TIER_KEY_LEN + 1] = calloc(k, sizeof *keys);
+    if (!cmds || !keys) goto out;
+    pkv_h128 h = chain_to(t, salt, prompt, hit, bs);
+    for (uint64_t j = 0; j < k; j++) {
+        h = pkv_hash_block(t->keys.seed, h, prompt + (hit + j) * bs, bs);
+        pkv_tier_key(&t->keys, h, &c->arena.geo, t->model, keys[j]);
+        cmds[j].key = keys[j];
+        cmds[j].exists = true;
+    }
+    BUMP(t, lookups, 1);
+    BUMP(t, lookup_blocks, k);
+    pkv_rc_stats st = {0};
+    pkv_rc_run(f->rc, cmds, k, deadline, &st);
+    BUMP(t, redirects, st.redirects);
+    if (pkv_now_ns() >= deadline) BUMP(t, deadline_misses, 1);
+    bool in_run = true;
+    for (uint64_t j = 0; j < k; j++) {
+        if (cmds[j].status < 0) BUMP(t, errors, 1);
+        bool yes = cmds[j].status == 0 && cmds[j].integer == 1;
+        if (yes) BUMP(t, lookup_found, 1);
+        in_run = in_run && yes;
+        if (in_run) run++;
+    }
+out:
+    free(cmds);
+    free(keys);
+    pthread_mutex_unlock(&f->m);
+    return run;
+}
+
 /* Rule T1, first half: fetch the records of the prompt's blocks [hit, ...) that
  * miss locally now, and keep the verified run that continues the local hit. */
 void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t n,
@@ -475,9 +578,7 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
         hit = pkv_prefix_match(c, salt, prompt, maxb, NULL, true);
     pkv_unlock(c);
     if (!t || (t->flags & PKV_TIER_NO_FETCH) || hit >= maxb) return;
-    tier_fetcher *f = NULL;
-    for (uint32_t i = 0; i < t->nfetch && !f; i++)
-        if (pthread_mutex_trylock(&t->fetch[i].m) == 0) f = &t->fetch[i];
+    tier_fetcher *f = fetcher_take(t);
     if (!f) return; /* max_inflight fetches running: compute instead */
     uint64_t deadline = pkv_now_ns() + (uint64_t)t->deadline_ms * 1000000u;
     uint64_t k = maxb - hit < t->max_blocks ? maxb - hit : t->max_blocks;
@@ -488,9 +589,7 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
     got->payloads = calloc(k, sizeof *got->payloads);
     if (!cmds || !keys || !hs || !got->bufs || !got->payloads) goto out;
     /* the cluster chain hashes of blocks [0, hit + k): hs[j] is block hit + j - 1's */
-    pkv_h128 h = pkv_hash_root(t->keys.seed, salt);
-    for (uint64_t i = 0; i < hit; i++) h = pkv_hash_block(t->keys.seed, h, prompt + i * bs, bs);
-    hs[0] = h;
+    hs[0] = chain_to(t, salt, prompt, hit, bs);
     for (uint64_t j = 0; j < k; j++) {
         hs[j + 1] = pkv_hash_block(t->keys.seed, hs[j], prompt + (hit + j) * bs, bs);
         pkv_tier_key(&t->keys, hs[j + 1], &c->arena.geo, t->model, keys[j]);
@@ -520,7 +619,10 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
         uint8_t *kv = NULL;
         bool ok = pkv_tier_decode(&t->keys, cmds[j].out, cmds[j].out_len, &r) == 0 &&
                   pkv_tier_verify(&r, &w) == 0;
-        if (ok && run && r.encoding != PKV_TIER_ENC_RAW) { /* only a run's records are unpacked */
+        /* An LZ4 record is unpacked even after a break in the run, where it is
+         * not imported: a bad stream is then counted and deleted by the first
+         * reader that fetched it, not left for one whose run reaches it. */
+        if (ok && r.encoding != PKV_TIER_ENC_RAW) {
             kv = malloc(r.payload_len);
             if (!kv) { /* not the record's fault: computed instead */
                 run = false;
@@ -536,7 +638,10 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
             cmds[j].out = NULL;
             continue;
         }
-        if (!run) continue;
+        if (!run) {
+            free(kv);
+            continue;
+        }
         if (kv) {
             free(cmds[j].out);
             got->bufs[got->n] = kv;
@@ -572,9 +677,28 @@ int pkv_tier_flush(pkv_cache *c, uint32_t timeout_ms) {
     return pkv_err(PKV_ENOTSUP, "built without hiredis (meson option remote_tier)");
 }
 void pkv_tier_detach(pkv_cache *c) { (void)c; }
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b) {
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth) {
     (void)c;
     (void)b;
+    (void)depth;
+}
+void pkv_tier_on_hit(pkv_cache *c, const uint32_t *blocks, uint32_t n) {
+    (void)c;
+    (void)blocks;
+    (void)n;
+}
+bool pkv_tier_lookup_on(const pkv_cache *c) {
+    (void)c;
+    return false;
+}
+uint64_t pkv_tier_probe(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uint64_t hit,
+                        uint64_t maxb) {
+    (void)c;
+    (void)salt;
+    (void)prompt;
+    (void)hit;
+    (void)maxb;
+    return 0;
 }
 void pkv_tier_stats(const pkv_cache *c, pkv_stats *out) {
     (void)c;

@@ -109,11 +109,13 @@ typedef struct pkv_rc_cmd {
     size_t val_len;
     uint64_t ttl_ms;
     bool del_if_equal;
+    bool exists; /* EXISTS key (val NULL): integer 1 or 0, no value read */
     /* results */
     int status;       /* 0: answered (value, nil, OK or an integer), <0: error/timeout/node down */
     uint8_t *out;     /* GET: malloc'ed value (NULL: nil or error) */
     size_t out_len;
-    long long integer; /* del_if_equal: 1 deleted, 0 the value had changed or gone */
+    long long integer; /* del_if_equal: 1 deleted, 0 the value had changed or gone;
+                          exists: 1 the key exists, 0 not */
 } pkv_rc_cmd;
 
 typedef struct pkv_rc_stats {
@@ -135,8 +137,22 @@ uint32_t pkv_rc_slot(const char *key, size_t len);
 /* ---- The engine (tier.c) -------------------------------------------------- */
 
 typedef struct pkv_tier pkv_tier;
-/* seq.c, after a seal that entered the index (not a dedupe), lock held. */
-void pkv_tier_on_seal(pkv_cache *c, uint32_t b);
+/* seq.c, after a seal that entered the index (not a dedupe), lock held; b is
+ * at chain depth `depth` (its index in the sequence's table). */
+void pkv_tier_on_seal(pkv_cache *c, uint32_t b, uint32_t depth);
+/* seq.c, pkv_seq_open with the lock held, after it attached blocks[0, n) of a
+ * chain (blocks[i] at depth i): with PKV_TIER_PUBLISH_ON_HIT, each one not yet
+ * offered to the tier is queued for publishing (rule T2 applies as at a seal). */
+void pkv_tier_on_hit(pkv_cache *c, const uint32_t *blocks, uint32_t n);
+/* Whether a tier is attached whose flags make pkv_prefix_lookup ask it
+ * (PKV_TIER_LOOKUP without PKV_TIER_NO_FETCH); lock held. */
+bool pkv_tier_lookup_on(const pkv_cache *c);
+/* pkv_prefix_lookup, without the lock: how many of the prompt's blocks
+ * [hit, maxb) the tier holds in a row from `hit` (at most fetch_max_blocks),
+ * by pipelined EXISTS of their keys before the fetch deadline. Reads no value
+ * and changes nothing in the cache (docs/remote.md, "Lookup"). */
+uint64_t pkv_tier_probe(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uint64_t hit,
+                        uint64_t maxb);
 /* What a fetch brought: the verified records of blocks [first, first + n) of the
  * prompt, a run continuing the local hit as it was before the fetch. */
 typedef struct pkv_tier_got {

@@ -1,8 +1,8 @@
 /*
  * tier_redis.c — a small Redis Cluster client over hiredis 0.14 (which has no
  * cluster support): seed nodes, the slot map from CLUSTER SLOTS, one blocking
- * connection per node, pipelined GET/SET (and a compare-and-delete script)
- * grouped by node, MOVED and ASK
+ * connection per node, pipelined GET/SET/EXISTS (and a compare-and-delete
+ * script) grouped by node, MOVED and ASK
  * followed once, nodes that fail marked down with exponential backoff.
  *
  * Owns its connections and slot map; one thread uses a client at a time (the
@@ -305,8 +305,8 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                 size_t argl[5] = {3, strlen(cmds[i].key), cmds[i].val_len, 2, strlen(ttl)};
                 redisAppendCommandArgv(ctx, 5, argv, argl);
             } else {
-                const char *argv[2] = {"GET", cmds[i].key};
-                size_t argl[2] = {3, strlen(cmds[i].key)};
+                const char *argv[2] = {cmds[i].exists ? "EXISTS" : "GET", cmds[i].key};
+                size_t argl[2] = {cmds[i].exists ? 6u : 3u, strlen(cmds[i].key)};
                 redisAppendCommandArgv(ctx, 2, argv, argl);
             }
             sent_any = true;
@@ -362,7 +362,8 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                 cmds[i].status = 0;
             } else if (r->type == REDIS_REPLY_NIL || r->type == REDIS_REPLY_STATUS) {
                 cmds[i].status = 0;
-            } else if (r->type == REDIS_REPLY_INTEGER && cmds[i].del_if_equal) {
+            } else if (r->type == REDIS_REPLY_INTEGER &&
+                       (cmds[i].del_if_equal || cmds[i].exists)) {
                 cmds[i].integer = r->integer;
                 cmds[i].status = 0;
             } else {

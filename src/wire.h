@@ -1,5 +1,5 @@
 /*
- * wire.h — pkvd's wire protocol, version 2 (docs/pkvd.md): the frame header,
+ * wire.h — pkvd's wire protocol, version 3 (docs/pkvd.md): the frame header,
  * the ops, the limits, and bounds-checked readers and a growing writer for
  * payloads. Shared by the client (remote.c, in libpagedkv) and the daemon
  * (tools/pkvd/), so both sides encode and decode with the same code.
@@ -22,10 +22,11 @@
 #define PKVD_MAGIC 0x44564B50u /* "PKVD" little-endian */
 /* Any change to any payload's layout bumps this (docs/pkvd.md, "Versions"). 1: the
  * first; 2: CLIENTS lists each connection's flags and sequences, HELLO flags, STATS
- * carries every pkv_stats field (the wait, limbo and tier counters). What
+ * carries every pkv_stats field (the wait, limbo and tier counters); 3: STATS
+ * carries the tier's lookup counters (tier_lookups to tier_lookup_found). What
  * never changes, so that peers of different versions can tell each other so: the
  * frame header, HELLO's request payload and an error reply's rc and message. */
-#define PKVD_VERSION 2u
+#define PKVD_VERSION 3u
 #define PKVD_REPLY 0x8000u
 #define PKVD_HDR 16u
 #define PKVD_MAX_TOKENS (4u << 20)  /* tokens in one request */
@@ -152,7 +153,7 @@ int pkvd_req_decode(uint16_t op, const uint8_t *payload, size_t len, pkvd_req *r
     X(tier_publish_dropped) X(tier_publish_errors) X(tier_fetches)                  \
     X(tier_fetch_blocks) X(tier_fetch_found) X(tier_imported) X(tier_rejected)      \
     X(tier_errors) X(tier_deadline_misses) X(tier_redirects) X(tier_deleted)        \
-    X(tier_delete_failed)
+    X(tier_delete_failed) X(tier_lookups) X(tier_lookup_blocks) X(tier_lookup_found)
 
 struct pkv_stats;
 /* The STATS reply's payload after its rc: every PKVD_STATS_FIELDS field. The

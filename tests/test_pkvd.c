@@ -896,7 +896,7 @@ Test(pkvd, a_restarted_daemon_waits_for_the_clients_of_the_killed_one)
 
 /* The protocol version this build speaks (PKVD_VERSION, src/wire.h): written here
  * as a peer of this build writes it. */
-#define WIRE_V 2u
+#define WIRE_V 3u
 
 static int raw_connect(void)
 {
@@ -983,8 +983,8 @@ static int read_reply_v(int fd, uint8_t *b, size_t cap, uint16_t *ver, uint32_t 
     return (int)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24);
 }
 
-/* The STATS reply carries every pkv_stats field (wire.h PKVD_STATS_FIELDS, version 2:
- * 52, the wait, limbo and tier counters included), each a u64 after the rc. */
+/* The STATS reply carries every pkv_stats field (wire.h PKVD_STATS_FIELDS, version 3:
+ * 55, the wait, limbo and tier counters included), each a u64 after the rc. */
 Test(pkvd, the_stats_reply_carries_every_counter)
 {
     daemon_paths();
@@ -1003,7 +1003,7 @@ Test(pkvd, the_stats_reply_carries_every_counter)
     cr_assert_eq(send(fd, f, 16, MSG_NOSIGNAL), 16);
     cr_assert_eq(read_reply_v(fd, b, sizeof b, &ver, &len), 0);
     cr_assert_eq(ver, WIRE_V);
-    cr_assert_eq(len, 4 + 52u * 8, "STATS of %u bytes", len);
+    cr_assert_eq(len, 4 + 55u * 8, "STATS of %u bytes", len);
     close(fd);
     daemon_stop(d, SIGTERM);
 }

@@ -18,6 +18,7 @@
  */
 #include "pkv_test.h"
 #include "http_get.h"
+#include "pagedkv_inspect.h"
 #include "tier.h"
 
 #include <hiredis/hiredis.h>
@@ -657,7 +658,7 @@ Test(tier, attach_rejects_bad_options) {
     to = topts("", 20);
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     to = topts("127.0.0.1:1", 20);
-    to.flags = 8;
+    to.flags = 32; /* past PKV_TIER_PUBLISH_ON_HIT */
     PT_ERR(pkv_tier_attach(c, &to), PKV_EINVAL);
     PT_ERR(pkv_tier_flush(c, 10), PKV_ESTATE);
     to = topts("127.0.0.1:1", 20); /* nothing listens: attaching still works */
@@ -907,6 +908,404 @@ Test(tier, pkvd_imports_from_the_tier_and_reports_its_counters, .timeout = 120) 
             seen = true;
             cr_assert(strstr(line, " 1 fetches, 16 records asked, 16 found, 16 imported, "
                                    "0 rejected"), "%s", line);
+        }
+    cr_assert_eq(pclose(out), 0);
+    cr_assert(seen, "pkvd --status printed no tier line");
+    pkv_close(c);
+    kill(d, SIGTERM);
+    int status = 0;
+    waitpid(d, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pkvd: status 0x%x", status);
+    free(p);
+}
+
+/* ---- Lookups that ask the tier, publishing on hit (PKV_TIER_LOOKUP, _PUBLISH_ON_HIT) ---- */
+
+static size_t lookup(pkv_cache *c, uint64_t salt, const uint32_t *p, size_t n) {
+    size_t got = 99;
+    PT_OK(pkv_prefix_lookup(c, salt, p, n, &got));
+    return got;
+}
+
+/* Compute prompt p[0, n) in sequence id and commit it (its full blocks seal). */
+static void compute(pkv_cache *c, uint64_t id, uint64_t salt, const uint32_t *p, size_t n) {
+    size_t got = 99;
+    PT_OK(pkv_seq_open(c, id, salt, p, n, &got));
+    PT_APPEND(c, id, salt, p, got, n - got);
+    PT_OK(pkv_seq_commit(c, id, n - got));
+}
+
+/* The record at chain depth j of prompt p (salt), tagged with the secret, its
+ * payload `stored` bytes stored with `enc`, put on the server at port. */
+static void put_record(int port, uint64_t salt, const uint32_t *p, uint32_t j, uint32_t enc,
+                       const uint8_t *stored, uint64_t stored_len, uint64_t block_bytes) {
+    pkv_tier_keys k;
+    pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
+    pkv_h128 parent = pkv_hash_root(k.seed, salt), h = parent;
+    for (uint32_t i = 0; i <= j; i++) {
+        parent = h;
+        h = pkv_hash_block(k.seed, h, p + (size_t)i * 16, 16);
+    }
+    pkv_tier_rec r = {PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F32, j, salt, parent, h, PT_MODEL,
+                      (uint32_t)strlen(PT_MODEL), NULL, block_bytes, enc, stored, stored_len};
+    size_t len = pkv_tier_rec_size(r.model_len, j, 16, stored_len);
+    uint8_t *out = malloc(len);
+    cr_assert_not_null(out);
+    pkv_tier_encode(&k, &r, p, out);
+    char key[PKV_TIER_KEY_LEN + 1];
+    pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *rr = redisCommand(x, "SET %s %b", key, out, len);
+    cr_assert(rr && rr->type == REDIS_REPLY_STATUS);
+    freeReplyObject(rr);
+    redisFree(x);
+    free(out);
+}
+
+/* What a lookup must leave as it was: every pkv_stats field outside the tier's
+ * lookup-side counters, the log's position, each block's state. */
+typedef struct cache_image {
+    pkv_stats st;
+    pkv_block_info blk[1024];
+} cache_image;
+
+static void image_take(pkv_cache *c, cache_image *im) {
+    memset(im, 0, sizeof *im);
+    im->st = stats(c);
+    for (uint32_t b = 0; b < 1024; b++) PT_OK(pkv_inspect_block(c, b, &im->blk[b]));
+}
+
+static void image_same(pkv_cache *c, const cache_image *a, const char *what) {
+    cache_image *b = malloc(sizeof *b);
+    cr_assert_not_null(b);
+    image_take(c, b);
+    PT_STATS_EQ(&a->st, &b->st, what);
+    cr_assert(a->st.last_lsn == b->st.last_lsn && a->st.wal_records == b->st.wal_records &&
+                  a->st.wal_bytes == b->st.wal_bytes && a->st.verify_failures ==
+                  b->st.verify_failures && a->st.tier_imported == b->st.tier_imported &&
+                  a->st.tier_fetches == b->st.tier_fetches &&
+                  a->st.tier_published == b->st.tier_published,
+              "%s: the log or a tier counter of the open moved", what);
+    for (uint32_t i = 0; i < 1024; i++)
+        cr_assert(!memcmp(&a->blk[i], &b->blk[i], sizeof a->blk[i]), "%s: block %u changed",
+                  what, i);
+    free(b);
+}
+
+Test(tier, lookup_asks_the_tier_only_with_the_flag_and_changes_nothing, .timeout = 120) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 257; /* 16 full blocks, all within the prompt cap */
+    uint32_t *p = prompt_of(n, 11);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 1, p, n);
+
+    /* B holds the first 4 blocks locally; the tier has all 16 */
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    to.flags = PKV_TIER_LOOKUP | PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to));
+    compute(b, 50, 1, p, 65);
+    PT_OK(pkv_seq_close(b, 50));
+    PT_OK(pkv_sync(b));
+    cache_image *im = malloc(sizeof *im);
+    cr_assert_not_null(im);
+    image_take(b, im);
+    for (int k = 0; k < 10; k++) cr_assert_eq(lookup(b, 1, p, n), 256, "lookup %d", k);
+    cr_assert_eq(lookup(b, 2, p, n), 0, "another salt finds nothing");
+    cr_assert_eq(lookup(b, 1, p, 65), 64, "a full local hit asks no one");
+    usleep(20000); /* a group commit would have written a record by now */
+    image_same(b, im, "11 lookups asking the tier");
+    pkv_stats st = stats(b);
+    cr_assert_eq(st.tier_lookups, 11);
+    cr_assert_eq(st.tier_lookup_blocks, 10 * 12 + 16, "probed %llu",
+                 (unsigned long long)st.tier_lookup_blocks);
+    cr_assert_eq(st.tier_lookup_found, 10 * 12, "found %llu",
+                 (unsigned long long)st.tier_lookup_found);
+    cr_assert_eq(st.tier_errors, 0);
+    /* the open keeps the promise: it imports what the lookup counted (B's
+     * first 4 blocks came from the tier too, when it opened p[0, 65)) */
+    size_t got = node_b_open(b, 1, 1, p, n, NULL);
+    cr_assert_eq(got, 256);
+    cr_assert_eq(stats(b).tier_imported, st.tier_imported + 12);
+
+    /* a promise the open may not keep: a record that exists but fails rule T1
+     * (a garbage LZ4 stream, correctly tagged) is counted by the lookup; the
+     * open attaches only what verifies before it and computes the rest */
+    uint32_t *q = prompt_of(n, 12);
+    pkv_cache *a2 = pt_open_sub("a2", &o);
+    node_a(a2, nodes, 1, q, n);
+    pkv_cache_info inf = pt_info(b);
+    uint8_t junk[64];
+    memset(junk, 0xF3, sizeof junk);
+    put_record(port, 1, q, 2, PKV_TIER_ENC_LZ4, junk, sizeof junk, inf.block_bytes);
+    cr_assert_eq(lookup(b, 1, q, n), 256);
+    got = node_b_open(b, 2, 1, q, n, NULL); /* PT_VERIFY: only correct K/V served */
+    cr_assert_eq(got, 32, "B attached %zu tokens past a bad record", got);
+    cr_assert(stats(b).tier_rejected >= 1);
+
+    /* without PKV_TIER_LOOKUP (or with PKV_TIER_NO_FETCH) lookups stay local */
+    uint32_t *r = prompt_of(n, 13);
+    node_a(pt_open_sub("a3", &o), nodes, 1, r, n);
+    const uint32_t local_only[] = {0, PKV_TIER_LOOKUP | PKV_TIER_NO_FETCH};
+    for (int i = 0; i < 2; i++) {
+        char sub[16];
+        snprintf(sub, sizeof sub, "c%d", i);
+        pkv_cache *c = pt_open_sub(sub, &o);
+        pkv_tier_options tc = topts(nodes, 2000);
+        tc.flags = local_only[i] | PKV_TIER_NO_PUBLISH;
+        PT_OK(pkv_tier_attach(c, &tc));
+        compute(c, 1, 1, r, 33);
+        cr_assert_eq(lookup(c, 1, r, n), 32, "flags 0x%x: the lookup asked the tier",
+                     tc.flags);
+        cr_assert_eq(stats(c).tier_lookups, 0);
+        cr_assert_eq(stats(c).tier_lookup_blocks, 0);
+        pt_close(c);
+    }
+    free(im);
+    free(p);
+    free(q);
+    free(r);
+}
+
+Test(tier, lookup_keeps_its_deadline_with_a_slow_node, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 257;
+    uint32_t *p = prompt_of(n, 14);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 1, p, n);
+    pkv_cache *b = pt_open_sub("b", &o);
+    const uint32_t deadline = 20;
+    pkv_tier_options to = topts(nodes, deadline);
+    to.flags = PKV_TIER_LOOKUP | PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to));
+    cr_assert_eq(lookup(b, 1, p, n), 256, "the server answers: the test is not vacuous");
+    redisContext *sl = connect_port(port);
+    cr_assert_not_null(sl);
+    redisAppendCommand(sl, "DEBUG SLEEP 2");
+    int done = 0;
+    while (!done) cr_assert_eq(redisBufferWrite(sl, &done), REDIS_OK);
+    usleep(50000);
+    pkv_stats st0 = stats(b);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    size_t got = lookup(b, 1, p, n);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
+                  (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+    cr_log_info("lookup with the server asleep: %zu tokens in %.2f ms", got, ns / 1e6);
+    cr_assert_eq(got, 0, "nothing arrived in time: the local answer");
+    cr_assert(ns >= (uint64_t)deadline * 1000000u, "the lookup waited until its deadline");
+    cr_assert(ns < (uint64_t)(deadline + SLACK_MS) * 1000000u, "lookup took %.2f ms", ns / 1e6);
+    pkv_stats st = stats(b);
+    cr_assert_eq(st.tier_lookups, st0.tier_lookups + 1);
+    cr_assert(st.tier_deadline_misses > st0.tier_deadline_misses);
+    cr_assert_eq(st.tier_errors, st0.tier_errors + 16, "errors %llu",
+                 (unsigned long long)(st.tier_errors - st0.tier_errors));
+    cr_assert_eq(st.tier_lookup_found, st0.tier_lookup_found);
+    /* the open's fetch after it is bounded too, and computes from the first gap */
+    size_t opened = node_b_open(b, 1, 1, p, n, &ns);
+    cr_assert(opened == 0 && ns < (uint64_t)(deadline + SLACK_MS) * 1000000u,
+              "open: %zu tokens in %.2f ms", opened, ns / 1e6);
+    redisFree(sl);
+    free(p);
+}
+
+Test(tier, publish_on_hit_publishes_a_prompt_at_its_first_reuse_only, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 257; /* 16 full blocks, all within the prompt cap */
+    uint32_t *p = prompt_of(n, 15);
+    char key[PKV_TIER_KEY_LEN + 1];
+    key_block0(1, p, key);
+    pkv_options o = copts();
+    pkv_cache *a = pt_open_sub("a", &o);
+    pkv_tier_options to = topts(nodes, 2000);
+    to.flags = PKV_TIER_PUBLISH_ON_HIT;
+    PT_OK(pkv_tier_attach(a, &to));
+    compute(a, 1, 1, p, n); /* computed once: 16 seals, nothing published */
+    PT_OK(pkv_tier_flush(a, 10000));
+    pkv_stats st = stats(a);
+    cr_assert_eq(st.seals, 16);
+    cr_assert_eq(st.tier_published, 0);
+    cr_assert_eq(st.tier_publish_dropped, 0);
+    size_t vlen = 0;
+    uint8_t *v = get_value(port, key, &vlen);
+    cr_assert_null(v, "block 0 reached the tier at its seal");
+    size_t got = 0;
+    PT_OK(pkv_seq_open(a, 2, 1, p, n, &got)); /* reused: its blocks go out */
+    cr_assert_eq(got, 256);
+    PT_OK(pkv_tier_flush(a, 10000));
+    st = stats(a);
+    cr_assert_eq(st.tier_published, 16, "published %llu (dropped %llu)",
+                 (unsigned long long)st.tier_published,
+                 (unsigned long long)st.tier_publish_dropped);
+    v = get_value(port, key, &vlen);
+    cr_assert_not_null(v, "block 0 is not on the server after its hit");
+    free(v);
+    PT_OK(pkv_seq_open(a, 3, 1, p, n, &got)); /* at most once per block */
+    PT_OK(pkv_tier_flush(a, 10000));
+    cr_assert_eq(stats(a).tier_published, 16);
+    /* another attach remembers nothing of the earlier one's offers */
+    pkv_tier_detach(a);
+    PT_OK(pkv_tier_attach(a, &to));
+    PT_OK(pkv_seq_open(a, 4, 1, p, n, &got));
+    PT_OK(pkv_tier_flush(a, 10000));
+    cr_assert_eq(stats(a).tier_published, 16, "the new attach published them again");
+
+    /* with publish_max_depth, blocks past it are counted once, not at each hit */
+    uint32_t *q = prompt_of(n, 16);
+    pkv_tier_detach(a);
+    to.publish_max_depth = 4;
+    PT_OK(pkv_tier_attach(a, &to));
+    compute(a, 10, 1, q, n);
+    for (uint64_t id = 11; id <= 13; id++) PT_OK(pkv_seq_open(a, id, 1, q, n, &got));
+    PT_OK(pkv_tier_flush(a, 10000));
+    st = stats(a);
+    cr_assert_eq(st.tier_published, 4);
+    cr_assert_eq(st.tier_publish_dropped, 12, "dropped %llu",
+                 (unsigned long long)st.tier_publish_dropped);
+    /* the depth policy at the seal: the same 4 of 16 (the depth is the block's
+     * index in the sequence) */
+    uint32_t *r = prompt_of(n, 19);
+    pkv_tier_detach(a);
+    to.flags = 0;
+    PT_OK(pkv_tier_attach(a, &to));
+    compute(a, 20, 1, r, n);
+    PT_OK(pkv_tier_flush(a, 10000));
+    st = stats(a);
+    cr_assert_eq(st.tier_published, 4, "published %llu at their seals",
+                 (unsigned long long)st.tier_published);
+    cr_assert_eq(st.tier_publish_dropped, 12);
+    free(r);
+
+    /* blocks imported from the tier are not published back at their hits */
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_tier_options tb = topts(nodes, 2000);
+    tb.flags = PKV_TIER_PUBLISH_ON_HIT;
+    PT_OK(pkv_tier_attach(b, &tb));
+    cr_assert_eq(node_b_open(b, 1, 1, p, n, NULL), 256);
+    PT_OK(pkv_seq_open(b, 2, 1, p, n, &got));
+    cr_assert_eq(got, 256);
+    PT_OK(pkv_tier_flush(b, 10000));
+    st = stats(b);
+    cr_assert_eq(st.tier_imported, 16);
+    cr_assert_eq(st.tier_published, 0, "B published %llu imported blocks back",
+                 (unsigned long long)st.tier_published);
+    cr_assert_eq(st.tier_publish_dropped, 0);
+    PT_CHECK(a);
+    PT_CHECK(b);
+    free(p);
+    free(q);
+}
+
+/* A bad LZ4 stream in a record past a break in the run (where nothing is
+ * imported) is still unpacked, so it is counted and deleted by this reader. */
+Test(tier, a_bad_lz4_record_after_a_gap_is_rejected_and_deleted, .timeout = 60) {
+    NEED_REDIS();
+    int port = start_server(false);
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
+    const size_t n = 49; /* three full blocks */
+    uint32_t *p = prompt_of(n, 17);
+    pkv_options o = copts();
+    pkv_cache *b = pt_open_sub("b", &o);
+    pkv_cache_info inf = pt_info(b);
+    /* no block 0 (a gap), a good LZ4 record at 1, a garbage one at 2 */
+    uint8_t *kv = calloc(1, inf.block_bytes);
+    int zcap = LZ4_compressBound((int)inf.block_bytes);
+    uint8_t *z = malloc((size_t)zcap);
+    cr_assert(kv && z);
+    int zn = LZ4_compress_default((const char *)kv, (char *)z, (int)inf.block_bytes, zcap);
+    cr_assert(zn > 0);
+    put_record(port, 1, p, 1, PKV_TIER_ENC_LZ4, z, (uint64_t)zn, inf.block_bytes);
+    memset(z, 0xF3, 64);
+    put_record(port, 1, p, 2, PKV_TIER_ENC_LZ4, z, 64, inf.block_bytes);
+    pkv_tier_options to = topts(nodes, 2000);
+    to.flags = PKV_TIER_NO_PUBLISH;
+    PT_OK(pkv_tier_attach(b, &to));
+    cr_assert_eq(node_b_open(b, 1, 1, p, n, NULL), 0);
+    PT_OK(pkv_tier_flush(b, 10000));
+    pkv_stats st = stats(b);
+    cr_assert_eq(st.tier_fetch_found, 2);
+    cr_assert_eq(st.tier_rejected, 1, "rejected %llu", (unsigned long long)st.tier_rejected);
+    cr_assert_eq(st.tier_deleted, 1);
+    cr_assert_eq(st.tier_imported, 0);
+    redisContext *x = connect_port(port);
+    cr_assert_not_null(x);
+    redisReply *r = redisCommand(x, "DBSIZE");
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
+              "the good record stays, the bad one is gone");
+    freeReplyObject(r);
+    redisFree(x);
+    free(z);
+    free(kv);
+    free(p);
+}
+
+/* pkvd --tier-lookup: a pkv_connect client's lookup runs in the daemon, so it
+ * asks the daemon's tier like a local handle's; STATS and --status carry the
+ * lookup counters. */
+Test(tier, pkvd_lookup_asks_the_tier_with_tier_lookup, .timeout = 120) {
+    NEED_REDIS();
+    const char *bin = getenv("PKVD");
+    if (!bin) {
+        cr_skip_test("PKVD not set (meson test sets it)");
+        return;
+    }
+    char nodes[64];
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    const size_t n = 257;
+    uint32_t *p = prompt_of(n, 18);
+    pkv_options o = copts();
+    node_a(pt_open_sub("a", &o), nodes, 3, p, n);
+    char sfile[512], dir[512], sock[512], cmd[2048];
+    pt_path(sfile, sizeof sfile, "secret");
+    pt_path(dir, sizeof dir, "d");
+    pt_path(sock, sizeof sock, "s");
+    FILE *f = fopen(sfile, "wb");
+    cr_assert_not_null(f);
+    fwrite(SECRET, 1, sizeof SECRET - 1, f);
+    fclose(f);
+    fflush(NULL);
+    pid_t d = fork();
+    cr_assert(d >= 0);
+    if (d == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
+              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
+              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile,
+              "--tier-lookup", (char *)NULL);
+        _exit(127);
+    }
+    pkv_cache *c = NULL;
+    for (int i = 0; i < 1000 && pkv_connect(sock, &c) != 0; i++) usleep(10000);
+    cr_assert_not_null(c, "pkvd did not answer on %s", sock);
+    cr_assert_eq(lookup(c, 3, p, n), 256);
+    cr_assert_eq(lookup(c, 4, p, n), 0);
+    pkv_stats st = stats(c);
+    cr_assert_eq(st.tier_lookups, 2);
+    cr_assert_eq(st.tier_lookup_blocks, 32);
+    cr_assert_eq(st.tier_lookup_found, 16);
+    cr_assert_eq(st.tier_fetches, 0, "a lookup fetches nothing");
+    cr_assert_eq(st.blocks_sealed, 0, "a lookup imports nothing");
+    snprintf(cmd, sizeof cmd, "%s --status --socket %s", bin, sock);
+    FILE *out = popen(cmd, "r");
+    cr_assert_not_null(out);
+    char line[1024];
+    bool seen = false;
+    while (fgets(line, sizeof line, out))
+        if (strncmp(line, "tier: ", 6) == 0) {
+            seen = true;
+            cr_assert(strstr(line, " 2 lookups (32 keys probed, 16 found)"), "%s", line);
         }
     cr_assert_eq(pclose(out), 0);
     cr_assert(seen, "pkvd --status printed no tier line");

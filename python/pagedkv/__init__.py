@@ -192,6 +192,9 @@ class Stats:
     tier_redirects: int
     tier_deleted: int
     tier_delete_failed: int
+    tier_lookups: int
+    tier_lookup_blocks: int
+    tier_lookup_found: int
 
 
 @dataclass(frozen=True)

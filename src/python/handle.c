@@ -598,7 +598,8 @@ static PyObject *h_stats(HandleObject *h, PyObject *unused)
         U(d, s, tier_fetches) || U(d, s, tier_fetch_blocks) || U(d, s, tier_fetch_found) ||
         U(d, s, tier_imported) || U(d, s, tier_rejected) || U(d, s, tier_errors) ||
         U(d, s, tier_deadline_misses) || U(d, s, tier_redirects) || U(d, s, tier_deleted) ||
-        U(d, s, tier_delete_failed)) {
+        U(d, s, tier_delete_failed) || U(d, s, tier_lookups) || U(d, s, tier_lookup_blocks) ||
+        U(d, s, tier_lookup_found)) {
         Py_DECREF(d);
         return NULL;
     }

@@ -827,12 +827,14 @@ static int status_main(const struct sockaddr_un *sa) {
             printf("tier: %llu published (%llu dropped, %llu failed), %llu fetches, "
                    "%llu records asked, %llu found, %llu imported, %llu rejected "
                    "(%llu deleted, %llu deletions failed), %llu errors, "
-                   "%llu deadlines reached, %llu redirects\n",
+                   "%llu deadlines reached, %llu redirects, %llu lookups (%llu keys "
+                   "probed, %llu found)\n",
                    U(st.tier_published), U(st.tier_publish_dropped),
                    U(st.tier_publish_errors), U(st.tier_fetches), U(st.tier_fetch_blocks),
                    U(st.tier_fetch_found), U(st.tier_imported), U(st.tier_rejected),
                    U(st.tier_deleted), U(st.tier_delete_failed), U(st.tier_errors),
-                   U(st.tier_deadline_misses), U(st.tier_redirects));
+                   U(st.tier_deadline_misses), U(st.tier_redirects), U(st.tier_lookups),
+                   U(st.tier_lookup_blocks), U(st.tier_lookup_found));
         }
 #undef U
     }
@@ -855,7 +857,8 @@ static void usage(void) {
             "            [--max-clients N]         (connections at once, default 1024)\n"
             "            [--client-timeout S]      (a begun frame's bound, default 30; 0: none)\n"
             "            [--metrics HOST:PORT]   (Prometheus GET /metrics, loopback)\n"
-            "            [--tier-nodes HOST:PORT,... --tier-secret-file PATH [--tier-lz4]]\n"
+            "            [--tier-nodes HOST:PORT,... --tier-secret-file PATH [--tier-lz4]\n"
+            "             [--tier-lookup] [--tier-publish-on-hit]]\n"
             "                                (the shared prefix tier on Redis, docs/remote.md)\n"
             "            [--client-wait S]   (at startup, wait at most S seconds, default 60,\n"
             "                                 for clients of a previous pkvd to close)\n"
@@ -1008,7 +1011,7 @@ static void reap(bool all) {
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
     const char *tier_nodes = NULL, *tier_secret_file = NULL;
-    bool tier_lz4 = false;
+    uint32_t tier_flags = 0; /* --tier-lz4, --tier-lookup, --tier-publish-on-hit */
     bool mode_given = false;
     bool status = false;
     uint64_t ready_fd = UINT64_MAX, v, sock_mode = 0600, client_wait = 60;
@@ -1025,8 +1028,11 @@ int main(int argc, char **argv) {
             status = true;
             continue;
         }
-        if (!strcmp(a, "--tier-lz4")) {
-            tier_lz4 = true;
+        if (!strcmp(a, "--tier-lz4") || !strcmp(a, "--tier-lookup") ||
+            !strcmp(a, "--tier-publish-on-hit")) {
+            tier_flags |= !strcmp(a, "--tier-lz4")      ? PKV_TIER_LZ4
+                          : !strcmp(a, "--tier-lookup") ? PKV_TIER_LOOKUP
+                                                        : PKV_TIER_PUBLISH_ON_HIT;
             continue;
         }
         if (!val) {
@@ -1177,7 +1183,7 @@ int main(int argc, char **argv) {
     }
     /* The shared prefix tier (docs/remote.md): attached before any client can
      * call (pkv_tier_attach must not run concurrently with other calls). */
-    if (tier_nodes || tier_secret_file || tier_lz4) {
+    if (tier_nodes || tier_secret_file || tier_flags) {
         uint8_t secret[257];
         size_t slen = 0;
         FILE *sf = tier_secret_file ? fopen(tier_secret_file, "rb") : NULL;
@@ -1190,10 +1196,11 @@ int main(int argc, char **argv) {
         to.nodes = tier_nodes;
         to.secret = secret;
         to.secret_len = slen;
-        to.flags = tier_lz4 ? PKV_TIER_LZ4 : 0;
+        to.flags = tier_flags;
         if (!tier_nodes || !sf)
             rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file (a readable file "
-                         "of 16..256 bytes) and back; --tier-lz4 needs both");
+                         "of 16..256 bytes) and back; --tier-lz4, --tier-lookup and "
+                         "--tier-publish-on-hit need both");
         else rc = pkv_tier_attach(cache, &to);
         explicit_bzero(secret, sizeof secret);
         if (rc) {
