@@ -23,9 +23,12 @@
 
 #include <hiredis/hiredis.h>
 #include <lz4.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -850,6 +853,16 @@ Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
     free(p);
 }
 
+/* The cluster secret as pkvd reads it: a file of the given mode. */
+static void write_secret_file(const char *path, const void *secret, size_t len, mode_t mode) {
+    unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
+    cr_assert_eq(fchmod(fd, mode), 0); /* the umask must not decide the test */
+    cr_assert_eq(write(fd, secret, len), (ssize_t)len);
+    close(fd);
+}
+
 /* pkvd with a tier (--tier-nodes, --tier-secret-file): a client's open on a
  * cold daemon imports node A's blocks through it; the tier's counters reach
  * the client through STATS (protocol version 2) and the operator through
@@ -871,10 +884,7 @@ Test(tier, pkvd_imports_from_the_tier_and_reports_its_counters, .timeout = 120) 
     pt_path(sfile, sizeof sfile, "secret");
     pt_path(dir, sizeof dir, "d");
     pt_path(sock, sizeof sock, "s");
-    FILE *f = fopen(sfile, "wb");
-    cr_assert_not_null(f);
-    fwrite(SECRET, 1, sizeof SECRET - 1, f);
-    fclose(f);
+    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
     fflush(NULL);
     pid_t d = fork();
     cr_assert(d >= 0);
@@ -1271,10 +1281,7 @@ Test(tier, pkvd_lookup_asks_the_tier_with_tier_lookup, .timeout = 120) {
     pt_path(sfile, sizeof sfile, "secret");
     pt_path(dir, sizeof dir, "d");
     pt_path(sock, sizeof sock, "s");
-    FILE *f = fopen(sfile, "wb");
-    cr_assert_not_null(f);
-    fwrite(SECRET, 1, sizeof SECRET - 1, f);
-    fclose(f);
+    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
     fflush(NULL);
     pid_t d = fork();
     cr_assert(d >= 0);
@@ -1315,4 +1322,80 @@ Test(tier, pkvd_lookup_asks_the_tier_with_tier_lookup, .timeout = 120) {
     waitpid(d, &status, 0);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pkvd: status 0x%x", status);
     free(p);
+}
+
+/* pkvd refuses a cluster secret file that group or others can read (whoever
+ * reads the secret can make the deployment serve wrong K/V: remote.md, "Trust
+ * model"), one that is too short or too long, and one it cannot read; each
+ * with exit 1 and a message naming the file, before the socket listens. */
+Test(tier, pkvd_refuses_a_secret_file_others_can_read_or_of_a_bad_length, .timeout = 60) {
+    const char *bin = getenv("PKVD");
+    if (!bin) {
+        cr_skip_test("PKVD not set (meson test sets it)");
+        return;
+    }
+    char sfile[512], dir[512], sock[512], cmd[2048], out[4096];
+    pt_path(sfile, sizeof sfile, "secret");
+    pt_path(dir, sizeof dir, "d");
+    pt_path(sock, sizeof sock, "s");
+    char long_secret[300];
+    memset(long_secret, 'k', sizeof long_secret);
+    const struct {
+        size_t len;
+        mode_t mode;
+        bool create;
+        const char *expect;
+    } cases[] = {
+        {sizeof SECRET - 1, 0644, true, "chmod 600"},
+        {sizeof SECRET - 1, 0660, true, "chmod 600"},
+        {sizeof SECRET - 1, 0602, true, "chmod 600"},
+        {15, 0600, true, "15 bytes, the secret needs 16..256"},
+        {257, 0600, true, "longer than 256 bytes"},
+        {0, 0600, false, "No such file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unlink(sfile);
+        if (cases[i].create)
+            write_secret_file(sfile, cases[i].len == sizeof SECRET - 1 ? SECRET : long_secret,
+                              cases[i].len, cases[i].mode);
+        /* timeout: a pkvd that accepted the file would serve until killed */
+        snprintf(cmd, sizeof cmd,
+                 "timeout 20 '%s' --dir '%s' --socket '%s' --layers 2 --kv-heads 2 --head-dim 4 "
+                 "--block-size 16 --dtype f32 --capacity 64 --model-id %s "
+                 "--tier-nodes 127.0.0.1:1 --tier-secret-file '%s' 2>&1",
+                 bin, dir, sock, PT_MODEL, sfile);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "case %zu: pkvd status %d: %s", i,
+                  st, out);
+        cr_assert(strstr(out, cases[i].expect) && strstr(out, sfile),
+                  "case %zu: expected '%s' and the file's name in: %s", i, cases[i].expect, out);
+        cr_assert_eq(access(sock, F_OK), -1, "case %zu: the socket was created", i);
+    }
+    /* The same file with mode 0600 and a good length is accepted: the daemon
+     * starts (no Redis answers on port 1, which is not an error). */
+    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
+    pid_t d = fork();
+    cr_assert(d >= 0);
+    if (d == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
+              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "64",
+              "--model-id", PT_MODEL, "--tier-nodes", "127.0.0.1:1", "--tier-secret-file", sfile,
+              (char *)NULL);
+        _exit(127);
+    }
+    bool up = false;
+    for (int t = 0; t < 1000 && !up; t++) {
+        up = access(sock, F_OK) == 0;
+        if (!up) usleep(10000);
+        int st;
+        if (!up && waitpid(d, &st, WNOHANG) == d) cr_assert_fail("pkvd exited: status %d", st);
+    }
+    kill(d, SIGTERM);
+    waitpid(d, NULL, 0);
+    cr_assert(up, "pkvd with a 0600 secret file never listened");
 }

@@ -1008,6 +1008,46 @@ static void reap(bool all) {
     }
 }
 
+/* The tier's cluster secret (docs/remote.md, "Trust model"): whoever reads it
+ * can make every node of the deployment serve wrong K/V, so a file that others
+ * can read or write is refused, as ssh refuses such a key. */
+static int read_secret_file(const char *path, uint8_t secret[256], size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st))
+        rc = pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: not a regular file", path);
+    else if (st.st_mode & 077)
+        rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: mode %04o lets group or others "
+                     "read or write the cluster secret (chmod 600 it)", path,
+                     (unsigned)(st.st_mode & 07777));
+    uint8_t extra;
+    size_t n = 0;
+    while (!rc && n < 256) {
+        ssize_t r = read(fd, secret + n, 256 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) rc = pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno));
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    ssize_t more;
+    while (!rc && n == 256 && (more = read(fd, &extra, 1)) != 0) {
+        if (more < 0 && errno == EINTR) continue;
+        rc = more < 0 ? pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno))
+                      : pkv_err(PKV_EINVAL, "--tier-secret-file %s: longer than 256 bytes",
+                                path);
+    }
+    if (!rc && n < 16)
+        rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: %zu bytes, the secret needs 16..256",
+                     path, n);
+    close(fd);
+    *len = rc ? 0 : n;
+    return rc;
+}
+
 int main(int argc, char **argv) {
     const char *dir = NULL, *sock = NULL, *metrics_addr = NULL, *sock_group = NULL;
     const char *tier_nodes = NULL, *tier_secret_file = NULL;
@@ -1184,24 +1224,21 @@ int main(int argc, char **argv) {
     /* The shared prefix tier (docs/remote.md): attached before any client can
      * call (pkv_tier_attach must not run concurrently with other calls). */
     if (tier_nodes || tier_secret_file || tier_flags) {
-        uint8_t secret[257];
+        uint8_t secret[256];
         size_t slen = 0;
-        FILE *sf = tier_secret_file ? fopen(tier_secret_file, "rb") : NULL;
-        if (sf) {
-            slen = fread(secret, 1, sizeof secret, sf);
-            fclose(sf);
-        }
         pkv_tier_options to;
         memset(&to, 0, sizeof to);
         to.nodes = tier_nodes;
         to.secret = secret;
-        to.secret_len = slen;
         to.flags = tier_flags;
-        if (!tier_nodes || !sf)
+        if (!tier_nodes || !tier_secret_file)
             rc = pkv_err(PKV_EINVAL, "--tier-nodes needs --tier-secret-file (a readable file "
                          "of 16..256 bytes) and back; --tier-lz4, --tier-lookup and "
                          "--tier-publish-on-hit need both");
-        else rc = pkv_tier_attach(cache, &to);
+        else if (!(rc = read_secret_file(tier_secret_file, secret, &slen))) {
+            to.secret_len = slen;
+            rc = pkv_tier_attach(cache, &to);
+        }
         explicit_bzero(secret, sizeof secret);
         if (rc) {
             logf_("--tier-nodes: %s (%s)", pkv_strerror(rc), pkv_last_error());
