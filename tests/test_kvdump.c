@@ -1798,7 +1798,7 @@ Test(kvdump, forged_arena_header)
             uint32_t ml = 300;
             memcpy(h + 88, &ml, 4);
         } else {
-            uint32_t v = 2;
+            uint32_t v = 3;
             memcpy(h + 8, &v, 4); /* another format version */
         }
         uint64_t sum = XXH3_64bits(h, 4088);
