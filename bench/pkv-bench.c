@@ -1613,9 +1613,12 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     /* 1 layer x (K, V) x 1 head x block_size tokens x head_dim 8 x 2 bytes, in a slot
-     * rounded up to the page (pkv_info() confirms it once the cache is open). */
+     * of a new arena's stride: a power of two >= 64 up to 2 KiB, else rounded up to
+     * the page (docs/format.md; pkv_info() confirms it once the cache is open). */
     uint64_t block_bytes = 2ull * cfg.block_size * 8 * 2;
     uint64_t slot = (block_bytes + 4095) / 4096 * 4096;
+    if (block_bytes <= 2048)
+        for (slot = 64; slot < block_bytes; slot *= 2) {}
     double arena_gib = (4096.0 + (double)slot * (double)cfg.capacity) / (1024.0 * 1024 * 1024);
 
     if (!cfg.json) {

@@ -298,7 +298,9 @@ typedef struct pkv_cache_info {
     uint32_t elem_size;   /* bytes per element: 4, 2 or 2 */
     uint64_t capacity;    /* blocks */
     uint64_t block_bytes; /* payload bytes of one block (all layers, K and V) */
-    uint64_t slot_bytes;  /* block_bytes rounded up to the page size */
+    uint64_t slot_bytes;  /* the slots' stride: block_bytes rounded up to the page
+                             size, or (blocks <= 2 KiB, arenas created since
+                             2026-12-06) a power of two >= max(64, block_bytes) */
     uint64_t run_bytes;   /* bytes of one (layer, kind, head) run: block_size*head_dim*elem */
     char model_id[PKV_MODEL_ID_MAX + 1];
 } pkv_cache_info;

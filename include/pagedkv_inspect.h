@@ -131,7 +131,9 @@ int pkv_inspect_arena(const pkv_cache *cache, pkv_arena_info *out);
 
 /* The geometry pkv_open derives from opt (capacity, dtype and the sizes; model_id
  * is copied when set, else ""), without opening anything: to check a stored
- * header or a bundle against the library's rules.
+ * header or a bundle against the library's rules. slot_bytes is the stride a new
+ * arena gets (format version 2 where it is below a page); an existing version-1
+ * arena of small blocks stores the page stride instead (docs/format.md).
  * Errors: PKV_EINVAL (opt or out NULL; the geometry is invalid, as pkv_open would
  * say: a field zero or out of range, unknown dtype, capacity > 2^31, an
  * overflowing arena size). Blocks: never. */

@@ -1,9 +1,12 @@
 /*
- * arena.c — the arena file: one header page, then `capacity` page-aligned block
- * slots, preallocated and mapped MAP_SHARED; plus the directory's LOCK file.
+ * arena.c — the arena file: one header page, then `capacity` block slots of
+ * slot_bytes each, preallocated and mapped MAP_SHARED; plus the directory's LOCK file.
+ * Version 1 slots are whole pages; version 2 (small blocks only) packs several
+ * to a page at a power-of-two stride (pkv_slot_bytes_dense, internal.h). An
+ * existing arena keeps the stride its header stores.
  *
  * Header page (little-endian, 4096 bytes; docs/format.md):
- *     0  magic "PAGEDKV\0"        8   u32 version (1)     12  u32 header bytes (4096)
+ *     0  magic "PAGEDKV\0"        8   u32 version (1|2)   12  u32 header bytes (4096)
  *    16  u32 num_layers          20  u32 num_kv_heads    24  u32 head_dim
  *    28  u32 block_size          32  u32 dtype           36  u32 elem_size
  *    40  u64 capacity            48  u64 block_bytes     56  u64 slot_bytes
@@ -45,7 +48,7 @@
 #endif
 
 #define HDR_MAGIC "PAGEDKV"
-#define HDR_VERSION 1u
+#define HDR_VERSION_MAX 2u
 #define HDR_SUM_OFF 4088u
 #define HDR_MODEL_OFF 92u
 #define HDR_MODEL_BYTES 256u
@@ -87,7 +90,8 @@ int pkv_geometry_from_options(const pkv_options *opt, pkv_geometry *geo) {
     geo->capacity = opt->capacity;
     geo->run_bytes = (uint64_t)opt->block_size * opt->head_dim * elem;
     geo->block_bytes = geo->run_bytes * 2 * opt->num_kv_heads * opt->num_layers;
-    geo->slot_bytes = (geo->block_bytes + PKV_PAGE - 1) / PKV_PAGE * PKV_PAGE;
+    geo->slot_bytes = pkv_slot_bytes_dense(geo->block_bytes); /* an existing arena's
+                                                                  header may say otherwise */
     if (geo->capacity && geo->slot_bytes > (UINT64_MAX / 2) / geo->capacity)
         return pkv_err(PKV_EINVAL, "arena size overflows");
     return 0;
@@ -97,7 +101,7 @@ static void header_encode(uint8_t *h, const pkv_arena *a, uint64_t created) {
     const pkv_geometry *g = &a->geo;
     memset(h, 0, PKV_PAGE);
     memcpy(h, HDR_MAGIC, 8);
-    pkv_put_u32(h + 8, HDR_VERSION);
+    pkv_put_u32(h + 8, pkv_arena_version(g->block_bytes, g->slot_bytes));
     pkv_put_u32(h + 12, PKV_PAGE);
     pkv_put_u32(h + 16, g->num_layers);
     pkv_put_u32(h + 20, g->num_kv_heads);
@@ -122,9 +126,9 @@ static int header_decode(const uint8_t *h, pkv_arena *a, const char *path) {
     if (memcmp(h, HDR_MAGIC, 8) != 0)
         return pkv_err(PKV_ECORRUPT, "%s: not a pagedkv arena (bad magic)", path);
     uint32_t version = pkv_get_u32(h + 8);
-    if (version != HDR_VERSION)
-        return pkv_err(PKV_EVERSION, "%s: format version %u, this library reads %u",
-                       path, version, HDR_VERSION);
+    if (version == 0 || version > HDR_VERSION_MAX)
+        return pkv_err(PKV_EVERSION, "%s: format version %u, this library reads 1 to %u",
+                       path, version, HDR_VERSION_MAX);
     if (!pkv_sum_ok(pkv_get_u64(h + HDR_SUM_OFF), XXH3_64bits(h, HDR_SUM_OFF)))
         return pkv_err(PKV_ECORRUPT, "%s: header checksum mismatch", path);
     pkv_options o;
@@ -145,9 +149,13 @@ static int header_decode(const uint8_t *h, pkv_arena *a, const char *path) {
     if (pkv_get_u32(h + 12) != PKV_PAGE || pkv_get_u64(h + 64) != PKV_PAGE ||
         pkv_get_u32(h + 36) != a->geo.elem_size ||
         pkv_get_u64(h + 48) != a->geo.block_bytes ||
-        pkv_get_u64(h + 56) != a->geo.slot_bytes || a->geo.capacity == 0 ||
+        !pkv_slot_bytes_legal(version, a->geo.block_bytes, pkv_get_u64(h + 56)) ||
+        a->geo.capacity == 0 ||
         mlen == 0 || mlen > PKV_MODEL_ID_MAX || memchr(h + HDR_MODEL_OFF, 0, mlen))
         return pkv_err(PKV_ECORRUPT, "%s: inconsistent header fields", path);
+    a->geo.slot_bytes = pkv_get_u64(h + 56); /* the stride it was created with */
+    if (a->geo.slot_bytes > (UINT64_MAX / 2) / a->geo.capacity)
+        return pkv_err(PKV_ECORRUPT, "%s: arena size overflows", path);
     a->data_offset = PKV_PAGE;
     a->secret = pkv_get_u64(h + 72);
     memcpy(a->model_id, h + HDR_MODEL_OFF, mlen);

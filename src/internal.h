@@ -144,8 +144,40 @@ typedef struct pkv_geometry {
     uint64_t capacity;
     uint64_t run_bytes;   /* block_size * head_dim * elem_size */
     uint64_t block_bytes; /* num_layers * 2 * num_kv_heads * run_bytes */
-    uint64_t slot_bytes;  /* block_bytes rounded up to PKV_PAGE */
+    uint64_t slot_bytes;  /* the stride of the slots: pkv_slot_bytes_dense() for a new
+                             arena, the stored value (dense or page) for an existing one */
 } pkv_geometry;
+
+/* The two legal slot strides (docs/format.md, "Arena file"). A version-1 arena
+ * rounds block_bytes up to whole pages; a version-2 one, written since
+ * 2026-12-06, packs small blocks several to a page: the smallest power of two,
+ * at least a cache line, that holds block_bytes. Being a divisor of the page, it
+ * keeps every block inside one page and every run aligned as a page-sized slot
+ * would (to run_bytes's largest power-of-two factor); blocks over half a page
+ * get the page stride either way, so version 2 differs only for them. */
+static inline uint64_t pkv_slot_bytes_page(uint64_t block_bytes) {
+    return (block_bytes + PKV_PAGE - 1) / PKV_PAGE * PKV_PAGE;
+}
+static inline uint64_t pkv_slot_bytes_dense(uint64_t block_bytes) {
+    if (block_bytes > PKV_PAGE / 2) return pkv_slot_bytes_page(block_bytes);
+    uint64_t s = 64;
+    while (s < block_bytes) s <<= 1;
+    return s;
+}
+/* The arena header's format version for a stride: 1 for the page stride (so a
+ * library from before version 2 still opens every arena of large blocks), 2 for
+ * a dense one. */
+static inline uint32_t pkv_arena_version(uint64_t block_bytes, uint64_t slot_bytes) {
+    return slot_bytes == pkv_slot_bytes_page(block_bytes) ? 1u : 2u;
+}
+/* Whether a stored (version, slot_bytes) pair is one a writer produces. */
+static inline bool pkv_slot_bytes_legal(uint32_t version, uint64_t block_bytes,
+                                        uint64_t slot_bytes) {
+    return (version == 1 || version == 2) && slot_bytes != 0 &&
+           (slot_bytes == pkv_slot_bytes_page(block_bytes) ||
+            slot_bytes == pkv_slot_bytes_dense(block_bytes)) &&
+           pkv_arena_version(block_bytes, slot_bytes) == version;
+}
 
 typedef struct pkv_arena {
     int fd;           /* the arena file */

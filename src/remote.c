@@ -235,12 +235,15 @@ static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
     a->model_id[ml] = '\0';
     o.model_id = a->model_id;
     if ((rc = pkv_geometry_from_options(&o, &a->geo))) goto out;
+    /* The stride is the daemon's arena's: either legal one (version 1 or 2). */
     if (a->geo.elem_size != elem || a->geo.block_bytes != block_bytes ||
-        a->geo.slot_bytes != slot_bytes || a->geo.run_bytes != run_bytes ||
-        data_offset != PKV_PAGE) {
+        !pkv_slot_bytes_legal(pkv_arena_version(block_bytes, slot_bytes), block_bytes,
+                              slot_bytes) ||
+        a->geo.run_bytes != run_bytes || data_offset != PKV_PAGE) {
         rc = pkv_err(PKV_EGEOMETRY, "pkvd's geometry does not derive as this library's");
         goto out;
     }
+    a->geo.slot_bytes = slot_bytes;
     struct stat st;
     uint64_t need = data_offset + a->geo.capacity * a->geo.slot_bytes;
     if (fstat(afd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < need) {

@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "pagedkv_inspect.h"
+
 TestSuite(corrupt, .init = pt_setup, .fini = pt_teardown);
 
 #define CAP 128u
@@ -1096,4 +1098,136 @@ Test(corrupt, overlapping_frame_candidates_are_bounded)
     wu_verify_model(c, &w.m, "point-in-time before the candidates");
     pkv_close(c);
     wu_wl_free(&w);
+}
+
+/* ---- The slot stride (arena format versions 1 and 2) ------------------------------- */
+
+/* Rewrite an arena's header as version `ver` with slot stride `slot` (checksum fixed),
+ * and set the file to `size` bytes when size > 0. */
+static void restride(const char *arena, uint32_t ver, uint64_t slot, uint64_t size)
+{
+    size_t len = 0;
+    uint8_t *f = wu_read_file(arena, &len);
+    cr_assert(f && len >= 4096);
+    uint8_t h[4096];
+    memcpy(h, f, sizeof h);
+    free(f);
+    memcpy(h + 8, &ver, 4);
+    memcpy(h + 56, &slot, 8);
+    uint64_t sum = XXH3_64bits(h, 4088);
+    memcpy(h + 4088, &sum, 8);
+    patch(arena, 0, h, sizeof h);
+    if (size) cr_assert_eq(truncate(arena, (off_t)size), 0, "resize %s", arena);
+}
+
+/* A cache created before version 2 (page-sized slots for its 512-byte blocks) keeps
+ * its stride across opens: its K/V sits at 4096 + block * 4096 in the file, is
+ * verified (rule S1) and served after a reopen, and the header still says version 1.
+ * Without the stored stride the open refuses the file or reads K/V from the wrong
+ * offsets, and the verification (or the model's K/V check) fails. */
+Test(corrupt, a_version_1_arena_keeps_its_page_sized_slots)
+{
+    char dir[512], arena[600];
+    pt_path(dir, sizeof dir, "v1");
+    snprintf(arena, sizeof arena, "%s/arena", dir);
+    pkv_options o;
+    opts(&o, 64);
+    pkv_cache *c = wu_open_ok(dir, &o);
+    pkv_cache_info inf;
+    WU_OK(pkv_info(c, &inf));
+    cr_assert_eq(inf.block_bytes, 512, "the test's geometry changed");
+    cr_assert_eq(inf.slot_bytes, 512, "a new arena of 512-byte blocks packs 8 to a page");
+    cr_assert_eq(read_byte(arena, 8), 2, "a dense arena is version 2");
+    pkv_close(c);
+    /* What the previous library wrote for the same geometry. */
+    restride(arena, 1, 4096, 4096 + 64ull * 4096);
+
+    c = wu_open_ok(dir, &o);
+    WU_OK(pkv_info(c, &inf));
+    cr_assert_eq(inf.slot_bytes, 4096, "the stored stride is kept");
+    wu_prompts ps = {0};
+    wu_wl w;
+    wu_wl_init(&w, c, 77, &ps);
+    w.max_seqs = 4;
+    w.max_len = 40;
+    for (int i = 0; i < 60; i++) wu_step(&w); /* 64 blocks: slots reused */
+    WU_OK(pkv_sync(c));
+    /* A sealed block's K/V is in the file at the version-1 offset. */
+    uint32_t sealed = UINT32_MAX;
+    for (uint32_t b = 0; b < 64 && sealed == UINT32_MAX; b++) {
+        pkv_block_info bi;
+        if (pkv_inspect_block(c, b, &bi) == 0 && bi.state == PKV_BLOCK_SEALED) sealed = b;
+    }
+    cr_assert_neq(sealed, UINT32_MAX, "no sealed block after the workload");
+    uint8_t *kv = pkv_kv(c, sealed, 0, PKV_K, 0);
+    uint8_t *want = malloc(inf.block_bytes);
+    memcpy(want, kv, inf.block_bytes);
+    pkv_close(c);
+    wu_model_drop_pending(&w.m);
+    size_t len = 0;
+    uint8_t *f = wu_read_file(arena, &len);
+    cr_assert_eq(len, 4096 + 64ull * 4096, "the arena's size changed: %zu", len);
+    cr_assert_eq(f[8], 1, "the header was rewritten");
+    cr_assert(!memcmp(f + 4096 + (uint64_t)sealed * 4096, want, inf.block_bytes),
+              "block %u's K/V is not at its version-1 offset", sealed);
+    free(f);
+    free(want);
+
+    c = wu_open_ok(dir, &o);
+    WU_OK(pkv_info(c, &inf));
+    cr_assert_eq(inf.slot_bytes, 4096);
+    wu_verify_model(c, &w.m, "reopened version-1 arena");
+    size_t *hits = calloc(ps.n + w.m.n + 1, sizeof *hits), total = 0;
+    wu_probe_all(c, &ps, &w.m, hits, "reopened version-1 arena");
+    for (size_t i = 0; i < ps.n + w.m.n; i++) total += hits[i];
+    cr_assert_gt(total, 0, "no prefix hit to check");
+    free(hits);
+    WU_CHECK(c, "reopened version-1 arena");
+    pkv_close(c);
+    wu_wl_free(&w);
+    wu_prompts_free(&ps);
+}
+
+/* A stride that is not the one its version stands for, or a version after 2, is
+ * refused (the file is left as it is): a reader must never address blocks at a
+ * stride the writer did not use. */
+Test(corrupt, a_stride_that_disagrees_with_its_version_is_refused)
+{
+    char dir[512], arena[600];
+    pt_path(dir, sizeof dir, "stride");
+    snprintf(arena, sizeof arena, "%s/arena", dir);
+    pkv_options o;
+    opts(&o, 64);
+    pkv_close(wu_open_ok(dir, &o));
+    size_t len0 = 0;
+    uint8_t *orig = wu_read_file(arena, &len0);
+    const struct {
+        uint32_t ver;
+        uint64_t slot;
+        int err;
+    } bad[] = {
+        {1, 512, PKV_ECORRUPT},  /* version 1 is page-sized */
+        {2, 4096, PKV_ECORRUPT}, /* version 2 is the dense stride */
+        {2, 1024, PKV_ECORRUPT}, /* neither */
+        {2, 0, PKV_ECORRUPT},    {1, 8192, PKV_ECORRUPT},
+        {3, 512, PKV_EVERSION},  {0, 512, PKV_EVERSION},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        restride(arena, bad[i].ver, bad[i].slot, 0);
+        size_t len = 0;
+        uint8_t *before = wu_read_file(arena, &len);
+        pkv_cache *c = NULL;
+        int rc = wu_open(dir, &o, &c);
+        cr_assert_eq(rc, bad[i].err, "version %u stride %llu: open gave %d (%s)", bad[i].ver,
+                     (unsigned long long)bad[i].slot, rc, pkv_last_error());
+        cr_assert_null(c);
+        size_t len2 = 0;
+        uint8_t *after = wu_read_file(arena, &len2);
+        cr_assert(len == len2 && !memcmp(before, after, len), "case %zu changed the arena", i);
+        free(before);
+        free(after);
+    }
+    patch(arena, 0, orig, 4096);
+    free(orig);
+    pkv_close(wu_open_ok(dir, &o));
 }

@@ -1008,6 +1008,54 @@ static void forge_frame(const char *path, uint64_t at, uint32_t epoch, uint64_t 
     patch(path, at, buf, o);
 }
 
+/* An arena of format version 1 (page-sized slots for blocks a new arena packs
+ * several to a page): kvdump reads its stored stride. The same directory, its
+ * payloads moved to their version-1 offsets, verifies clean; a byte flipped at a
+ * cached block's version-1 offset is found (reading at the dense stride would
+ * see neither the moved payloads nor the flip where it is). */
+Test(kvdump, a_version_1_arena_is_read_at_its_page_stride)
+{
+    char dir[512], arena[600];
+    pkv_cache *c = build_ref("cache", PKV_BF16, PKV_DURABLE_GROUP, dir, sizeof dir);
+    pkv_cache_info inf = pt_info(c);
+    pt_close(c);
+    const uint64_t page = (inf.block_bytes + 4095) / 4096 * 4096;
+    cr_assert(inf.slot_bytes < page, "the test needs blocks a new arena packs densely");
+    snprintf(arena, sizeof arena, "%s/arena", dir);
+    size_t len = 0;
+    uint8_t *f = rd_file(arena, &len);
+    cr_assert_eq(len, 4096 + inf.capacity * inf.slot_bytes);
+    uint8_t *g = calloc(1, 4096 + inf.capacity * page);
+    memcpy(g, f, 4096);
+    for (uint64_t b = 0; b < inf.capacity; b++)
+        memcpy(g + 4096 + b * page, f + 4096 + b * inf.slot_bytes, inf.block_bytes);
+    uint32_t ver = 1;
+    memcpy(g + 8, &ver, 4);
+    memcpy(g + 56, &page, 8);
+    uint64_t sum = XXH3_64bits(g, 4088);
+    memcpy(g + 4088, &sum, 8);
+    cr_assert_eq(truncate(arena, (off_t)(4096 + inf.capacity * page)), 0);
+    patch(arena, 0, g, 4096 + inf.capacity * page);
+    free(f);
+    free(g);
+
+    jv *v = KDJ(0, "summary", dir);
+    cr_assert_eq(ju(v, "geometry.slot_bytes"), page);
+    jfree(v);
+    v = KDJ(0, "verify", dir);
+    cr_assert(jb(v, "ok"));
+    cr_assert(ju(v, "checked.payloads") >= 6);
+    jfree(v);
+    v = KDJ(0, "blocks", dir, "--state", "cached");
+    cr_assert(jcount(v, "blocks") >= 1);
+    uint32_t cached = (uint32_t)ju(v, "blocks.0.block");
+    jfree(v);
+    flip(arena, 4096 + (uint64_t)cached * page + 3);
+    v = KDJ(1, "verify", dir);
+    cr_assert(!jb(v, "ok"));
+    jfree(v);
+}
+
 Test(kvdump, log_torn_tail_and_corruption)
 {
     char dir[512], seg[600];
@@ -1798,7 +1846,7 @@ Test(kvdump, forged_arena_header)
             uint32_t ml = 300;
             memcpy(h + 88, &ml, 4);
         } else {
-            uint32_t v = 2;
+            uint32_t v = 3;
             memcpy(h + 8, &v, 4); /* another format version */
         }
         uint64_t sum = XXH3_64bits(h, 4088);

@@ -17,6 +17,17 @@ TestSuite(open, .init = pt_setup, .fini = pt_teardown);
 #define BS 4u
 #define CAP 16u
 
+/* The slot stride a new arena gets: several small blocks to a page (the smallest
+ * power of two of at least 64 bytes that holds one), whole pages for blocks over
+ * half a page (docs/format.md, "Arena file"). */
+static uint64_t want_stride(uint64_t block_bytes)
+{
+    if (block_bytes > 2048) return (block_bytes + 4095) / 4096 * 4096;
+    uint64_t s = 64;
+    while (s < block_bytes) s *= 2;
+    return s;
+}
+
 static void default_opts(pkv_options *o)
 {
     pt_opts(o, PT_LAYERS, PT_HEADS, PT_HDIM, BS, PKV_F32, CAP);
@@ -91,7 +102,6 @@ Test(open, create_layout_and_modes)
     cr_assert_eq(sa.st_mode & 0777, 0600, "arena mode %o", sa.st_mode & 0777);
 
     pkv_cache_info inf = pt_info(c);
-    long page = sysconf(_SC_PAGESIZE);
     cr_assert_eq(inf.num_layers, PT_LAYERS);
     cr_assert_eq(inf.num_kv_heads, PT_HEADS);
     cr_assert_eq(inf.head_dim, PT_HDIM);
@@ -101,8 +111,8 @@ Test(open, create_layout_and_modes)
     cr_assert_eq(inf.capacity, CAP);
     cr_assert_eq(inf.run_bytes, (uint64_t)BS * PT_HDIM * 4);
     cr_assert_eq(inf.block_bytes, (uint64_t)PT_LAYERS * 2 * PT_HEADS * inf.run_bytes);
-    cr_assert_eq(inf.slot_bytes,
-                 (inf.block_bytes + (uint64_t)page - 1) / (uint64_t)page * (uint64_t)page);
+    cr_assert_eq(inf.slot_bytes, want_stride(inf.block_bytes));
+    cr_assert_eq(inf.slot_bytes, 512, "the test's 512-byte blocks pack 8 to a page");
     cr_assert_str_eq(inf.model_id, PT_MODEL);
     cr_assert_eq((uint64_t)sa.st_size, 4096 + CAP * inf.slot_bytes, "arena size %lld",
                  (long long)sa.st_size);
@@ -112,8 +122,8 @@ Test(open, create_layout_and_modes)
     cr_assert_eq(st.blocks_free, CAP);
     cr_assert_eq(st.blocks_used + st.blocks_cached + st.blocks_sealed + st.sequences, 0);
 
-    /* Payload layout: [layer][K|V][head][token][dim] inside page-aligned slots after
-     * a 4096-byte header page. */
+    /* Payload layout: [layer][K|V][head][token][dim] inside slots of slot_bytes after
+     * a 4096-byte header page (512-byte blocks here: 8 to a page). */
     uint8_t *base = pkv_kv(c, 0, 0, PKV_K, 0);
     cr_assert_not_null(base);
     cr_assert_eq((uintptr_t)base % 4096, 0, "slot 0 not page aligned");
@@ -556,7 +566,8 @@ Test(open, geometry_variants)
         cr_assert_eq(inf.elem_size, g[i].elem);
         cr_assert_eq(inf.run_bytes, (uint64_t)g[i].bs * g[i].hdim * g[i].elem);
         cr_assert_eq(inf.block_bytes, (uint64_t)g[i].layers * 2 * g[i].heads * inf.run_bytes);
-        cr_assert(inf.slot_bytes >= inf.block_bytes && inf.slot_bytes % 4096 == 0);
+        cr_assert_eq(inf.slot_bytes, want_stride(inf.block_bytes), "geometry %zu: stride %llu",
+                     i, (unsigned long long)inf.slot_bytes);
         /* A sequence spanning several blocks round-trips. */
         uint32_t t[40];
         for (int k = 0; k < 40; k++)

@@ -49,6 +49,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 TestSuite(pkvd, .init = pt_setup, .fini = pt_teardown);
 
@@ -800,6 +801,67 @@ Test(pkvd, a_killed_client_releases_everything)
 }
 
 /* ---- Daemon death ---------------------------------------------------------------------- */
+
+/* A daemon serving an arena of format version 1 (page-sized slots for the 512-byte
+ * blocks a new arena packs eight to a page): the client maps it at the stride the
+ * daemon reports, and two connections share a prefix with exact K/V, which is
+ * also at its version-1 place when the directory is opened locally afterwards.
+ * Without the client's acceptance of the stored stride, connect fails with
+ * PKV_EGEOMETRY. */
+Test(pkvd, a_version_1_arena_is_mapped_at_its_page_stride)
+{
+    daemon_paths();
+    pkv_options o;
+    pt_opts(&o, 2, 2, 4, BS, PKV_F32, CAP);
+    pkv_cache *c = pt_open_sub("cache", &o);
+    pkv_cache_info inf = pt_info(c);
+    cr_assert_eq(inf.slot_bytes, 512, "the daemon's geometry packs 8 blocks to a page");
+    pt_close(c);
+    char arena[400];
+    snprintf(arena, sizeof arena, "%s/arena", dir_path);
+    int fd = open(arena, O_RDWR);
+    cr_assert(fd >= 0);
+    uint8_t h[4096];
+    cr_assert_eq(pread(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+    uint32_t ver = 1;
+    uint64_t slot = 4096;
+    memcpy(h + 8, &ver, 4);
+    memcpy(h + 56, &slot, 8);
+    uint64_t sum = XXH3_64bits(h, 4088);
+    memcpy(h + 4088, &sum, 8);
+    cr_assert_eq(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+    cr_assert_eq(ftruncate(fd, (off_t)(4096 + CAP * 4096ull)), 0);
+    close(fd);
+
+    pid_t d = daemon_start();
+    uint32_t p[25];
+    prompt(p, 25, 4711);
+    c = connect_ok();
+    cr_assert_eq(pt_info(c).slot_bytes, 4096, "the client maps the daemon's stride");
+    open_fill(c, 1, p, 25);
+    PT_OK(pkv_sync(c));
+    pkv_cache *c2 = connect_ok();
+    cr_assert_eq(SOPEN(c2, 2, p, 25), 24, "the second connection attaches the prefix");
+    PT_VERIFY(c2, 2, 0, p, 24, 24);
+    pkv_close(c2);
+    pkv_close(c);
+    daemon_stop(d, SIGTERM);
+
+    c = pt_open_sub("cache", &o);
+    inf = pt_info(c);
+    cr_assert_eq(inf.slot_bytes, 4096);
+    cr_assert_eq(SOPEN(c, 3, p, 25), 24);
+    PT_VERIFY(c, 3, 0, p, 24, 24);
+    uint32_t tab[8];
+    PT_BLOCKS(c, 3, tab, 8);
+    uint8_t *kv = pkv_kv(c, tab[0], 0, PKV_K, 0);
+    cr_assert_eq((uint64_t)(kv - (uint8_t *)pkv_kv(c, 0, 0, PKV_K, 0)), tab[0] * 4096ull);
+    PT_CHECK(c);
+    pt_close(c);
+    struct stat st;
+    cr_assert_eq(stat(arena, &st), 0);
+    cr_assert_eq((uint64_t)st.st_size, 4096 + CAP * 4096ull, "the arena keeps its size");
+}
 
 Test(pkvd, a_killed_daemon_disconnects_and_a_restart_recovers)
 {

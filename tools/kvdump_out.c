@@ -516,9 +516,9 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
         goto out;
     }
     h->version = kd_get_u32(b + 8);
-    if (h->version != 1) {
-        snprintf(why, wl, "%s: format version %u is not supported (kvdump reads version 1)", path,
-                 h->version);
+    if (h->version != 1 && h->version != 2) {
+        snprintf(why, wl, "%s: format version %u is not supported (kvdump reads versions 1 and 2)",
+                 path, h->version);
         rc = KD_USAGE;
         goto out;
     }
@@ -550,9 +550,15 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
     o.dtype = (pkv_dtype)h->dtype;
     o.capacity = h->capacity;
     pkv_cache_info g;
-    if (pkv_inspect_geometry(&o, &g) || h->capacity == 0 || h->header_bytes != KD_PAGE ||
+    /* The stride: whole pages in version 1; in version 2 the dense stride a new
+     * arena gets (pkv_inspect_geometry's), which differs from the page one. */
+    int geo_rc = pkv_inspect_geometry(&o, &g);
+    uint64_t page_stride = (g.block_bytes + KD_PAGE - 1) / KD_PAGE * KD_PAGE;
+    bool stride_ok = h->version == 1 ? h->slot_bytes == page_stride
+                                     : h->slot_bytes == g.slot_bytes && g.slot_bytes != page_stride;
+    if (geo_rc || h->capacity == 0 || h->header_bytes != KD_PAGE ||
         h->data_offset != KD_PAGE || h->elem_size != g.elem_size ||
-        h->block_bytes != g.block_bytes || h->slot_bytes != g.slot_bytes ||
+        h->block_bytes != g.block_bytes || !stride_ok ||
         h->model_len == 0 || h->model_len > PKV_MODEL_ID_MAX ||
         memchr(b + 92, 0, h->model_len)) {
         snprintf(why, wl, "%s: inconsistent header fields (geometry %u x %u x %u, block %u, "

@@ -280,6 +280,11 @@ static int register_map(pkv_cuda *g, uint8_t *base, uint64_t chunk_bytes, unsign
     }
     uint64_t bpc = chunk_bytes / g->slot_bytes;
     if (bpc < 1) bpc = 1;
+    /* Chunks start on page boundaries, so no page is registered twice: with slots
+     * smaller than a page (a version-2 arena), whole pages of them. With page-sized
+     * slots, as every arena of blocks over 2 KiB has, this changes nothing. */
+    const uint64_t spp = g->slot_bytes < 4096 ? 4096 / g->slot_bytes : 1;
+    bpc = (bpc + spp - 1) / spp * spp;
     const uint32_t n = (uint32_t)((g->capacity + bpc - 1) / bpc);
     g->chunks = calloc(n, sizeof *g->chunks);
     if (!g->chunks) {
@@ -292,6 +297,8 @@ static int register_map(pkv_cuda *g, uint8_t *base, uint64_t chunk_bytes, unsign
         const uint64_t b0 = (uint64_t)i * bpc, b1 = b0 + bpc < g->capacity ? b0 + bpc : g->capacity;
         uint8_t *lo = i ? base + g->data_offset + b0 * g->slot_bytes : base;
         uint8_t *hi = base + g->data_offset + b1 * g->slot_bytes;
+        if (b1 == g->capacity) /* to the end of the mapping's last page (a no-op with page slots) */
+            hi = base + ((uint64_t)(hi - base) + 4095) / 4096 * 4096;
         CUresult r = drv.reg(lo, (size_t)(hi - lo), flags);
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "cuMemHostRegister(%llu bytes at chunk %u/%u) failed: %s",
