@@ -109,6 +109,7 @@ pkvd_pid=
 cleanup() {
   [ -n "${engine_pgid:-}" ] && kill -KILL -- -"$engine_pgid" 2>/dev/null || true
   [ -n "$pkvd_pid" ] && kill "$pkvd_pid" 2>/dev/null || true
+  [ -n "${pkvd_e:-}" ] && kill "$pkvd_e" 2>/dev/null || true
   [ "${PKV_VLLM_KEEP:-0}" = 1 ] && echo "kept $tmp" >&2 || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -283,6 +284,7 @@ if on E; then
   "$pkvd" --dir "$tmp/cache-e" --socket "$sock_e" "${pargs_e[@]}" 2> "$tmp/pkvd-e.log" &
   pkvd_e=$!
   for _ in $(seq 100); do "$pkvd" --status --socket "$sock_e" >/dev/null 2>&1 && break; sleep 0.2; done
+  "$pkvd" --status --socket "$sock_e" >/dev/null 2>&1 || { cat "$tmp/pkvd-e.log" >&2; die "the second pkvd did not start"; }
   PYTHONPATH=$repo/scripts PKV_CHECK_EVICT_BLOCKS=13 run E "$P1" "$P1" --socket "$sock_e" \
     --no-prefix-caching --connector EvictingConnector:check_vllm_hooks
   cached E p1 0; same E R p1; same E R p1@2 p1
@@ -294,7 +296,7 @@ if on E; then
   # (vLLM's num_cached_tokens is fixed when the request is scheduled: it still
   # counts the recomputed tokens.)
   say "E: p1 again after the eviction: loaded in part, the rest recomputed (vLLM's num_cached_tokens says $(get E p1@2 num_cached_tokens)), tokens identical to R; pkvd: $(pkvd_stats "$sock_e")"
-  kill "$pkvd_e" 2>/dev/null; wait "$pkvd_e" 2>/dev/null || true
+  kill "$pkvd_e" 2>/dev/null; wait "$pkvd_e" 2>/dev/null || true; pkvd_e=
 fi
 if on G; then
   # G: chunked prefill with a budget of 128 tokens a step, vLLM's own prefix
