@@ -19,9 +19,13 @@ How it fits:
 - worker: `start_load_kv` opens a pagedkv sequence on the prompt (pkv_seq_open
   attaches the longest cached prefix and pins its blocks while the sequence is
   open), copies each attached block into vLLM's paged K/V tensors and closes
-  the sequence; positions the open did not attach (evicted since the lookup, a
-  block failing its checksum) are reported by `get_block_ids_with_load_errors`,
-  so vLLM recomputes them (kv_load_failure_policy "recompute"). Loads are
+  the sequence; positions the open did not attach (blocks evicted since the
+  lookup; all of them when pkvd is gone) are reported by
+  `get_block_ids_with_load_errors`, so vLLM recomputes them
+  (kv_load_failure_policy "recompute"). A block failing its checksum (rule S1)
+  is never promised: the lookup checksums a recovered block when it first
+  reaches it and stops there, and the open does not re-check a block that
+  passed. Loads are
   synchronous: `wait_for_layer_load` has nothing to wait for. `save_kv_layer`
   copies one layer of the K/V of a prompt whose prefill completes in this step
   into the slots of a sequence opened and appended on the prompt's ids;
