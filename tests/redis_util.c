@@ -11,10 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define RU_MAX 4
-static pid_t ru_pid[RU_MAX];
-static int ru_port[RU_MAX];
-static int ru_n;
+pid_t ru_pid[RU_MAX];
+int ru_port[RU_MAX];
+int ru_n;
 
 bool ru_have_redis(void) {
     if (system("command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1") ==
@@ -35,7 +34,7 @@ void ru_stop_all(void) {
     ru_n = 0;
 }
 
-static redisContext *ru_connect(int port) {
+redisContext *ru_connect(int port) {
     struct timeval tv = {1, 0};
     redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
     if (x && x->err) {
@@ -70,13 +69,13 @@ int ru_start_server(bool cluster) {
         if (chdir(pt_dir) != 0) _exit(126);
         if (cluster)
             execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", "--logfile", log,
-                   "--cluster-enabled", "yes", "--cluster-config-file", cfg,
+                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
+                   "yes", "--logfile", log, "--cluster-enabled", "yes", "--cluster-config-file", cfg,
                    "--cluster-node-timeout", "5000", (char *)NULL);
         else
             execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", "--logfile", log,
-                   (char *)NULL);
+                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
+                   "yes", "--logfile", log, (char *)NULL);
         _exit(127);
     }
     ru_pid[ru_n] = pid;

@@ -17,6 +17,7 @@
  * positive control that makes the rejections meaningful).
  */
 #include "pkv_test.h"
+#include "redis_util.h"
 #include "http_get.h"
 #include "pagedkv_inspect.h"
 #include "tier.h"
@@ -32,130 +33,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAXSRV 4
-static pid_t g_pid[MAXSRV];
-static int g_port[MAXSRV];
-static int g_nsrv;
-
 static const char SECRET[] = "pagedkv-test-cluster-secret-0123";
 /* The caches' geometry (copts), as the tier's keys name it. */
 static const pkv_geometry TGEO = {PT_LAYERS, PT_HEADS, PT_HDIM, 16, PKV_F32, 4, 0, 0, 0, 0};
 
 static void tier_fini(void) {
-    for (int i = 0; i < g_nsrv; i++)
-        if (g_pid[i] > 0) {
-            kill(g_pid[i], SIGKILL);
-            waitpid(g_pid[i], NULL, 0);
-        }
+    ru_stop_all();
     pt_teardown();
 }
 TestSuite(tier, .init = pt_setup, .fini = tier_fini);
 
-static bool have_redis(void) {
-    if (system("command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1") ==
-        0)
-        return true;
-    bool ci = getenv("CI") && strcmp(getenv("CI"), "true") == 0;
-    cr_assert(!ci, "redis-server/redis-cli missing: CI requires them (scripts/bootstrap.sh)");
-    return false;
-}
 #define NEED_REDIS()                                                               \
     do {                                                                           \
-        if (!have_redis()) {                                                       \
+        if (!ru_have_redis()) {                                                       \
             cr_skip_test("redis-server not installed (apt-get install redis-server)"); \
             return;                                                                \
         }                                                                          \
     } while (0)
-
-static int pick_port(void) {
-    for (int i = 0; i < 100; i++) {
-        int p = ht_free_port();
-        if (p > 1024 && p < 55000) return p; /* the cluster bus uses port + 10000 */
-    }
-    cr_assert(false, "no free port below 55000");
-    return -1;
-}
-
-static redisContext *connect_port(int port) {
-    struct timeval tv = {1, 0};
-    redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (x && x->err) {
-        redisFree(x);
-        return NULL;
-    }
-    if (x) redisSetTimeout(x, tv);
-    return x;
-}
-
-/* redis-server on a free port in pt_dir; waits until it answers PING. */
-static int start_server(bool cluster) {
-    cr_assert(g_nsrv < MAXSRV);
-    int port = pick_port();
-    char ps[16], cfg[64], log[64];
-    snprintf(ps, sizeof ps, "%d", port);
-    snprintf(cfg, sizeof cfg, "nodes-%d.conf", port);
-    snprintf(log, sizeof log, "redis-%d.log", port);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (chdir(pt_dir) != 0) _exit(126);
-        if (cluster)
-            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
-                   "yes", "--logfile", log, "--cluster-enabled", "yes", "--cluster-config-file",
-                   cfg, "--cluster-node-timeout", "5000", (char *)NULL);
-        else
-            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", "--enable-debug-command",
-                   "yes", "--logfile", log, (char *)NULL);
-        _exit(127);
-    }
-    g_pid[g_nsrv] = pid;
-    g_port[g_nsrv] = port;
-    g_nsrv++;
-    for (int i = 0; i < 500; i++) {
-        redisContext *x = connect_port(port);
-        if (x) {
-            redisReply *r = redisCommand(x, "PING");
-            bool ok = r && r->type == REDIS_REPLY_STATUS;
-            if (r) freeReplyObject(r);
-            redisFree(x);
-            if (ok) return port;
-        }
-        usleep(10000);
-    }
-    cr_assert(false, "redis-server on port %d did not start (see %s/%s)", port, pt_dir, log);
-    return -1;
-}
-
-static bool cluster_ok(int port) {
-    redisContext *x = connect_port(port);
-    if (!x) return false;
-    redisReply *r = redisCommand(x, "CLUSTER INFO");
-    bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
-    if (r) freeReplyObject(r);
-    redisFree(x);
-    return ok;
-}
-
-/* Three masters, every slot assigned, each node's view "ok". Node list into
- * nodes. */
-static void start_cluster(char *nodes, size_t cap) {
-    for (int i = 0; i < 3; i++) start_server(true);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d "
-             "--cluster-replicas 0 --cluster-yes >%s/create.log 2>&1",
-             g_port[0], g_port[1], g_port[2], pt_dir);
-    cr_assert_eq(system(cmd), 0, "redis-cli --cluster create failed (%s/create.log)", pt_dir);
-    for (int i = 0; i < 3; i++) {
-        int k = 0;
-        while (!cluster_ok(g_port[i]) && k++ < 1000) usleep(10000);
-        cr_assert(cluster_ok(g_port[i]), "cluster node %d never reached state ok", g_port[i]);
-    }
-    snprintf(nodes, cap, "127.0.0.1:%d,127.0.0.1:%d", g_port[0], g_port[2]);
-}
 
 static pkv_tier_options topts(const char *nodes, uint32_t deadline_ms) {
     pkv_tier_options o;
@@ -261,7 +155,7 @@ static size_t node_b_open(pkv_cache *b, uint64_t id, uint64_t salt, const uint32
 Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
     NEED_REDIS();
     char nodes[128];
-    start_cluster(nodes, sizeof nodes);
+    ru_start_cluster(nodes, sizeof nodes);
     const size_t n = 2048;
     uint32_t *p = prompt_of(n, 1);
     node_a_process(nodes, 7, p, n);
@@ -298,7 +192,7 @@ Test(tier, node_b_attaches_node_a_prompt_byte_identical, .timeout = 120) {
 Test(tier, a_different_salt_or_dtype_never_fetches_their_blocks, .timeout = 120) {
     NEED_REDIS();
     char nodes[64];
-    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", ru_start_server(false));
     const size_t n = 257;
     uint32_t *p = prompt_of(n, 2);
     pkv_options o = copts();
@@ -347,7 +241,7 @@ static void key_block0(uint64_t salt, const uint32_t *p, char key[PKV_TIER_KEY_L
 
 /* The value at key (malloc'ed, NULL: none); its length into *len. */
 static uint8_t *get_value(int port, const char *key, size_t *len) {
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     redisReply *r = redisCommand(x, "GET %s", key);
     cr_assert(r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL));
@@ -370,7 +264,7 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
     pkv_h128 root = pkv_hash_root(k.seed, salt), h = pkv_hash_block(k.seed, root, p, 16);
     char key[PKV_TIER_KEY_LEN + 1];
     pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     static uint8_t *orig; /* A's record, read once: each forgery starts from it */
     static size_t len;
@@ -439,7 +333,7 @@ static void forge_block0(int port, uint64_t salt, const uint32_t *p, enum forge 
 
 Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout = 120) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 33; /* two full blocks before the last token */
@@ -505,7 +399,7 @@ Test(tier, damaged_or_forged_values_are_rejected_counted_never_served, .timeout 
 Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 120) {
     NEED_REDIS();
     char nodes[128];
-    start_cluster(nodes, sizeof nodes);
+    ru_start_cluster(nodes, sizeof nodes);
     const size_t n = 2048;
     uint32_t *p = prompt_of(n, 4);
     pkv_options o = copts();
@@ -522,7 +416,7 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     PT_OK(pkv_seq_open(b, 99, 9, q, n, &warm));
     cr_assert_eq(warm, 0);
     free(q);
-    redisContext *sl = connect_port(g_port[1]);
+    redisContext *sl = ru_connect(ru_port[1]);
     cr_assert_not_null(sl);
     redisAppendCommand(sl, "DEBUG SLEEP 2");
     int done = 0;
@@ -547,7 +441,7 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     q = prompt_of(n, 41);
     PT_OK(pkv_seq_open(b, 99, 9, q, n, &warm)); /* connect to every node */
     free(q);
-    sl = connect_port(g_port[2]);
+    sl = ru_connect(ru_port[2]);
     cr_assert_not_null(sl);
     redisAppendCommand(sl, "DEBUG SLEEP 5");
     done = 0;
@@ -558,13 +452,13 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     cr_assert(killer >= 0);
     if (killer == 0) {
         usleep(30000);
-        kill(g_pid[2], SIGKILL);
+        kill(ru_pid[2], SIGKILL);
         _exit(0);
     }
     got = node_b_open(b, 1, 9, p, n, &ns);
     waitpid(killer, NULL, 0);
-    waitpid(g_pid[2], NULL, 0);
-    g_pid[2] = 0;
+    waitpid(ru_pid[2], NULL, 0);
+    ru_pid[2] = 0;
     redisFree(sl);
     cr_log_info("master killed mid-fetch: %zu tokens from the tier in %.2f ms", got, ns / 1e6);
     /* The killer's 30 ms count from its own start, which the parent's clock
@@ -577,9 +471,9 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     pt_close(b);
 
     /* a master killed: its blocks are errors, B computes from the first gap */
-    kill(g_pid[1], SIGKILL);
-    waitpid(g_pid[1], NULL, 0);
-    g_pid[1] = 0;
+    kill(ru_pid[1], SIGKILL);
+    waitpid(ru_pid[1], NULL, 0);
+    ru_pid[1] = 0;
     b = pt_open_sub("b2", &o);
     PT_OK(pkv_tier_attach(b, &to));
     got = node_b_open(b, 1, 9, p, n, &ns);
@@ -589,11 +483,11 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
     pt_close(b);
 
     /* the whole cluster stopped */
-    for (int i = 0; i < g_nsrv; i++)
-        if (g_pid[i] > 0) {
-            kill(g_pid[i], SIGKILL);
-            waitpid(g_pid[i], NULL, 0);
-            g_pid[i] = 0;
+    for (int i = 0; i < ru_n; i++)
+        if (ru_pid[i] > 0) {
+            kill(ru_pid[i], SIGKILL);
+            waitpid(ru_pid[i], NULL, 0);
+            ru_pid[i] = 0;
         }
     b = pt_open_sub("b3", &o);
     PT_OK(pkv_tier_attach(b, &to)); /* no node answers: not an error */
@@ -610,7 +504,7 @@ Test(tier, cluster_stopped_node_killed_or_slow_b_keeps_its_deadline, .timeout = 
 
 /* A node's id (CLUSTER MYID) into out. */
 static void node_id(int port, char *out, size_t cap) {
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     redisReply *r = redisCommand(x, "CLUSTER MYID");
     cr_assert(r && r->type == REDIS_REPLY_STRING);
@@ -622,7 +516,7 @@ static void node_id(int port, char *out, size_t cap) {
 Test(tier, slots_moved_after_b_read_the_map_are_followed, .timeout = 120) {
     NEED_REDIS();
     char nodes[128];
-    start_cluster(nodes, sizeof nodes);
+    ru_start_cluster(nodes, sizeof nodes);
     const size_t n = 1025;
     uint32_t *p = prompt_of(n, 5);
     pkv_options o = copts();
@@ -633,12 +527,12 @@ Test(tier, slots_moved_after_b_read_the_map_are_followed, .timeout = 120) {
     PT_OK(pkv_tier_attach(b, &to)); /* B's slot map is read now */
     /* move all of the first master's slots, with their keys, to the second */
     char from[64], dest[64], cmd[512];
-    node_id(g_port[0], from, sizeof from);
-    node_id(g_port[1], dest, sizeof dest);
+    node_id(ru_port[0], from, sizeof from);
+    node_id(ru_port[1], dest, sizeof dest);
     snprintf(cmd, sizeof cmd,
              "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s "
              "--cluster-slots 5461 --cluster-yes >%s/reshard.log 2>&1",
-             g_port[0], from, dest, pt_dir);
+             ru_port[0], from, dest, pt_dir);
     cr_assert_eq(system(cmd), 0, "reshard failed (%s/reshard.log)", pt_dir);
     size_t got = node_b_open(b, 1, 3, p, n, NULL);
     pkv_stats st = stats(b);
@@ -676,7 +570,7 @@ Test(tier, attach_rejects_bad_options) {
  * over the bad one meanwhile is kept. */
 Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 60) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     pkv_rc_conf conf;
@@ -686,7 +580,7 @@ Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 
     int err = 0;
     pkv_rc *rc = pkv_rc_new(&conf, &err);
     cr_assert_not_null(rc, "%d", err);
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     redisReply *r = redisCommand(x, "SET pkv:k %b", "good\0record", (size_t)11);
     cr_assert(r && r->type == REDIS_REPLY_STATUS);
@@ -720,7 +614,7 @@ Test(tier, a_rejected_value_is_deleted_only_if_still_the_same_bytes, .timeout = 
  * byte-identical to the publisher's. */
 Test(tier, lz4_records_round_trip_byte_identical, .timeout = 60) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 65;
@@ -788,7 +682,7 @@ Test(tier, lz4_records_round_trip_byte_identical, .timeout = 60) {
 
 /* A redis command on port that must answer with status OK. */
 static void must_ok(int port, const char *fmt, ...) {
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     va_list ap;
     va_start(ap, fmt);
@@ -803,7 +697,7 @@ static void must_ok(int port, const char *fmt, ...) {
 Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
     NEED_REDIS();
     char nodes[128];
-    start_cluster(nodes, sizeof nodes);
+    ru_start_cluster(nodes, sizeof nodes);
     const size_t n = 1025;
     uint32_t *p = prompt_of(n, 7);
     pkv_options o = copts();
@@ -816,12 +710,12 @@ Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
      * second (IMPORTING there), and every other one of those records moves:
      * the first master answers ASK for those, serves the rest itself. */
     char from[64], dest[64];
-    node_id(g_port[0], from, sizeof from);
-    node_id(g_port[1], dest, sizeof dest);
+    node_id(ru_port[0], from, sizeof from);
+    node_id(ru_port[1], dest, sizeof dest);
     pkv_tier_keys k;
     pkv_tier_keys_derive(&k, SECRET, sizeof SECRET - 1);
     pkv_h128 h = pkv_hash_root(k.seed, 8);
-    redisContext *src = connect_port(g_port[0]);
+    redisContext *src = ru_connect(ru_port[0]);
     cr_assert_not_null(src);
     int owned = 0, moved = 0;
     for (size_t i = 0; i < n / 16; i++) {
@@ -835,10 +729,10 @@ Test(tier, keys_caught_mid_migration_are_followed_through_ask, .timeout = 120) {
         if (!here) continue;
         unsigned slot = pkv_rc_slot(key, strlen(key));
         owned++; /* SETSLOT is idempotent: a slot may hold two of them */
-        must_ok(g_port[1], "CLUSTER SETSLOT %u IMPORTING %s", slot, from);
-        must_ok(g_port[0], "CLUSTER SETSLOT %u MIGRATING %s", slot, dest);
+        must_ok(ru_port[1], "CLUSTER SETSLOT %u IMPORTING %s", slot, from);
+        must_ok(ru_port[0], "CLUSTER SETSLOT %u MIGRATING %s", slot, dest);
         if (owned % 2) {
-            must_ok(g_port[0], "MIGRATE 127.0.0.1 %d %s 0 5000", g_port[1], key);
+            must_ok(ru_port[0], "MIGRATE 127.0.0.1 %d %s 0 5000", ru_port[1], key);
             moved++;
         }
     }
@@ -863,6 +757,29 @@ static void write_secret_file(const char *path, const void *secret, size_t len, 
     close(fd);
 }
 
+/* pkvd on a fresh directory with the tier at nodes (its secret in a 0600 file)
+ * and one more flag (or NULL); its directory, socket and secret file paths
+ * into dir, sock, sfile (512 bytes each). The caller connects and kills it. */
+static pid_t start_pkvd_with_tier(const char *bin, const char *nodes, const char *flag,
+                                  char *dir, char *sock, char *sfile) {
+    pt_path(sfile, 512, "secret");
+    pt_path(dir, 512, "d");
+    pt_path(sock, 512, "s");
+    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
+    fflush(NULL);
+    pid_t d = fork();
+    cr_assert(d >= 0);
+    if (d == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
+              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
+              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile, flag,
+              (char *)NULL);
+        _exit(127);
+    }
+    return d;
+}
+
 /* pkvd with a tier (--tier-nodes, --tier-secret-file): a client's open on a
  * cold daemon imports node A's blocks through it; the tier's counters reach
  * the client through STATS (protocol version 2) and the operator through
@@ -875,27 +792,13 @@ Test(tier, pkvd_imports_from_the_tier_and_reports_its_counters, .timeout = 120) 
         return;
     }
     char nodes[64];
-    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", ru_start_server(false));
     const size_t n = 257;
     uint32_t *p = prompt_of(n, 9);
     pkv_options o = copts();
     node_a(pt_open_sub("a", &o), nodes, 3, p, n);
     char sfile[512], dir[512], sock[512], cmd[2048];
-    pt_path(sfile, sizeof sfile, "secret");
-    pt_path(dir, sizeof dir, "d");
-    pt_path(sock, sizeof sock, "s");
-    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
-    fflush(NULL);
-    pid_t d = fork();
-    cr_assert(d >= 0);
-    if (d == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
-              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
-              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile,
-              (char *)NULL);
-        _exit(127);
-    }
+    pid_t d = start_pkvd_with_tier(bin, nodes, NULL, dir, sock, sfile);
     pkv_cache *c = NULL;
     for (int i = 0; i < 1000 && pkv_connect(sock, &c) != 0; i++) usleep(10000);
     cr_assert_not_null(c, "pkvd did not answer on %s", sock);
@@ -964,7 +867,7 @@ static void put_record(int port, uint64_t salt, const uint32_t *p, uint32_t j, u
     pkv_tier_encode(&k, &r, p, out);
     char key[PKV_TIER_KEY_LEN + 1];
     pkv_tier_key(&k, h, &TGEO, PT_MODEL, key);
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     redisReply *rr = redisCommand(x, "SET %s %b", key, out, len);
     cr_assert(rr && rr->type == REDIS_REPLY_STATUS);
@@ -1005,7 +908,7 @@ static void image_same(pkv_cache *c, const cache_image *a, const char *what) {
 
 Test(tier, lookup_asks_the_tier_only_with_the_flag_and_changes_nothing, .timeout = 120) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 257; /* 16 full blocks, all within the prompt cap */
@@ -1083,7 +986,7 @@ Test(tier, lookup_asks_the_tier_only_with_the_flag_and_changes_nothing, .timeout
 
 Test(tier, lookup_keeps_its_deadline_with_a_slow_node, .timeout = 60) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 257;
@@ -1096,7 +999,7 @@ Test(tier, lookup_keeps_its_deadline_with_a_slow_node, .timeout = 60) {
     to.flags = PKV_TIER_LOOKUP | PKV_TIER_NO_PUBLISH;
     PT_OK(pkv_tier_attach(b, &to));
     cr_assert_eq(lookup(b, 1, p, n), 256, "the server answers: the test is not vacuous");
-    redisContext *sl = connect_port(port);
+    redisContext *sl = ru_connect(port);
     cr_assert_not_null(sl);
     redisAppendCommand(sl, "DEBUG SLEEP 2");
     int done = 0;
@@ -1129,7 +1032,7 @@ Test(tier, lookup_keeps_its_deadline_with_a_slow_node, .timeout = 60) {
 
 Test(tier, publish_on_hit_publishes_a_prompt_at_its_first_reuse_only, .timeout = 60) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 257; /* 16 full blocks, all within the prompt cap */
@@ -1221,7 +1124,7 @@ Test(tier, publish_on_hit_publishes_a_prompt_at_its_first_reuse_only, .timeout =
  * imported) is still unpacked, so it is counted and deleted by this reader. */
 Test(tier, a_bad_lz4_record_after_a_gap_is_rejected_and_deleted, .timeout = 60) {
     NEED_REDIS();
-    int port = start_server(false);
+    int port = ru_start_server(false);
     char nodes[64];
     snprintf(nodes, sizeof nodes, "127.0.0.1:%d", port);
     const size_t n = 49; /* three full blocks */
@@ -1249,7 +1152,7 @@ Test(tier, a_bad_lz4_record_after_a_gap_is_rejected_and_deleted, .timeout = 60) 
     cr_assert_eq(st.tier_rejected, 1, "rejected %llu", (unsigned long long)st.tier_rejected);
     cr_assert_eq(st.tier_deleted, 1);
     cr_assert_eq(st.tier_imported, 0);
-    redisContext *x = connect_port(port);
+    redisContext *x = ru_connect(port);
     cr_assert_not_null(x);
     redisReply *r = redisCommand(x, "DBSIZE");
     cr_assert(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
@@ -1272,27 +1175,13 @@ Test(tier, pkvd_lookup_asks_the_tier_with_tier_lookup, .timeout = 120) {
         return;
     }
     char nodes[64];
-    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", start_server(false));
+    snprintf(nodes, sizeof nodes, "127.0.0.1:%d", ru_start_server(false));
     const size_t n = 257;
     uint32_t *p = prompt_of(n, 18);
     pkv_options o = copts();
     node_a(pt_open_sub("a", &o), nodes, 3, p, n);
     char sfile[512], dir[512], sock[512], cmd[2048];
-    pt_path(sfile, sizeof sfile, "secret");
-    pt_path(dir, sizeof dir, "d");
-    pt_path(sock, sizeof sock, "s");
-    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
-    fflush(NULL);
-    pid_t d = fork();
-    cr_assert(d >= 0);
-    if (d == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
-              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "1024",
-              "--model-id", PT_MODEL, "--tier-nodes", nodes, "--tier-secret-file", sfile,
-              "--tier-lookup", (char *)NULL);
-        _exit(127);
-    }
+    pid_t d = start_pkvd_with_tier(bin, nodes, "--tier-lookup", dir, sock, sfile);
     pkv_cache *c = NULL;
     for (int i = 0; i < 1000 && pkv_connect(sock, &c) != 0; i++) usleep(10000);
     cr_assert_not_null(c, "pkvd did not answer on %s", sock);
@@ -1361,7 +1250,7 @@ Test(tier, pkvd_refuses_a_secret_file_others_can_read_or_of_a_bad_length, .timeo
         /* timeout: a pkvd that accepted the file would serve until killed */
         snprintf(cmd, sizeof cmd,
                  "timeout 20 '%s' --dir '%s' --socket '%s' --layers 2 --kv-heads 2 --head-dim 4 "
-                 "--block-size 16 --dtype f32 --capacity 64 --model-id %s "
+                 "--block-size 16 --dtype f32 --capacity 1024 --model-id %s "
                  "--tier-nodes 127.0.0.1:1 --tier-secret-file '%s' 2>&1",
                  bin, dir, sock, PT_MODEL, sfile);
         FILE *p = popen(cmd, "r");
@@ -1377,17 +1266,7 @@ Test(tier, pkvd_refuses_a_secret_file_others_can_read_or_of_a_bad_length, .timeo
     }
     /* The same file with mode 0600 and a good length is accepted: the daemon
      * starts (no Redis answers on port 1, which is not an error). */
-    write_secret_file(sfile, SECRET, sizeof SECRET - 1, 0600);
-    pid_t d = fork();
-    cr_assert(d >= 0);
-    if (d == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(bin, "pkvd", "--dir", dir, "--socket", sock, "--layers", "2", "--kv-heads", "2",
-              "--head-dim", "4", "--block-size", "16", "--dtype", "f32", "--capacity", "64",
-              "--model-id", PT_MODEL, "--tier-nodes", "127.0.0.1:1", "--tier-secret-file", sfile,
-              (char *)NULL);
-        _exit(127);
-    }
+    pid_t d = start_pkvd_with_tier(bin, "127.0.0.1:1", NULL, dir, sock, sfile);
     bool up = false;
     for (int t = 0; t < 1000 && !up; t++) {
         up = access(sock, F_OK) == 0;
