@@ -163,6 +163,31 @@ static int header_decode(const uint8_t *h, pkv_arena *a, const char *path) {
     return 0;
 }
 
+/* A mapping of an arena file received from elsewhere (pkvd's descriptor):
+ * its own header must decode and describe exactly the geometry, stride and
+ * model a has been given, or every slot address computed from a would land
+ * in another block's payload (docs/format.md, "Header page"). */
+int pkv_arena_check_header(const pkv_arena *a, const uint8_t *hdr, const char *what) {
+    pkv_arena *f = calloc(1, sizeof *f);
+    if (!f) return pkv_err(PKV_ENOMEM, "out of memory");
+    int rc = header_decode(hdr, f, what);
+    if (!rc) {
+        const pkv_geometry *x = &f->geo, *y = &a->geo;
+        if (x->num_layers != y->num_layers || x->num_kv_heads != y->num_kv_heads ||
+            x->head_dim != y->head_dim || x->block_size != y->block_size ||
+            x->dtype != y->dtype || x->capacity != y->capacity ||
+            x->block_bytes != y->block_bytes || x->slot_bytes != y->slot_bytes ||
+            f->data_offset != a->data_offset || strcmp(f->model_id, a->model_id) != 0)
+            rc = pkv_err(PKV_EGEOMETRY, "%s: the file's header (slot stride %llu, capacity "
+                         "%llu) is not what it was described as (stride %llu, capacity %llu)",
+                         what, (unsigned long long)x->slot_bytes,
+                         (unsigned long long)x->capacity, (unsigned long long)y->slot_bytes,
+                         (unsigned long long)y->capacity);
+    }
+    free(f);
+    return rc;
+}
+
 static int os_err(int e, const char *what, const char *path) {
     int code = (e == ENOSPC || e == EDQUOT) ? PKV_ENOSPC : PKV_EIO;
     return pkv_err(code, "%s %s: %s", what, path, strerror(e));

@@ -207,6 +207,10 @@ int pkv_geometry_from_options(const pkv_options *opt, pkv_geometry *geo);
  * A file shorter than its header says is extended (read-only: mapped as it is)
  * and valid_blocks tells recovery which slots were lost. */
 int pkv_arena_open(pkv_arena *a, const char *dir, const pkv_options *opt, bool rdonly);
+/* Check that the header page hdr of an arena file decodes and matches a's
+ * geometry, stride, data offset and model id. Errors: PKV_ECORRUPT,
+ * PKV_EVERSION (the header itself), PKV_EGEOMETRY (a mismatch), PKV_ENOMEM. */
+int pkv_arena_check_header(const pkv_arena *a, const uint8_t *hdr, const char *what);
 void pkv_arena_close(pkv_arena *a);
 
 static inline uint8_t *pkv_arena_block(const pkv_arena *a, uint32_t b) {

@@ -270,9 +270,16 @@ static int hello(pkv_cache *c, pkv_remote *r, bool want_ro) {
                      strerror(errno));
         goto out;
     }
+    /* The stride and geometry every slot address is computed from
+     * are the file's own (format.md, "Header page"), whatever the daemon said. */
+    a->data_offset = data_offset;
+    if ((rc = pkv_arena_check_header(a, m, "the arena pkvd passed"))) {
+        munmap(m, need);
+        r->dead = true;
+        goto out;
+    }
     a->map = m;
     a->map_len = need;
-    a->data_offset = data_offset;
     a->fd = afd;
     a->valid_blocks = a->geo.capacity;
     afd = -1;

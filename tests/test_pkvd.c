@@ -1595,6 +1595,10 @@ static size_t put_le(uint8_t *p, uint64_t v, int n)
     return (size_t)n;
 }
 
+/* Whether the fake daemon's HELLO names the other legal slot stride than its
+ * arena file's (set before fake_start: the child inherits it). */
+static bool fake_stride_lie;
+
 /* A fake pkvd on sock_path for `conns` connections: HELLO is answered with a
  * consistent geometry (1 layer, 1 head, head_dim 4, BS tokens, f32, 2 blocks)
  * and a file of the right size; every later request is answered rc 0 with one
@@ -1605,10 +1609,25 @@ static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
     if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 4)) _exit(2);
-    char path[320];
-    snprintf(path, sizeof path, "%s.arena", sock_path);
-    int afd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    if (afd < 0 || ftruncate(afd, 4096 + 2 * 4096)) _exit(3);
+    /* A real arena of that geometry (its header is checked by the client),
+     * made long enough for either stride. */
+    char dir[320], path[400];
+    snprintf(dir, sizeof dir, "%s.d", sock_path);
+    pkv_options o;
+    pt_opts(&o, 1, 1, 4, BS, PKV_F32, 2);
+    o.model_id = "m";
+    pkv_cache *made = NULL;
+    if (pkv_open(dir, &o, &made)) _exit(3);
+    pkv_close(made);
+    snprintf(path, sizeof path, "%s/arena", dir);
+    int afd = open(path, O_RDWR);
+    uint8_t hd[64];
+    if (afd < 0 || pread(afd, hd, sizeof hd, 0) != (ssize_t)sizeof hd ||
+        ftruncate(afd, 4096 + 2 * 4096))
+        _exit(3);
+    uint64_t stride = 0;
+    for (int i = 7; i >= 0; i--) stride = stride << 8 | hd[56 + i];
+    if (fake_stride_lie) stride = stride == 4096 ? 128 : 4096; /* the other legal stride */
     if (write(ready, "r", 1) != 1) _exit(4);
     for (int c = 0; c < conns; c++) {
         int fd = accept(l, NULL, NULL);
@@ -1626,7 +1645,7 @@ static void fake_daemon(int conns, const uint32_t (*bad)[2], int ready)
                 n += put_le(out + n, 4, 4), n += put_le(out + n, BS, 4);
                 n += put_le(out + n, (uint32_t)PKV_F32, 4), n += put_le(out + n, 4, 4);
                 n += put_le(out + n, 2, 8), n += put_le(out + n, 2 * BS * 16, 8);
-                n += put_le(out + n, 4096, 8), n += put_le(out + n, BS * 16, 8);
+                n += put_le(out + n, stride, 8), n += put_le(out + n, BS * 16, 8);
                 n += put_le(out + n, 1, 2);
                 out[n++] = 'm';
                 n += put_le(out + n, 4096, 8);
@@ -1684,6 +1703,11 @@ static void slot_daemon(int ready, const void *arg)
     fake_daemon(2, arg, ready);
 }
 
+static void slot_daemon1(int ready, const void *arg)
+{
+    fake_daemon(1, arg, ready);
+}
+
 /* A slot the daemon hands out is where the client writes K/V (pkv_kv of its
  * block plus its offset): one outside the arena's geometry is a malformed
  * reply, so a hostile or broken daemon cannot make the client write outside
@@ -1707,6 +1731,25 @@ Test(pkvd, a_slot_outside_the_geometry_from_the_daemon_is_refused)
     int st = 0;
     cr_assert_eq(waitpid(f, &st, 0), f);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake daemon status 0x%x", st);
+}
+
+/* The slot stride every K/V address is computed from is the arena file's own:
+ * a daemon whose HELLO names the other legal stride (a version mix-up, a bug,
+ * a hostile peer) is refused at connect, before any slot is handed out, so a
+ * client can never write into, or read, another block's payload. */
+Test(pkvd, a_daemon_naming_another_stride_than_its_file_is_refused)
+{
+    daemon_paths();
+    static const uint32_t none[1][2] = {{0, 0}};
+    fake_stride_lie = true;
+    pid_t f = fake_start(slot_daemon1, none);
+    pkv_cache *c = NULL;
+    int rc = pkv_connect(sock_path, &c);
+    cr_assert_eq(rc, PKV_EGEOMETRY, "connect -> %d (%s)", rc, pkv_last_error());
+    cr_assert_null(c);
+    cr_assert(strstr(pkv_last_error(), "slot stride"), "%s", pkv_last_error());
+    kill(f, SIGKILL);
+    waitpid(f, NULL, 0);
 }
 
 /* ---- Protocol versions (docs/pkvd.md, "Versions") ------------------------------------- */
