@@ -557,6 +557,8 @@ uint64_t pkv_tier_probe(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uin
         if (in_run) run++;
     }
 out:
+    /* rc_run takes no value for an EXISTS; freed all the same, as the fetch does */
+    for (uint64_t j = 0; cmds && j < k; j++) free(cmds[j].out);
     free(cmds);
     free(keys);
     pthread_mutex_unlock(&f->m);

@@ -353,7 +353,8 @@ size_t pkv_rc_run(pkv_rc *rc, pkv_rc_cmd *cmds, size_t n, uint64_t deadline_ns,
                     else asking[i] = 1;
                     target[i] = (int16_t)t;
                 }
-            } else if (r->type == REDIS_REPLY_STRING) {
+            } else if (r->type == REDIS_REPLY_STRING && !cmds[i].exists &&
+                       !cmds[i].del_if_equal) { /* a GET's value; anything else's is an error */
                 /* taken, not copied: hiredis 0.14 mallocs str and frees it with
                  * free() in freeReplyObject, which skips a NULL */
                 cmds[i].out = (uint8_t *)r->str;

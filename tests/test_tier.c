@@ -1241,9 +1241,12 @@ Test(tier, pkvd_refuses_a_secret_file_others_can_read_or_of_a_bad_length, .timeo
         {15, 0600, true, "15 bytes, the secret needs 16..256"},
         {257, 0600, true, "longer than 256 bytes"},
         {0, 0600, false, "No such file"},
+        {0, 0700, false, "not a regular file"}, /* a directory */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         unlink(sfile);
+        rmdir(sfile);
+        if (cases[i].mode == 0700) cr_assert_eq(mkdir(sfile, 0700), 0);
         if (cases[i].create)
             write_secret_file(sfile, cases[i].len == sizeof SECRET - 1 ? SECRET : long_secret,
                               cases[i].len, cases[i].mode);
@@ -1264,6 +1267,7 @@ Test(tier, pkvd_refuses_a_secret_file_others_can_read_or_of_a_bad_length, .timeo
                   "case %zu: expected '%s' and the file's name in: %s", i, cases[i].expect, out);
         cr_assert_eq(access(sock, F_OK), -1, "case %zu: the socket was created", i);
     }
+    rmdir(sfile);
     /* The same file with mode 0600 and a good length is accepted: the daemon
      * starts (no Redis answers on port 1, which is not an error). */
     pid_t d = start_pkvd_with_tier(bin, "127.0.0.1:1", NULL, dir, sock, sfile);

@@ -1012,7 +1012,8 @@ static void reap(bool all) {
  * can make every node of the deployment serve wrong K/V, so a file that others
  * can read or write is refused, as ssh refuses such a key. */
 static int read_secret_file(const char *path, uint8_t secret[256], size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* O_NONBLOCK: a FIFO must be refused below, not wait for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) return pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno));
     struct stat st;
     int rc = 0;
@@ -1020,6 +1021,9 @@ static int read_secret_file(const char *path, uint8_t secret[256], size_t *len) 
         rc = pkv_err(PKV_EIO, "--tier-secret-file %s: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
         rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: not a regular file", path);
+    else if (st.st_uid != geteuid() && st.st_uid != 0)
+        rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: owned by uid %u, not by this user or "
+                     "root", path, (unsigned)st.st_uid);
     else if (st.st_mode & 077)
         rc = pkv_err(PKV_EINVAL, "--tier-secret-file %s: mode %04o lets group or others "
                      "read or write the cluster secret (chmod 600 it)", path,
