@@ -13,8 +13,8 @@
  * tokens equal A's and those of a cold compute with no tier (node C); the K/V
  * of every imported block is byte-identical to A's block (A's directory
  * reopened after A exited) and to C's; a node whose model identity differs
- * (node D, tier attached) finds none of A's records and imports nothing (so it
- * computes what C computed). B's time to first token (tier import plus the
+ * (node D, tier attached) finds none of A's records and imports nothing (its
+ * tokens are not computed: with nothing imported it would be node C). B's time to first token (tier import plus the
  * remaining prefill) and the cold compute's are logged; B's must be lower.
  *
  * The model runs with the q8 kernel and f16 K/V, as pkv-demo does; a token's

@@ -550,6 +550,7 @@ int kd_read_header(const char *dir, kd_hdr *h, char *why, size_t wl) {
     o.dtype = (pkv_dtype)h->dtype;
     o.capacity = h->capacity;
     pkv_cache_info g;
+    memset(&g, 0, sizeof g); /* read below even when the geometry is invalid */
     /* The stride: whole pages in version 1; in version 2 the dense stride a new
      * arena gets (pkv_inspect_geometry's), which differs from the page one. */
     int geo_rc = pkv_inspect_geometry(&o, &g);

@@ -78,7 +78,8 @@ def store_len(n_prompt: int, pkv_block: int) -> int:
 def load_split(start: int, end: int, n_attached: int, vllm_block: int) -> tuple[int, list[int]]:
     """A load of positions [start, end) found `n_attached` tokens in pagedkv
     when the worker opened the sequence (fewer than the scheduler's lookup if
-    blocks were evicted in between; a recovered block failing its checksum
+    blocks were evicted in between, or, with pkvd's --tier-lookup, tier records
+    expired or failed rule T1 at the open; a recovered block failing its checksum
     stops the lookup already, rule S1). Returns
     (good_end, failed): positions [start, good_end) are loaded, and `failed`
     lists the indices (into the request's vLLM block table) of the vLLM blocks

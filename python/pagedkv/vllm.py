@@ -20,7 +20,8 @@ How it fits:
   attaches the longest cached prefix and pins its blocks while the sequence is
   open), copies each attached block into vLLM's paged K/V tensors and closes
   the sequence; positions the open did not attach (blocks evicted since the
-  lookup; all of them when pkvd is gone) are reported by
+  lookup; with pkvd's --tier-lookup, tier records that expired or failed
+  rule T1 at the open; all of them when pkvd is gone) are reported by
   `get_block_ids_with_load_errors`, so vLLM recomputes them
   (kv_load_failure_policy "recompute"). A block failing its checksum (rule S1)
   is never promised: the lookup checksums a recovered block when it first

@@ -515,7 +515,7 @@ static void array_dealloc(DeviceArrayObject *a)
 }
 
 typedef struct {
-    pyx_DLManagedTensorVersioned m; /* or .legacy: one of them, at offset 0 */
+    pyx_DLManagedTensorVersioned m; /* the versioned export, or else .legacy */
     pyx_DLManagedTensor legacy;
     DeviceArrayObject *owner;
     int64_t shape[6], strides[6];
