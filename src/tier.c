@@ -496,8 +496,10 @@ void pkv_tier_importing(pkv_cache *c, bool on) {
 }
 
 /* A free fetch client, locked, or NULL when max_inflight fetches run. */
-static tier_fetcher *fetcher_take(pkv_tier *t) {
-    for (uint32_t i = 0; i < t->nfetch; i++)
+/* A free fetch connection from index `from` on. Lookups' probes start at 1 (when
+ * there are two or more), so frequent lookups never leave an open without one. */
+static tier_fetcher *fetcher_take(pkv_tier *t, uint32_t from) {
+    for (uint32_t i = from < t->nfetch ? from : 0; i < t->nfetch; i++)
         if (pthread_mutex_trylock(&t->fetch[i].m) == 0) return &t->fetch[i];
     return NULL;
 }
@@ -527,7 +529,7 @@ uint64_t pkv_tier_probe(pkv_cache *c, uint64_t salt, const uint32_t *prompt, uin
                         uint64_t maxb) {
     pkv_tier *t = c->tier; /* attach and detach never run beside another call */
     if (!t || hit >= maxb) return 0;
-    tier_fetcher *f = fetcher_take(t);
+    tier_fetcher *f = fetcher_take(t, 1);
     if (!f) return 0; /* max_inflight fetches running: answer from the local hit */
     uint64_t deadline = pkv_now_ns() + (uint64_t)t->deadline_ms * 1000000u;
     const uint32_t bs = c->pool.block_size;
@@ -580,7 +582,7 @@ void pkv_tier_fetch(pkv_cache *c, uint64_t salt, const uint32_t *prompt, size_t 
         hit = pkv_prefix_match(c, salt, prompt, maxb, NULL, true);
     pkv_unlock(c);
     if (!t || (t->flags & PKV_TIER_NO_FETCH) || hit >= maxb) return;
-    tier_fetcher *f = fetcher_take(t);
+    tier_fetcher *f = fetcher_take(t, 0);
     if (!f) return; /* max_inflight fetches running: compute instead */
     uint64_t deadline = pkv_now_ns() + (uint64_t)t->deadline_ms * 1000000u;
     uint64_t k = maxb - hit < t->max_blocks ? maxb - hit : t->max_blocks;
