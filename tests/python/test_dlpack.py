@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import subprocess
+import sys
 import threading
 import weakref
 from typing import Any
@@ -144,24 +147,41 @@ def test_capsule_rules_and_export_counting(tmp_path):
 _USED = b"used_dltensor_versioned"  # the capsule keeps the pointer: must outlive it
 
 
+_GIL_CHILD = """
+import ctypes, sys, threading
+sys.path.insert(0, sys.argv[1])
+from test_dlpack import _USED, open_run, versioned
+from kvutil import open_cache
+c = open_cache(sys.argv[2])
+run = open_run(c)
+cap = run.__dlpack__(max_version=(1, 0))
+t = versioned(cap)
+set_name = ctypes.pythonapi.PyCapsule_SetName
+set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+assert set_name(cap, _USED) == 0  # consumed: the tensor is ours now
+addr = ctypes.addressof(t)
+deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(t.deleter)
+h = c._h
+del t, cap, run, c  # the tensor holds the last reference to the view
+assert h.exports == 1
+th = threading.Thread(target=deleter, args=(addr,))
+th.start()
+th.join()
+assert h.exports == 0
+print("deleted")
+"""
+
+
 def test_deleter_takes_the_gil_itself(tmp_path):
     """A consumer may call the deleter on a thread without the GIL (ctypes
-    drops it around a CFUNCTYPE call): the export is still uncounted."""
-    with open_cache(tmp_path / "c") as c:
-        run = open_run(c)
-        cap = run.__dlpack__(max_version=(1, 0))
-        t = versioned(cap)
-        set_name = ctypes.pythonapi.PyCapsule_SetName
-        set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        assert set_name(cap, _USED) == 0  # consumed: the tensor is ours now
-        addr = ctypes.addressof(t)
-        deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(t.deleter)
-        del t, cap  # the renamed capsule's destructor must not delete it
-        assert run.exports == 1
-        th = threading.Thread(target=deleter, args=(addr,))
-        th.start()
-        th.join()
-        assert run.exports == 0 and c._h.exports == 0
+    drops it around a CFUNCTYPE call): the deleter takes it itself. Run in a
+    child with PYTHONMALLOC=debug, where the deleter's release of the last
+    reference to the view frees it, and freeing without the GIL aborts."""
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    r = subprocess.run([sys.executable, "-c", _GIL_CHILD, os.path.dirname(__file__),
+                        str(tmp_path / "c")], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "deleted" in r.stdout, r.stdout + r.stderr
 
 
 class _Capsule:
